@@ -1,0 +1,75 @@
+// Reading and writing HDF5 files: the one path used by golden files and checkpoints.
+//
+// H5Writer never leaves a partial file at the final path: it writes to a temporary file in the same
+// directory and commit() renames it into place (rename is atomic within one file system). A writer
+// destroyed without commit() removes its temporary file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace touchstone::h5 {
+
+// Dataset paths are absolute ("/steps/1/grads/output_layer.weight"); missing groups are created.
+// A dataset name may contain dots: the parameter names of CONTRACTS.md are used verbatim.
+// An empty shape writes a scalar dataset.
+class H5Writer {
+ public:
+  explicit H5Writer(std::string final_path);
+  ~H5Writer();
+  H5Writer(const H5Writer&) = delete;
+  H5Writer& operator=(const H5Writer&) = delete;
+
+  void write_f64(const std::string& path, const double* data, const std::vector<int64_t>& shape);
+  // Stores float32 values (rounded to nearest from the doubles given).
+  void write_f32(const std::string& path, const double* data, const std::vector<int64_t>& shape);
+  void write_i32(const std::string& path, const int32_t* data, const std::vector<int64_t>& shape);
+  void write_i64(const std::string& path, const int64_t* data, const std::vector<int64_t>& shape);
+  void write_scalar_f64(const std::string& path, double value);
+  void write_scalar_i64(const std::string& path, int64_t value);
+
+  // Attributes on an existing group or dataset ("/" for the root).
+  void set_attribute(const std::string& object_path, const std::string& name, const std::string& value);
+  void set_attribute(const std::string& object_path, const std::string& name, int64_t value);
+  void set_attribute(const std::string& object_path, const std::string& name, double value);
+
+  // Flushes, closes, syncs and renames the temporary file to the final path. Any call after a
+  // successful commit() throws. Writer failures throw std::runtime_error naming the file and object.
+  void commit();
+
+  const std::string& final_path() const { return final_path_; }
+
+ private:
+  std::string final_path_;
+  std::string temp_path_;
+  int64_t file_ = -1;  // hid_t
+  bool committed_ = false;
+};
+
+// Read access. Every failure throws touchstone::InputError naming the file and the object.
+class H5Reader {
+ public:
+  explicit H5Reader(std::string path);
+  ~H5Reader();
+  H5Reader(const H5Reader&) = delete;
+  H5Reader& operator=(const H5Reader&) = delete;
+
+  bool exists(const std::string& path) const;
+  std::vector<int64_t> shape(const std::string& path) const;
+  std::vector<std::string> children(const std::string& group_path) const;  // sorted names
+  // Numeric datasets of any integer or float type, converted.
+  std::vector<double> read_f64(const std::string& path) const;
+  std::vector<int32_t> read_i32(const std::string& path) const;
+  std::vector<int64_t> read_i64(const std::string& path) const;
+  std::string string_attribute(const std::string& object_path, const std::string& name) const;
+  int64_t int_attribute(const std::string& object_path, const std::string& name) const;
+
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int64_t file_ = -1;  // hid_t
+};
+
+}  // namespace touchstone::h5

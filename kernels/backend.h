@@ -1,0 +1,105 @@
+// The kernel interface: every operator the model calls, with tensor shapes next to every buffer.
+//
+// The model never loops over raw memory itself; it calls these operators. The CPU backend
+// (kernels/cpu/) is the readable reference, written so each operator can be checked by eye against
+// its formula; other backends implement the same interface and are tested against it.
+//
+// Conventions: buffers are row-major; N = rows = micro-batch windows x T; "_accum" outputs are added
+// to (gradient accumulation), every other output is overwritten.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace touchstone {
+
+// Shape of one attention call. Heads are laid out [windows, heads, T, D] (head-major), so each
+// (window, head) slice is a contiguous [T, D] matrix.
+struct AttentionShape {
+  int64_t windows;       // b
+  int64_t seq;           // T
+  int64_t num_heads;     // NH
+  int64_t num_kv_heads;  // NKV; query head h reads kv head h / (NH / NKV)
+  int64_t head_dim;      // D
+  double scale() const;  // 1 / sqrt(D)
+};
+
+struct AdamWStep {
+  double lr, beta1, beta2, eps, weight_decay;
+  int64_t step;  // 1-based update number, for bias correction
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // y[N,out] = x[N,in] @ W[out,in]^T
+  virtual void linear_forward(const double* x, const double* weight, int64_t rows, int64_t in, int64_t out,
+                              double* y) = 0;
+  // dx[N,in] = dy[N,out] @ W[out,in];  dW_accum[out,in] += dy^T @ x
+  virtual void linear_backward(const double* dy, const double* x, const double* weight, int64_t rows,
+                               int64_t in, int64_t out, double* dx, double* dweight_accum) = 0;
+
+  // y[N,H] = table[tokens[n], :]
+  virtual void embedding_forward(const int32_t* tokens, const double* table, int64_t rows, int64_t hidden,
+                                 double* y) = 0;
+  // dtable_accum[tokens[n], :] += dy[n, :]
+  virtual void embedding_backward(const int32_t* tokens, const double* dy, int64_t rows, int64_t hidden,
+                                  double* dtable_accum) = 0;
+
+  // y[N,H] = x / sqrt(mean(x^2) + eps) * w[H];  rstd[N] = 1 / sqrt(mean(x^2) + eps) saved for backward
+  virtual void rmsnorm_forward(const double* x, const double* weight, int64_t rows, int64_t hidden, double eps,
+                               double* y, double* rstd) = 0;
+  // dx[N,H];  dw_accum[H] += sum_n dy * x * rstd
+  virtual void rmsnorm_backward(const double* dy, const double* x, const double* weight, const double* rstd,
+                                int64_t rows, int64_t hidden, double* dx, double* dweight_accum) = 0;
+
+  // qkv[N, (NH + 2 NKV) D] in the grouped row order of linear_qkv (per KV group g: its NH/NKV query
+  // heads, then key g, then value g) -> q[b,NH,T,D], k[b,NKV,T,D], v[b,NKV,T,D]
+  virtual void qkv_split(const double* qkv, const AttentionShape& shape, double* q, double* k, double* v) = 0;
+  // The inverse: dq, dk, dv -> dqkv[N, (NH + 2 NKV) D]
+  virtual void qkv_merge(const double* dq, const double* dk, const double* dv, const AttentionShape& shape,
+                         double* dqkv) = 0;
+
+  // In-place rotate-half RoPE of x[b, heads, T, D] at position_ids[b*T]: pair (i, i + D/2) rotated by
+  // angle pos * theta^(-2i/D). inverse = true rotates by -angle (the backward of the forward rotation).
+  virtual void rope(double* x, const int32_t* position_ids, int64_t windows, int64_t heads, int64_t seq,
+                    int64_t head_dim, double theta, bool inverse) = 0;
+
+  // out[N, NH*D] = softmax(q k^T * scale + mask) v, where query i may see key j iff j <= i and (when
+  // document_masking) document_ids[i] == document_ids[j]. probs[b,NH,T,T] saved for backward.
+  virtual void attention_forward(const double* q, const double* k, const double* v, const int32_t* document_ids,
+                                 bool document_masking, const AttentionShape& shape, double* out,
+                                 double* probs) = 0;
+  // dout[N, NH*D] -> dq[b,NH,T,D], dk[b,NKV,T,D], dv[b,NKV,T,D] (overwritten)
+  virtual void attention_backward(const double* dout, const double* q, const double* k, const double* v,
+                                  const double* probs, const AttentionShape& shape, double* dq, double* dk,
+                                  double* dv) = 0;
+
+  // fc1[N, 2F] = [gate | up] -> act[N,F] = silu(gate) * up
+  virtual void swiglu_forward(const double* fc1, int64_t rows, int64_t ffn, double* act) = 0;
+  // dact[N,F] -> dfc1[N,2F]
+  virtual void swiglu_backward(const double* dact, const double* fc1, int64_t rows, int64_t ffn,
+                               double* dfc1) = 0;
+
+  // losses[N] = logsumexp(logits[n,:]) - logits[n, targets[n]], 0 where targets[n] == -100
+  virtual void cross_entropy_forward(const double* logits, const int32_t* targets, int64_t rows, int64_t vocab,
+                                     double* losses) = 0;
+  // dlogits[N,V] = loss_weight * (softmax(logits[n,:]) - onehot(targets[n])), 0 rows where ignored
+  virtual void cross_entropy_backward(const double* logits, const int32_t* targets, int64_t rows, int64_t vocab,
+                                      double loss_weight, double* dlogits) = 0;
+
+  // x[n] += y[n]
+  virtual void add_inplace(double* x, const double* y, int64_t n) = 0;
+
+  // AdamW with bias correction, PyTorch's form, on n elements (decay only if weight_decay != 0).
+  virtual void adamw_update(double* param, const double* grad, double* exp_avg, double* exp_avg_sq, int64_t n,
+                            const AdamWStep& step) = 0;
+};
+
+// The embedded default: plain C++ with OpenBLAS for the GEMMs.
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace touchstone

@@ -1,0 +1,52 @@
+// The CPU reference backend, FP64. Each operator's body lives in the file named next to it.
+#pragma once
+
+#include "kernels/backend.h"
+
+namespace touchstone {
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+
+  // kernels/cpu/linear.cpp
+  void linear_forward(const double* x, const double* weight, int64_t rows, int64_t in, int64_t out,
+                      double* y) override;
+  void linear_backward(const double* dy, const double* x, const double* weight, int64_t rows, int64_t in,
+                       int64_t out, double* dx, double* dweight_accum) override;
+  void embedding_forward(const int32_t* tokens, const double* table, int64_t rows, int64_t hidden,
+                         double* y) override;
+  void embedding_backward(const int32_t* tokens, const double* dy, int64_t rows, int64_t hidden,
+                          double* dtable_accum) override;
+  void add_inplace(double* x, const double* y, int64_t n) override;
+
+  // kernels/cpu/normalization.cpp (RMSNorm, RoPE, SwiGLU, the qkv layout)
+  void rmsnorm_forward(const double* x, const double* weight, int64_t rows, int64_t hidden, double eps, double* y,
+                       double* rstd) override;
+  void rmsnorm_backward(const double* dy, const double* x, const double* weight, const double* rstd,
+                        int64_t rows, int64_t hidden, double* dx, double* dweight_accum) override;
+  void qkv_split(const double* qkv, const AttentionShape& shape, double* q, double* k, double* v) override;
+  void qkv_merge(const double* dq, const double* dk, const double* dv, const AttentionShape& shape,
+                 double* dqkv) override;
+  void rope(double* x, const int32_t* position_ids, int64_t windows, int64_t heads, int64_t seq, int64_t head_dim,
+            double theta, bool inverse) override;
+  void swiglu_forward(const double* fc1, int64_t rows, int64_t ffn, double* act) override;
+  void swiglu_backward(const double* dact, const double* fc1, int64_t rows, int64_t ffn, double* dfc1) override;
+
+  // kernels/cpu/attention.cpp
+  void attention_forward(const double* q, const double* k, const double* v, const int32_t* document_ids,
+                         bool document_masking, const AttentionShape& shape, double* out, double* probs) override;
+  void attention_backward(const double* dout, const double* q, const double* k, const double* v,
+                          const double* probs, const AttentionShape& shape, double* dq, double* dk,
+                          double* dv) override;
+
+  // kernels/cpu/loss_and_optimizer.cpp
+  void cross_entropy_forward(const double* logits, const int32_t* targets, int64_t rows, int64_t vocab,
+                             double* losses) override;
+  void cross_entropy_backward(const double* logits, const int32_t* targets, int64_t rows, int64_t vocab,
+                              double loss_weight, double* dlogits) override;
+  void adamw_update(double* param, const double* grad, double* exp_avg, double* exp_avg_sq, int64_t n,
+                    const AdamWStep& step) override;
+};
+
+}  // namespace touchstone

@@ -1,0 +1,144 @@
+// CPU RMSNorm, RoPE, SwiGLU and the linear_qkv layout shuffle: forward and backward side by side.
+#include <cmath>
+
+#include "kernels/cpu/cpu_backend.h"
+
+namespace touchstone {
+
+// ---- RMSNorm: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps) -------------------------------------
+
+void CpuBackend::rmsnorm_forward(const double* x, const double* weight, int64_t rows, int64_t hidden, double eps,
+                                 double* y, double* rstd) {
+  for (int64_t n = 0; n < rows; ++n) {
+    const double* xn = x + n * hidden;
+    double sum_squares = 0.0;
+    for (int64_t i = 0; i < hidden; ++i) sum_squares += xn[i] * xn[i];
+    const double r = 1.0 / std::sqrt(sum_squares / static_cast<double>(hidden) + eps);
+    rstd[n] = r;
+    for (int64_t i = 0; i < hidden; ++i) y[n * hidden + i] = xn[i] * r * weight[i];
+  }
+}
+
+void CpuBackend::rmsnorm_backward(const double* dy, const double* x, const double* weight, const double* rstd,
+                                  int64_t rows, int64_t hidden, double* dx, double* dweight_accum) {
+  // With xhat = x * rstd and g = dy * w:  dx = rstd * (g - xhat * mean(g * xhat)),  dw += dy * xhat.
+  for (int64_t n = 0; n < rows; ++n) {
+    const double* xn = x + n * hidden;
+    const double* dyn = dy + n * hidden;
+    const double r = rstd[n];
+    double mean_g_xhat = 0.0;
+    for (int64_t i = 0; i < hidden; ++i) mean_g_xhat += dyn[i] * weight[i] * xn[i] * r;
+    mean_g_xhat /= static_cast<double>(hidden);
+    for (int64_t i = 0; i < hidden; ++i) {
+      const double xhat = xn[i] * r;
+      dx[n * hidden + i] = r * (dyn[i] * weight[i] - xhat * mean_g_xhat);
+      dweight_accum[i] += dyn[i] * xhat;
+    }
+  }
+}
+
+// ---- linear_qkv layout: per KV group g, rows [q heads of g | k_g | v_g], each D wide --------------------
+
+namespace {
+
+// Calls visit(row offset of the head in qkv, which tensor (0 q, 1 k, 2 v), head index in that tensor)
+// for every head in the grouped order.
+template <typename Visit>
+void for_each_qkv_head(const AttentionShape& s, Visit visit) {
+  const int64_t queries_per_group = s.num_heads / s.num_kv_heads;
+  int64_t offset = 0;
+  for (int64_t g = 0; g < s.num_kv_heads; ++g) {
+    for (int64_t j = 0; j < queries_per_group; ++j, offset += s.head_dim) visit(offset, 0, g * queries_per_group + j);
+    visit(offset, 1, g);
+    offset += s.head_dim;
+    visit(offset, 2, g);
+    offset += s.head_dim;
+  }
+}
+
+}  // namespace
+
+void CpuBackend::qkv_split(const double* qkv, const AttentionShape& s, double* q, double* k, double* v) {
+  const int64_t width = (s.num_heads + 2 * s.num_kv_heads) * s.head_dim, D = s.head_dim;
+  for_each_qkv_head(s, [&](int64_t offset, int which, int64_t head) {
+    double* dst = which == 0 ? q : which == 1 ? k : v;
+    const int64_t heads = which == 0 ? s.num_heads : s.num_kv_heads;
+    for (int64_t b = 0; b < s.windows; ++b) {
+      for (int64_t t = 0; t < s.seq; ++t) {
+        const double* src = qkv + (b * s.seq + t) * width + offset;
+        double* out = dst + ((b * heads + head) * s.seq + t) * D;
+        for (int64_t d = 0; d < D; ++d) out[d] = src[d];
+      }
+    }
+  });
+}
+
+void CpuBackend::qkv_merge(const double* dq, const double* dk, const double* dv, const AttentionShape& s,
+                           double* dqkv) {
+  const int64_t width = (s.num_heads + 2 * s.num_kv_heads) * s.head_dim, D = s.head_dim;
+  for_each_qkv_head(s, [&](int64_t offset, int which, int64_t head) {
+    const double* src_tensor = which == 0 ? dq : which == 1 ? dk : dv;
+    const int64_t heads = which == 0 ? s.num_heads : s.num_kv_heads;
+    for (int64_t b = 0; b < s.windows; ++b) {
+      for (int64_t t = 0; t < s.seq; ++t) {
+        const double* src = src_tensor + ((b * heads + head) * s.seq + t) * D;
+        double* out = dqkv + (b * s.seq + t) * width + offset;
+        for (int64_t d = 0; d < D; ++d) out[d] = src[d];
+      }
+    }
+  });
+}
+
+// ---- RoPE, rotate-half: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) for pairs (i, i + D/2) ----------
+
+void CpuBackend::rope(double* x, const int32_t* position_ids, int64_t windows, int64_t heads, int64_t seq,
+                      int64_t head_dim, double theta, bool inverse) {
+  const int64_t half = head_dim / 2;
+  const double direction = inverse ? -1.0 : 1.0;  // the backward rotates gradients back by -angle
+  for (int64_t b = 0; b < windows; ++b) {
+    for (int64_t t = 0; t < seq; ++t) {
+      const double pos = static_cast<double>(position_ids[b * seq + t]);
+      for (int64_t i = 0; i < half; ++i) {
+        const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+        const double c = std::cos(pos * inv_freq), s = direction * std::sin(pos * inv_freq);
+        for (int64_t h = 0; h < heads; ++h) {
+          double* xh = x + ((b * heads + h) * seq + t) * head_dim;
+          const double x1 = xh[i], x2 = xh[i + half];
+          xh[i] = x1 * c - x2 * s;
+          xh[i + half] = x2 * c + x1 * s;
+        }
+      }
+    }
+  }
+}
+
+// ---- SwiGLU: act = silu(gate) * up, silu(g) = g * sigmoid(g) ------------------------------------------
+
+void CpuBackend::swiglu_forward(const double* fc1, int64_t rows, int64_t ffn, double* act) {
+  for (int64_t n = 0; n < rows; ++n) {
+    const double* gate = fc1 + n * 2 * ffn;
+    const double* up = gate + ffn;
+    for (int64_t i = 0; i < ffn; ++i) {
+      const double sigmoid = 1.0 / (1.0 + std::exp(-gate[i]));
+      act[n * ffn + i] = gate[i] * sigmoid * up[i];
+    }
+  }
+}
+
+void CpuBackend::swiglu_backward(const double* dact, const double* fc1, int64_t rows, int64_t ffn, double* dfc1) {
+  // d silu(g)/dg = sigmoid(g) * (1 + g * (1 - sigmoid(g)))
+  for (int64_t n = 0; n < rows; ++n) {
+    const double* gate = fc1 + n * 2 * ffn;
+    const double* up = gate + ffn;
+    double* dgate = dfc1 + n * 2 * ffn;
+    double* dup = dgate + ffn;
+    for (int64_t i = 0; i < ffn; ++i) {
+      const double sigmoid = 1.0 / (1.0 + std::exp(-gate[i]));
+      const double g = dact[n * ffn + i];
+      dgate[i] = g * up[i] * sigmoid * (1.0 + gate[i] * (1.0 - sigmoid));
+      dup[i] = g * gate[i] * sigmoid;
+    }
+  }
+}
+
+}  // namespace touchstone

@@ -1,0 +1,94 @@
+// The run configuration: every key of CONTRACTS.md section 1 with its default, loading from JSON,
+// command-line overrides, and validation before any compute.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace touchstone {
+
+struct ModelConfig {
+  int64_t vocab_size = 256;       // V
+  int64_t hidden_size = 64;       // H
+  int64_t num_layers = 2;         // L
+  int64_t num_heads = 4;          // NH
+  int64_t num_kv_heads = 2;       // NKV
+  int64_t ffn_hidden_size = 176;  // F
+  int64_t seq_length = 64;        // T
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  bool tie_embeddings = false;
+  double init_std = 0.02;
+
+  int64_t head_dim() const { return hidden_size / num_heads; }  // D
+  int64_t qkv_rows() const { return (num_heads + 2 * num_kv_heads) * head_dim(); }
+};
+
+struct DataConfig {
+  std::string source = "builtin:acceptance";
+  int64_t eos_token = 1;
+  int64_t pad_token = 0;
+  bool eos_loss = true;
+  bool document_masking = true;
+};
+
+struct TrainConfig {
+  int64_t global_batch_size = 8;  // B windows per optimizer step
+  int64_t micro_batch_size = 2;   // mbs
+  int64_t steps = 3;
+  int64_t seed = 1234;
+  std::string loss_normalization = "global_token_mean";  // or "per_microbatch_mean"
+};
+
+struct OptimConfig {
+  double lr = 1e-3;
+  double min_lr = 1e-4;
+  int64_t warmup_steps = 1;
+  int64_t decay_steps = 4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  double clip_grad = 1.0;
+};
+
+struct ParallelConfig {
+  int64_t tp = 1;
+  int64_t pp = 1;
+  int64_t dp = 1;
+  std::string schedule = "1f1b";  // or "afab"
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  OptimConfig optim;
+  ParallelConfig parallel;
+  std::string precision = "fp64";  // "fp64" | "fp32" | "bf16"
+
+  int64_t num_micro_batches() const { return train.global_batch_size / train.micro_batch_size; }
+};
+
+// The defaults as JSON: the reference for which keys exist and what type each has.
+nlohmann::json default_config_json();
+
+// Builds a config from defaults, then `file_json` (may be null), then "section.key=value" overrides
+// in order. Throws InputError naming the key (its dotted path) for an unknown key or a value of the
+// wrong type. `origin` names the config file in messages. Does not check cross-key constraints.
+Config resolve_config(const nlohmann::json& file_json, const std::vector<std::string>& overrides,
+                      const std::string& origin);
+
+// Reads a JSON config file; throws InputError naming the file on a missing file or bad JSON.
+nlohmann::json read_config_file(const std::string& path);
+
+// Cross-key checks (divisibility, ranges, token ids < vocab). Throws InputError naming the key.
+// `world_size` is the number of processes the run was launched with.
+void validate_config(const Config& config, int world_size);
+
+nlohmann::json to_json(const Config& config);
+
+}  // namespace touchstone

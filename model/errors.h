@@ -1,0 +1,19 @@
+// Error types shared by every component.
+//
+// InputError is anything the user can fix: a bad config key or value, an impossible shape, a bad data
+// file, an unreadable golden file. The CLI prints its message on one line and exits with status 2,
+// before any compute and without leaving an output file behind. Everything else is a bug or an
+// environment failure and exits with status 1.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace touchstone {
+
+class InputError : public std::runtime_error {
+ public:
+  explicit InputError(const std::string& message) : std::runtime_error(message) {}
+};
+
+}  // namespace touchstone

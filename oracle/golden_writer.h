@@ -1,0 +1,45 @@
+// Writes golden files (CONTRACTS.md section 4; documented in docs/golden-format.md).
+//
+// The file is assembled under a temporary name and renamed into place by commit(), so a file at the
+// final path is always complete; a run that fails leaves nothing behind.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/h5_file.h"
+#include "model/config.h"
+#include "model/param_table.h"
+#include "oracle/global_batch.h"
+#include "oracle/train_step.h"
+
+namespace touchstone {
+
+struct GoldenOptions {
+  bool save_optimizer_state = false;  // also write /steps/<s>/optimizer/exp_avg{,_sq}/<name>
+};
+
+class GoldenWriter {
+ public:
+  // Opens the temporary file and writes the root attributes, /batch for every step and /params/init.
+  GoldenWriter(const std::string& path, const Config& config, const ParamTable& table,
+               const std::vector<GlobalBatch>& batches, const ParamTensors& initial_params,
+               const GoldenOptions& options);
+
+  // /steps/<s>/...: the record of update s and the parameters (and moments) after it.
+  void write_step(const StepRecord& record, const ParamTensors& params, const AdamWState& optimizer);
+
+  void commit();
+
+ private:
+  void write_tensors(const std::string& group, const ParamTensors& tensors);
+
+  h5::H5Writer writer_;
+  const ParamTable& table_;
+  std::string precision_;
+  GoldenOptions options_;
+  int64_t windows_, seq_;
+};
+
+}  // namespace touchstone

@@ -1,0 +1,56 @@
+// Small models and batches shared by the unit tests.
+#pragma once
+
+#include <cmath>
+#include <vector>
+
+#include "data/packing.h"
+#include "model/config.h"
+#include "model/param_table.h"
+#include "oracle/global_batch.h"
+
+namespace touchstone::testing {
+
+// A model small enough to finite-difference every parameter: V=16, H=8, 2 layers, GQA 2:1, F=12.
+inline Config tiny_config() {
+  Config c;
+  c.model.vocab_size = 16;
+  c.model.hidden_size = 8;
+  c.model.num_layers = 2;
+  c.model.num_heads = 2;
+  c.model.num_kv_heads = 1;
+  c.model.ffn_hidden_size = 12;
+  c.model.seq_length = 8;
+  c.model.init_std = 0.3;  // large enough that every block is visibly non-linear
+  c.data.eos_token = 1;
+  c.data.pad_token = 0;
+  c.train.global_batch_size = 4;
+  c.train.micro_batch_size = 2;
+  return c;
+}
+
+// Packs `documents` with the config's data rules and returns the first global batch of B windows.
+inline GlobalBatch batch_from_documents(const Config& c, const std::vector<data::Document>& documents) {
+  const data::PackingOptions options{static_cast<int>(c.model.seq_length), static_cast<int32_t>(c.data.eos_token),
+                                     static_cast<int32_t>(c.data.pad_token), c.data.eos_loss,
+                                     c.data.document_masking};
+  return make_global_batch(data::pack_documents(documents, options), c.train.global_batch_size, 1);
+}
+
+// ||a - b|| / ||b|| over all tensors together (||a - b|| when b is zero).
+inline double relative_l2(const ParamTensors& a, const ParamTensors& b) {
+  double diff = 0.0, ref = 0.0;
+  for (size_t t = 0; t < a.tensors.size(); ++t) {
+    for (size_t i = 0; i < a.tensors[t].size(); ++i) {
+      diff += (a.tensors[t][i] - b.tensors[t][i]) * (a.tensors[t][i] - b.tensors[t][i]);
+      ref += b.tensors[t][i] * b.tensors[t][i];
+    }
+  }
+  return ref > 0 ? std::sqrt(diff / ref) : std::sqrt(diff);
+}
+
+inline double relative_l2(const std::vector<double>& a, const std::vector<double>& b) {
+  return relative_l2(ParamTensors{{a}}, ParamTensors{{b}});
+}
+
+}  // namespace touchstone::testing
