@@ -63,16 +63,18 @@ void execute_run(const PreparedRun& run, const RunOptions& options, std::ostream
   const auto start = std::chrono::steady_clock::now();
   int64_t tokens_done = 0;
   for (const GlobalBatch& batch : run.batches) {
+    const auto step_start = std::chrono::steady_clock::now();
     const StepRecord record = trainer.step(batch);
+    const double step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     if (golden) golden->write_step(record, trainer.params(), trainer.optimizer_state());
     tokens_done += real_tokens(batch);
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     char line[256];
     std::snprintf(line, sizeof line,
-                  "step %lld/%lld | loss %.6f | loss tokens %lld | grad norm %.4e | lr %.4e | %.0f tok/s | ETA %s",
+                  "step %lld/%lld | loss %.6f | loss tokens %lld | grad norm %.4e | lr %.4e | %.3f s | %.0f tok/s | ETA %s",
                   static_cast<long long>(record.step), static_cast<long long>(steps), record.objective.loss,
                   static_cast<long long>(record.objective.num_loss_tokens), record.grad_norm, record.lr,
-                  static_cast<double>(tokens_done) / elapsed,
+                  step_seconds, static_cast<double>(tokens_done) / elapsed,
                   format_duration(elapsed / static_cast<double>(record.step) *
                                   static_cast<double>(steps - record.step))
                       .c_str());

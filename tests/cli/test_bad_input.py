@@ -1,0 +1,180 @@
+"""Command-line behaviour of `touchstone`: bad input is a one-line error with exit status 2, reported
+before any compute, and never leaves an output file (or a temporary one) behind. Also checks the help
+texts and that --init-from reproduces a run exactly.
+
+Usage: test_bad_input.py PATH_TO_TOUCHSTONE   (standard library, and h5py for the --init-from check)
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+TOUCHSTONE = None
+SMALL = ["--set", "model.hidden_size=16", "--set", "model.ffn_hidden_size=32", "--set", "model.seq_length=16"]
+
+
+def run(*args, cwd=None):
+    return subprocess.run([TOUCHSTONE, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+class BadInput(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.out = os.path.join(self.dir.name, "golden.h5")
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def write(self, name, text):
+        path = os.path.join(self.dir.name, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def assert_refused(self, args, message):
+        """Exit 2, exactly one line on stderr containing `message`, and an empty output directory."""
+        before = set(os.listdir(self.dir.name))
+        result = run("golden", *args, "--out", self.out)
+        self.assertEqual(result.returncode, 2, result.stderr + result.stdout)
+        lines = result.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, result.stderr)
+        self.assertIn(message, lines[0])
+        self.assertEqual(set(os.listdir(self.dir.name)), before, "an output or temporary file was left behind")
+        self.assertNotIn("step 1/", result.stdout, "compute started before the error")
+
+    # ---- config ----
+    def test_unknown_key_in_file(self):
+        config = self.write("c.json", json.dumps({"model": {"hiden_size": 32}}))
+        self.assert_refused(["--config", config], "unknown config key 'model.hiden_size'")
+
+    def test_unknown_key_in_override(self):
+        self.assert_refused(["--set", "optim.learning_rate=1"], "unknown config key 'optim.learning_rate'")
+
+    def test_wrong_type(self):
+        self.assert_refused(["--set", "train.steps=three"], "train.steps must be an integer")
+
+    def test_bad_json(self):
+        config = self.write("c.json", "{\"model\": ")
+        self.assert_refused(["--config", config], "c.json: not valid JSON")
+
+    def test_missing_config_file(self):
+        self.assert_refused(["--config", os.path.join(self.dir.name, "none.json")], "cannot open config file")
+
+    def test_heads_do_not_divide_hidden(self):
+        self.assert_refused(["--set", "model.num_heads=3"], "model.hidden_size (64) must be divisible by model.num_heads (3)")
+
+    def test_batch_not_divisible_by_micro_batch(self):
+        self.assert_refused(["--set", "train.micro_batch_size=3"], "train.global_batch_size (8) must be divisible")
+
+    def test_unavailable_precision(self):
+        self.assert_refused(["--set", "precision=bf16"], "precision")
+
+    def test_layout_needs_more_processes(self):
+        self.assert_refused(["--set", "parallel.tp=2"], "tp x pp x dp = 2 but the run has 1 process")
+
+    # ---- data ----
+    def test_token_id_outside_vocab(self):
+        data = self.write("d.jsonl", '{"tokens": [5, 6]}\n{"tokens": [7, 300]}\n')
+        self.assert_refused(["--set", f"data.source={data}"], "d.jsonl:2: token id 300 is outside [0, 256)")
+
+    def test_empty_document(self):
+        data = self.write("d.jsonl", '{"tokens": [5, 6]}\n{"tokens": []}\n')
+        self.assert_refused(["--set", f"data.source={data}"], "d.jsonl:2: empty document")
+
+    def test_empty_file(self):
+        data = self.write("d.jsonl", "")
+        self.assert_refused(["--set", f"data.source={data}"], "d.jsonl: file is empty")
+
+    def test_malformed_line(self):
+        data = self.write("d.jsonl", '{"tokens": [5, 6]}\n{"tokens": [5,\n')
+        self.assert_refused(["--set", f"data.source={data}"], "d.jsonl:2: malformed JSON")
+
+    def test_missing_data_file(self):
+        self.assert_refused(["--set", "data.source=/nonexistent/d.jsonl"], "/nonexistent/d.jsonl: cannot open file")
+
+    def test_builtin_needs_long_windows(self):
+        self.assert_refused(["--set", "model.seq_length=8"], "model.seq_length")
+
+    # ---- files ----
+    def test_missing_output_directory(self):
+        result = run("golden", "--out", os.path.join(self.dir.name, "no", "g.h5"))
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("does not exist", result.stderr)
+
+    def test_init_from_missing_file(self):
+        self.assert_refused(["--init-from", os.path.join(self.dir.name, "none.h5")], "cannot open as HDF5")
+
+    def test_init_from_wrong_shapes(self):
+        other = os.path.join(self.dir.name, "other.h5")
+        produced = run("golden", *SMALL, "--set", "train.steps=1", "--out", other)
+        self.assertEqual(produced.returncode, 0, produced.stderr)
+        self.assert_refused(["--init-from", other],
+                            "tensor /params/init/embedding.word_embeddings.weight has shape [256,16], the model expects [256,64]")
+
+    def test_init_from_untied_into_tied(self):
+        other = os.path.join(self.dir.name, "other.h5")
+        self.assertEqual(run("golden", *SMALL, "--set", "train.steps=1", "--out", other).returncode, 0)
+        self.assert_refused([*SMALL, "--set", "model.tie_embeddings=true", "--init-from", other],
+                            "tensor /params/init/output_layer.weight is not a parameter of this model")
+
+    def test_missing_out_option(self):
+        result = run("golden")
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("--out", result.stderr)
+
+
+class GoodInput(unittest.TestCase):
+    def test_help_lists_every_option(self):
+        top = run("--help")
+        self.assertEqual(top.returncode, 0)
+        for command in ("golden", "train", "config"):
+            self.assertIn(command, top.stdout)
+        for command in ("golden", "train"):
+            text = run(command, "--help").stdout
+            for option in ("--config", "--set", "--out", "--init-from", "--init-group", "--save-optimizer-state"):
+                self.assertIn(option, text, f"{command} --help lacks {option}")
+
+    def test_init_from_reproduces_the_run_bitwise(self):
+        with tempfile.TemporaryDirectory() as d:
+            first, second = os.path.join(d, "a.h5"), os.path.join(d, "b.h5")
+            self.assertEqual(run("golden", *SMALL, "--set", "train.seed=9", "--out", first).returncode, 0)
+            # A different seed, but the initial weights come from the first file.
+            result = run("golden", *SMALL, "--init-from", first, "--out", second)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            for step in (1, 2, 3):
+                self.assertIn(f"step {step}/3", result.stdout)
+            a, b = datasets(first), datasets(second)
+            self.assertEqual(sorted(a), sorted(b))
+            for name in a:
+                self.assertTrue((a[name] == b[name]).all(), name)
+
+    def test_train_writes_nothing_unless_asked(self):
+        with tempfile.TemporaryDirectory() as d:
+            result = run("train", *SMALL, "--set", "train.steps=2", cwd=d)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertEqual(len([l for l in result.stdout.splitlines() if l.startswith("step ")]), 2)
+            self.assertEqual(os.listdir(d), [])
+
+    def test_config_prints_the_resolved_config(self):
+        result = run("config", "--set", "model.hidden_size=32")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        config = json.loads(result.stdout)
+        self.assertEqual(config["model"]["hidden_size"], 32)
+        self.assertEqual(config["data"]["source"], "builtin:acceptance")
+
+
+def datasets(path):
+    """Every dataset of an HDF5 file as {path: numpy array}."""
+    import h5py  # Debian's python3-h5py; only this test needs it
+
+    found = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, obj: found.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
+    return found
+
+
+if __name__ == "__main__":
+    TOUCHSTONE = os.path.abspath(sys.argv.pop(1))
+    unittest.main(verbosity=1)

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Builds Touchstone and runs every test: the Release build's full CTest suite (unit, command line,
+# PyTorch cross-checks), then the unit and command-line tests again under ASan and UBSan.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/install-deps.sh
+jobs=$(nproc)
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+cmake --build build -j"$jobs"
+ctest --test-dir build --output-on-failure -j"$jobs"
+
+cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTOUCHSTONE_SANITIZE=ON
+cmake --build build-sanitize -j"$jobs"
+UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-sanitize --output-on-failure -j"$jobs" -L "unit|cli"
