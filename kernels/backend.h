@@ -42,12 +42,14 @@ class Backend {
   virtual void linear_backward(const double* dy, const double* x, const double* weight, int64_t rows,
                                int64_t in, int64_t out, double* dx, double* dweight_accum) = 0;
 
-  // y[N,H] = table[tokens[n], :]
+  // Vocab-parallel embedding lookup; this rank's table slice holds vocabulary ids
+  // [vocab_start, vocab_start + vocab_local). y[N,H] = table[tokens[n] - vocab_start, :] when the token is
+  // in the slice, 0 otherwise (the tp ranks' partial results sum to the full lookup).
   virtual void embedding_forward(const int32_t* tokens, const double* table, int64_t rows, int64_t hidden,
-                                 double* y) = 0;
-  // dtable_accum[tokens[n], :] += dy[n, :]
+                                 int64_t vocab_start, int64_t vocab_local, double* y) = 0;
+  // dtable_accum[tokens[n] - vocab_start, :] += dy[n, :] for the tokens in the slice
   virtual void embedding_backward(const int32_t* tokens, const double* dy, int64_t rows, int64_t hidden,
-                                  double* dtable_accum) = 0;
+                                  int64_t vocab_start, int64_t vocab_local, double* dtable_accum) = 0;
 
   // y[N,H] = x / sqrt(mean(x^2) + eps) * w[H];  rstd[N] = 1 / sqrt(mean(x^2) + eps) saved for backward
   virtual void rmsnorm_forward(const double* x, const double* weight, int64_t rows, int64_t hidden, double eps,
@@ -84,12 +86,23 @@ class Backend {
   virtual void swiglu_backward(const double* dact, const double* fc1, int64_t rows, int64_t ffn,
                                double* dfc1) = 0;
 
-  // losses[N] = logsumexp(logits[n,:]) - logits[n, targets[n]], 0 where targets[n] == -100
-  virtual void cross_entropy_forward(const double* logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                                     double* losses) = 0;
-  // dlogits[N,V] = loss_weight * (softmax(logits[n,:]) - onehot(targets[n])), 0 rows where ignored
-  virtual void cross_entropy_backward(const double* logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                                      double loss_weight, double* dlogits) = 0;
+  // Vocab-parallel cross entropy over this rank's logits slice [N, Vl] (vocabulary ids
+  // [vocab_start, vocab_start + Vl)); Megatron's three reductions over the tp group sit between calls:
+  //   logits_row_max          row_max[N] = max over the slice            -> all-reduce max
+  //   cross_entropy_partials  sum_exp[N] = sum_j exp(logits - row_max),
+  //                           target_logit[N] = the target's logit, 0 when not in the slice
+  //                                                                       -> all-reduce sum (each)
+  //   cross_entropy_loss      losses[N] = log(sum_exp) + row_max - target_logit, 0 where target = -100
+  virtual void logits_row_max(const double* logits, int64_t rows, int64_t vocab_local, double* row_max) = 0;
+  virtual void cross_entropy_partials(const double* logits, const int32_t* targets, int64_t rows,
+                                      int64_t vocab_local, int64_t vocab_start, const double* row_max,
+                                      double* sum_exp, double* target_logit) = 0;
+  virtual void cross_entropy_loss(const double* row_max, const double* sum_exp, const double* target_logit,
+                                  const int32_t* targets, int64_t rows, double* losses) = 0;
+  // dlogits[N,Vl] = loss_weight * (exp(logits - row_max) / sum_exp - onehot(target)); 0 rows where ignored
+  virtual void cross_entropy_backward(const double* logits, const int32_t* targets, int64_t rows,
+                                      int64_t vocab_local, int64_t vocab_start, const double* row_max,
+                                      const double* sum_exp, double loss_weight, double* dlogits) = 0;
 
   // x[n] += y[n]
   virtual void add_inplace(double* x, const double* y, int64_t n) = 0;

@@ -1,6 +1,7 @@
 // Config resolution: defaults <- config file <- --set overrides, with every key and type checked.
 #include "model/config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -16,7 +17,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TrainConfig, global_batch_size, micro_batch_s
                                    loss_normalization)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OptimConfig, lr, min_lr, warmup_steps, decay_steps, beta1, beta2, eps,
                                    weight_decay, clip_grad)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ParallelConfig, tp, pp, dp, schedule)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ParallelConfig, tp, pp, dp, schedule, sequence_parallel, distributed_optimizer,
+                                   stage_layers)
 
 nlohmann::json to_json(const Config& config) {
   return nlohmann::json{{"model", config.model},         {"data", config.data},
@@ -32,6 +34,7 @@ std::string type_name(const nlohmann::json& value) {
   if (value.is_number_integer()) return "an integer";
   if (value.is_number()) return "a number";
   if (value.is_boolean()) return "a boolean";
+  if (value.is_array()) return "a list of integers";
   if (value.is_string()) return "a string";
   if (value.is_object()) return "an object";
   return std::string("a ") + value.type_name();
@@ -41,6 +44,9 @@ std::string type_name(const nlohmann::json& value) {
 bool same_kind(const nlohmann::json& default_value, const nlohmann::json& value) {
   if (default_value.is_number_integer()) return value.is_number_integer();
   if (default_value.is_number_float()) return value.is_number();
+  if (default_value.is_array()) {  // the only list keys hold integers (parallel.stage_layers)
+    return value.is_array() && std::all_of(value.begin(), value.end(), [](const auto& v) { return v.is_number_integer(); });
+  }
   return default_value.type() == value.type();
 }
 
@@ -191,15 +197,41 @@ void validate_config(const Config& c, int world_size) {
           "(" + std::to_string(p.tp) + ") must divide model.num_heads and model.num_kv_heads");
   require(m.ffn_hidden_size % p.tp == 0, "parallel.tp", "must divide model.ffn_hidden_size");
   require(m.vocab_size % p.tp == 0, "parallel.tp", "must divide model.vocab_size");
-  require(m.num_layers % p.pp == 0, "parallel.pp",
-          "(" + std::to_string(p.pp) + ") must divide model.num_layers (" + std::to_string(m.num_layers) + ")");
+  if (p.stage_layers.empty()) {
+    require(m.num_layers % p.pp == 0, "parallel.pp",
+            "(" + std::to_string(p.pp) + ") must divide model.num_layers (" + std::to_string(m.num_layers) +
+                ") unless parallel.stage_layers lists the layers of each stage");
+  } else {
+    int64_t total = 0;
+    for (int64_t layers : p.stage_layers) {
+      require(layers >= 1, "parallel.stage_layers", "entries must be >= 1 (every stage holds a layer)");
+      total += layers;
+    }
+    require(static_cast<int64_t>(p.stage_layers.size()) == p.pp, "parallel.stage_layers",
+            "has " + std::to_string(p.stage_layers.size()) + " entries but parallel.pp is " + std::to_string(p.pp));
+    require(total == m.num_layers, "parallel.stage_layers",
+            "sums to " + std::to_string(total) + " but model.num_layers is " + std::to_string(m.num_layers));
+  }
+  require(!p.sequence_parallel || m.seq_length % p.tp == 0, "parallel.sequence_parallel",
+          "needs model.seq_length divisible by parallel.tp");
   require(p.tp * p.pp * p.dp == world_size, "parallel",
           "tp x pp x dp = " + std::to_string(p.tp * p.pp * p.dp) + " but the run has " +
-              std::to_string(world_size) + " process(es); this build runs single-process layouts only");
+              std::to_string(world_size) + " process(es) (launch with mpirun -np " +
+              std::to_string(p.tp * p.pp * p.dp) + ")");
 
   require(c.precision == "fp64" || c.precision == "fp32" || c.precision == "bf16", "precision",
           "must be \"fp64\", \"fp32\" or \"bf16\" (got \"" + c.precision + "\")");
   require(c.precision == "fp64", "precision", "\"" + c.precision + "\" is not available in this build (fp64 only)");
+}
+
+std::vector<int64_t> Config::stage_boundaries() const {
+  std::vector<int64_t> boundaries{0};
+  for (int64_t stage = 0; stage < parallel.pp; ++stage) {
+    const int64_t layers = parallel.stage_layers.empty() ? model.num_layers / parallel.pp
+                                                         : parallel.stage_layers[static_cast<size_t>(stage)];
+    boundaries.push_back(boundaries.back() + layers);
+  }
+  return boundaries;
 }
 
 }  // namespace touchstone

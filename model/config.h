@@ -60,6 +60,9 @@ struct ParallelConfig {
   int64_t pp = 1;
   int64_t dp = 1;
   std::string schedule = "1f1b";  // or "afab"
+  bool sequence_parallel = false;      // shard norm and residual regions along the sequence over tp
+  bool distributed_optimizer = false;  // ZeRO-1: optimizer state and master weights sharded over dp
+  std::vector<int64_t> stage_layers;   // layers per pipeline stage; empty: num_layers / pp each
 };
 
 struct Config {
@@ -71,6 +74,8 @@ struct Config {
   std::string precision = "fp64";  // "fp64" | "fp32" | "bf16"
 
   int64_t num_micro_batches() const { return train.global_batch_size / train.micro_batch_size; }
+  // The first layer of every pipeline stage, and num_layers at the end: [pp + 1].
+  std::vector<int64_t> stage_boundaries() const;
 };
 
 // The defaults as JSON: the reference for which keys exist and what type each has.

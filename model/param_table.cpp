@@ -13,7 +13,17 @@ int64_t ParamSpec::numel() const {
 
 int ParamTable::add(std::string name, std::vector<int64_t> shape, ParamKind kind, int64_t layer, InitRule init) {
   const bool decay = shape.size() >= 2;
-  specs_.push_back(ParamSpec{std::move(name), std::move(shape), kind, layer, decay, init});
+  Sharding sharding = Sharding::kReplicated;
+  switch (kind) {
+    case ParamKind::kEmbedding:
+    case ParamKind::kOutput:
+    case ParamKind::kQkv: sharding = Sharding::kRows; break;
+    case ParamKind::kFc1: sharding = Sharding::kGateUp; break;
+    case ParamKind::kProj:
+    case ParamKind::kFc2: sharding = Sharding::kColumns; break;
+    default: break;
+  }
+  specs_.push_back(ParamSpec{std::move(name), std::move(shape), kind, layer, decay, init, sharding});
   return size() - 1;
 }
 

@@ -1,4 +1,6 @@
 // Forward and backward of the decoder, block by block: each block's backward sits next to its forward.
+// Shapes: N = b*T rows of the full sequence, Nl = rows of the residual stream on this rank, NHl, NKVl,
+// Fl, Vl = this tp rank's heads, KV heads, ffn columns and vocabulary rows.
 #include "model/transformer.h"
 
 namespace touchstone {
@@ -8,27 +10,31 @@ std::vector<double> buffer(int64_t n) { return std::vector<double>(static_cast<s
 }  // namespace
 
 Transformer::Transformer(const ModelConfig& model, bool document_masking, const ParamTable& table,
-                         Backend& backend)
-    : model_(model), document_masking_(document_masking), table_(table), backend_(backend) {}
+                         Backend& backend, const TensorParallelRegion& tp, const StageRange& stage)
+    : model_(model), document_masking_(document_masking), table_(table), backend_(backend), tp_(tp), stage_(stage) {}
 
 AttentionShape Transformer::attention_shape(int64_t windows) const {
-  return AttentionShape{windows, model_.seq_length, model_.num_heads, model_.num_kv_heads, model_.head_dim()};
+  const int64_t t = tp_.tp_size();
+  return AttentionShape{windows, model_.seq_length, model_.num_heads / t, model_.num_kv_heads / t,
+                        model_.head_dim()};
 }
 
-// ---- attention block: x += linear_proj(attention(RoPE(split(linear_qkv(RMSNorm(x)))))) ------------------
+// ---- attention block: x += RowParallel(attention(RoPE(split(ColumnParallel(RMSNorm(x)))))) -------------
 
 void Transformer::attention_block_forward(const ParamTensors& params, const LayerParamIds& ids,
                                           const MicroBatch& batch, LayerActivations& a,
                                           std::vector<double>& x) const {
   const AttentionShape s = attention_shape(batch.windows);
-  const int64_t N = batch.windows * model_.seq_length, H = model_.hidden_size, D = s.head_dim;
+  const int64_t N = batch.windows * s.seq, Nl = tp_.local_rows(N), H = model_.hidden_size, D = s.head_dim;
+  const int64_t qkv_cols = (s.num_heads + 2 * s.num_kv_heads) * D;  // this rank's whole KV groups
   a.x_in = x;
-  a.h_attn = buffer(N * H);
-  a.rstd_attn = buffer(N);
-  backend_.rmsnorm_forward(x.data(), params[ids.input_norm].data(), N, H, model_.norm_eps, a.h_attn.data(),
+  a.rstd_attn = buffer(Nl);
+  std::vector<double> h_local = buffer(Nl * H);
+  backend_.rmsnorm_forward(x.data(), params[ids.input_norm].data(), Nl, H, model_.norm_eps, h_local.data(),
                            a.rstd_attn.data());
-  std::vector<double> qkv = buffer(N * model_.qkv_rows());  // [N, (NH+2NKV)D]
-  backend_.linear_forward(a.h_attn.data(), params[ids.qkv].data(), N, H, model_.qkv_rows(), qkv.data());
+  tp_.gather(h_local, N, H, a.h_attn);  // ColumnParallelLinear entry
+  std::vector<double> qkv = buffer(N * qkv_cols);
+  backend_.linear_forward(a.h_attn.data(), params[ids.qkv].data(), N, H, qkv_cols, qkv.data());
   a.q = buffer(N * s.num_heads * D);
   a.k = buffer(N * s.num_kv_heads * D);
   a.v = buffer(N * s.num_kv_heads * D);
@@ -39,18 +45,22 @@ void Transformer::attention_block_forward(const ParamTensors& params, const Laye
   a.attn = buffer(N * s.num_heads * D);
   backend_.attention_forward(a.q.data(), a.k.data(), a.v.data(), batch.document_ids, document_masking_, s,
                              a.attn.data(), a.probs.data());
-  std::vector<double> proj = buffer(N * H);
-  backend_.linear_forward(a.attn.data(), params[ids.proj].data(), N, s.num_heads * D, H, proj.data());
-  backend_.add_inplace(x.data(), proj.data(), N * H);
+  std::vector<double> proj_partial = buffer(N * H), proj;
+  backend_.linear_forward(a.attn.data(), params[ids.proj].data(), N, s.num_heads * D, H, proj_partial.data());
+  tp_.reduce(proj_partial, N, H, proj);  // RowParallelLinear exit
+  backend_.add_inplace(x.data(), proj.data(), Nl * H);
 }
 
 void Transformer::attention_block_backward(const ParamTensors& params, const LayerParamIds& ids,
                                            const MicroBatch& batch, const LayerActivations& a,
                                            std::vector<double>& dx, ParamTensors& grads) const {
   const AttentionShape s = attention_shape(batch.windows);
-  const int64_t N = batch.windows * model_.seq_length, H = model_.hidden_size, D = s.head_dim;
+  const int64_t N = batch.windows * s.seq, Nl = tp_.local_rows(N), H = model_.hidden_size, D = s.head_dim;
+  const int64_t qkv_cols = (s.num_heads + 2 * s.num_kv_heads) * D;
+  std::vector<double> dproj;
+  tp_.gather(dx, N, H, dproj);  // backward of the RowParallelLinear exit
   std::vector<double> dattn = buffer(N * s.num_heads * D);
-  backend_.linear_backward(dx.data(), a.attn.data(), params[ids.proj].data(), N, s.num_heads * D, H,
+  backend_.linear_backward(dproj.data(), a.attn.data(), params[ids.proj].data(), N, s.num_heads * D, H,
                            dattn.data(), grads[ids.proj].data());
   std::vector<double> dq = buffer(N * s.num_heads * D), dk = buffer(N * s.num_kv_heads * D),
                       dv = buffer(N * s.num_kv_heads * D);
@@ -58,91 +68,147 @@ void Transformer::attention_block_backward(const ParamTensors& params, const Lay
                               dk.data(), dv.data());
   backend_.rope(dq.data(), batch.position_ids, s.windows, s.num_heads, s.seq, D, model_.rope_theta, true);
   backend_.rope(dk.data(), batch.position_ids, s.windows, s.num_kv_heads, s.seq, D, model_.rope_theta, true);
-  std::vector<double> dqkv = buffer(N * model_.qkv_rows());
+  std::vector<double> dqkv = buffer(N * qkv_cols);
   backend_.qkv_merge(dq.data(), dk.data(), dv.data(), s, dqkv.data());
-  std::vector<double> dh = buffer(N * H), dnorm_in = buffer(N * H);
-  backend_.linear_backward(dqkv.data(), a.h_attn.data(), params[ids.qkv].data(), N, H, model_.qkv_rows(),
-                           dh.data(), grads[ids.qkv].data());
-  backend_.rmsnorm_backward(dh.data(), a.x_in.data(), params[ids.input_norm].data(), a.rstd_attn.data(), N, H,
+  std::vector<double> dh_partial = buffer(N * H), dh, dnorm_in = buffer(Nl * H);
+  backend_.linear_backward(dqkv.data(), a.h_attn.data(), params[ids.qkv].data(), N, H, qkv_cols,
+                           dh_partial.data(), grads[ids.qkv].data());
+  tp_.reduce(dh_partial, N, H, dh);  // backward of the ColumnParallelLinear entry
+  backend_.rmsnorm_backward(dh.data(), a.x_in.data(), params[ids.input_norm].data(), a.rstd_attn.data(), Nl, H,
                             dnorm_in.data(), grads[ids.input_norm].data());
-  backend_.add_inplace(dx.data(), dnorm_in.data(), N * H);  // the residual branch joins the skip path
+  backend_.add_inplace(dx.data(), dnorm_in.data(), Nl * H);  // the residual branch joins the skip path
 }
 
-// ---- MLP block: x += linear_fc2(silu(gate) * up), [gate | up] = linear_fc1(RMSNorm(x)) -------------------
+// ---- MLP block: x += RowParallel(silu(gate) * up), [gate | up] = ColumnParallel(RMSNorm(x)) ------------
 
 void Transformer::mlp_block_forward(const ParamTensors& params, const LayerParamIds& ids, int64_t N,
                                     LayerActivations& a, std::vector<double>& x) const {
-  const int64_t H = model_.hidden_size, F = model_.ffn_hidden_size;
+  const int64_t Nl = tp_.local_rows(N), H = model_.hidden_size, F = model_.ffn_hidden_size / tp_.tp_size();
   a.x_mid = x;
-  a.h_mlp = buffer(N * H);
-  a.rstd_mlp = buffer(N);
-  backend_.rmsnorm_forward(x.data(), params[ids.pre_mlp_norm].data(), N, H, model_.norm_eps, a.h_mlp.data(),
+  a.rstd_mlp = buffer(Nl);
+  std::vector<double> h_local = buffer(Nl * H);
+  backend_.rmsnorm_forward(x.data(), params[ids.pre_mlp_norm].data(), Nl, H, model_.norm_eps, h_local.data(),
                            a.rstd_mlp.data());
+  tp_.gather(h_local, N, H, a.h_mlp);
   a.fc1 = buffer(N * 2 * F);
   backend_.linear_forward(a.h_mlp.data(), params[ids.fc1].data(), N, H, 2 * F, a.fc1.data());
   a.act = buffer(N * F);
   backend_.swiglu_forward(a.fc1.data(), N, F, a.act.data());
-  std::vector<double> out = buffer(N * H);
-  backend_.linear_forward(a.act.data(), params[ids.fc2].data(), N, F, H, out.data());
-  backend_.add_inplace(x.data(), out.data(), N * H);
+  std::vector<double> out_partial = buffer(N * H), out;
+  backend_.linear_forward(a.act.data(), params[ids.fc2].data(), N, F, H, out_partial.data());
+  tp_.reduce(out_partial, N, H, out);
+  backend_.add_inplace(x.data(), out.data(), Nl * H);
 }
 
 void Transformer::mlp_block_backward(const ParamTensors& params, const LayerParamIds& ids, int64_t N,
                                      const LayerActivations& a, std::vector<double>& dx,
                                      ParamTensors& grads) const {
-  const int64_t H = model_.hidden_size, F = model_.ffn_hidden_size;
+  const int64_t Nl = tp_.local_rows(N), H = model_.hidden_size, F = model_.ffn_hidden_size / tp_.tp_size();
+  std::vector<double> dout;
+  tp_.gather(dx, N, H, dout);
   std::vector<double> dact = buffer(N * F), dfc1 = buffer(N * 2 * F);
-  backend_.linear_backward(dx.data(), a.act.data(), params[ids.fc2].data(), N, F, H, dact.data(),
+  backend_.linear_backward(dout.data(), a.act.data(), params[ids.fc2].data(), N, F, H, dact.data(),
                            grads[ids.fc2].data());
   backend_.swiglu_backward(dact.data(), a.fc1.data(), N, F, dfc1.data());
-  std::vector<double> dh = buffer(N * H), dnorm_in = buffer(N * H);
-  backend_.linear_backward(dfc1.data(), a.h_mlp.data(), params[ids.fc1].data(), N, H, 2 * F, dh.data(),
+  std::vector<double> dh_partial = buffer(N * H), dh, dnorm_in = buffer(Nl * H);
+  backend_.linear_backward(dfc1.data(), a.h_mlp.data(), params[ids.fc1].data(), N, H, 2 * F, dh_partial.data(),
                            grads[ids.fc1].data());
-  backend_.rmsnorm_backward(dh.data(), a.x_mid.data(), params[ids.pre_mlp_norm].data(), a.rstd_mlp.data(), N, H,
+  tp_.reduce(dh_partial, N, H, dh);
+  backend_.rmsnorm_backward(dh.data(), a.x_mid.data(), params[ids.pre_mlp_norm].data(), a.rstd_mlp.data(), Nl, H,
                             dnorm_in.data(), grads[ids.pre_mlp_norm].data());
-  backend_.add_inplace(dx.data(), dnorm_in.data(), N * H);
+  backend_.add_inplace(dx.data(), dnorm_in.data(), Nl * H);
 }
 
-// ---- whole model: embedding -> layers -> final norm -> output layer -> cross entropy ---------------------
+// ---- head (last stage): final norm -> vocab-parallel output layer -> vocab-parallel cross entropy --------
 
-void Transformer::forward(const ParamTensors& params, const MicroBatch& batch, Activations& acts) const {
-  const int64_t N = batch.windows * model_.seq_length, H = model_.hidden_size, V = model_.vocab_size;
-  std::vector<double> x = buffer(N * H);  // [N,H] the residual stream
-  backend_.embedding_forward(batch.tokens, params[table_.embedding()].data(), N, H, x.data());
-  acts.layers.resize(static_cast<size_t>(model_.num_layers));
-  for (int64_t l = 0; l < model_.num_layers; ++l) {
-    LayerActivations& a = acts.layers[static_cast<size_t>(l)];
+void Transformer::head_forward(const ParamTensors& params, const MicroBatch& batch, Activations& acts) const {
+  const int64_t N = batch.windows * model_.seq_length, Nl = tp_.local_rows(N), H = model_.hidden_size;
+  const int64_t V = vocab_local();
+  ProcessGroup& tp = tp_.group();
+  acts.rstd_final = buffer(Nl);
+  std::vector<double> h_local = buffer(Nl * H);
+  backend_.rmsnorm_forward(acts.x_final.data(), params[table_.final_norm()].data(), Nl, H, model_.norm_eps,
+                           h_local.data(), acts.rstd_final.data());
+  tp_.gather(h_local, N, H, acts.h_final);
+  acts.logits = buffer(N * V);  // this rank's vocabulary slice: the full logits are never assembled
+  backend_.linear_forward(acts.h_final.data(), params[table_.output()].data(), N, H, V, acts.logits.data());
+  acts.row_max = buffer(N);
+  acts.sum_exp = buffer(N);
+  std::vector<double> target_logit = buffer(N);
+  backend_.logits_row_max(acts.logits.data(), N, V, acts.row_max.data());
+  tp.all_reduce_max(acts.row_max.data(), N, {N});
+  backend_.cross_entropy_partials(acts.logits.data(), batch.targets, N, V, vocab_start(), acts.row_max.data(),
+                                  acts.sum_exp.data(), target_logit.data());
+  tp.all_reduce_sum(target_logit.data(), N, {N});
+  tp.all_reduce_sum(acts.sum_exp.data(), N, {N});
+  acts.token_losses = buffer(N);
+  backend_.cross_entropy_loss(acts.row_max.data(), acts.sum_exp.data(), target_logit.data(), batch.targets, N,
+                              acts.token_losses.data());
+}
+
+void Transformer::head_backward(const ParamTensors& params, const MicroBatch& batch, const Activations& acts,
+                                double loss_weight, ParamTensors& grads, std::vector<double>& dx) const {
+  const int64_t N = batch.windows * model_.seq_length, Nl = tp_.local_rows(N), H = model_.hidden_size;
+  const int64_t V = vocab_local();
+  std::vector<double> dlogits = buffer(N * V), dh_partial = buffer(N * H), dh;
+  backend_.cross_entropy_backward(acts.logits.data(), batch.targets, N, V, vocab_start(), acts.row_max.data(),
+                                  acts.sum_exp.data(), loss_weight, dlogits.data());
+  // With tied embeddings output() is the embedding, so both uses add into one gradient.
+  backend_.linear_backward(dlogits.data(), acts.h_final.data(), params[table_.output()].data(), N, H, V,
+                           dh_partial.data(), grads[table_.output()].data());
+  tp_.reduce(dh_partial, N, H, dh);
+  dx = buffer(Nl * H);
+  backend_.rmsnorm_backward(dh.data(), acts.x_final.data(), params[table_.final_norm()].data(),
+                            acts.rstd_final.data(), Nl, H, dx.data(), grads[table_.final_norm()].data());
+}
+
+// ---- one stage: [embedding] -> layers -> [head] ----------------------------------------------------------
+
+void Transformer::forward(const ParamTensors& params, const MicroBatch& batch, const std::vector<double>* input,
+                          Activations& acts) const {
+  const int64_t N = batch.windows * model_.seq_length, H = model_.hidden_size;
+  std::vector<double> x;  // [Nl,H] the residual stream
+  if (stage_.first_stage) {
+    std::vector<double> partial = buffer(N * H);  // VocabParallelEmbedding: rows outside the slice are 0
+    backend_.embedding_forward(batch.tokens, params[table_.embedding()].data(), N, H, vocab_start(),
+                               vocab_local(), partial.data());
+    tp_.reduce(partial, N, H, x);
+  } else {
+    x = *input;
+  }
+  acts.layers.resize(static_cast<size_t>(stage_.end_layer - stage_.first_layer));
+  for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l) {
+    LayerActivations& a = acts.layers[static_cast<size_t>(l - stage_.first_layer)];
     attention_block_forward(params, table_.layer(l), batch, a, x);
     mlp_block_forward(params, table_.layer(l), N, a, x);
   }
   acts.x_final = std::move(x);
-  acts.rstd_final = buffer(N);
-  acts.h_final = buffer(N * H);
-  backend_.rmsnorm_forward(acts.x_final.data(), params[table_.final_norm()].data(), N, H, model_.norm_eps,
-                           acts.h_final.data(), acts.rstd_final.data());
-  acts.logits = buffer(N * V);
-  backend_.linear_forward(acts.h_final.data(), params[table_.output()].data(), N, H, V, acts.logits.data());
-  acts.token_losses = buffer(N);
-  backend_.cross_entropy_forward(acts.logits.data(), batch.targets, N, V, acts.token_losses.data());
+  if (stage_.last_stage) head_forward(params, batch, acts);
 }
 
 void Transformer::backward(const ParamTensors& params, const MicroBatch& batch, const Activations& acts,
-                           double loss_weight, ParamTensors& grads) const {
-  const int64_t N = batch.windows * model_.seq_length, H = model_.hidden_size, V = model_.vocab_size;
-  std::vector<double> dlogits = buffer(N * V);
-  backend_.cross_entropy_backward(acts.logits.data(), batch.targets, N, V, loss_weight, dlogits.data());
-  std::vector<double> dh = buffer(N * H), dx = buffer(N * H);
-  // With tied embeddings output() is the embedding, so both uses add into one gradient.
-  backend_.linear_backward(dlogits.data(), acts.h_final.data(), params[table_.output()].data(), N, H, V,
-                           dh.data(), grads[table_.output()].data());
-  backend_.rmsnorm_backward(dh.data(), acts.x_final.data(), params[table_.final_norm()].data(),
-                            acts.rstd_final.data(), N, H, dx.data(), grads[table_.final_norm()].data());
-  for (int64_t l = model_.num_layers - 1; l >= 0; --l) {
-    const LayerActivations& a = acts.layers[static_cast<size_t>(l)];
+                           double loss_weight, const std::vector<double>* d_output, ParamTensors& grads,
+                           std::vector<double>* d_input) const {
+  const int64_t N = batch.windows * model_.seq_length, H = model_.hidden_size;
+  std::vector<double> dx;  // [Nl,H]
+  if (stage_.last_stage) {
+    head_backward(params, batch, acts, loss_weight, grads, dx);
+  } else {
+    dx = *d_output;
+  }
+  for (int64_t l = stage_.end_layer - 1; l >= stage_.first_layer; --l) {
+    const LayerActivations& a = acts.layers[static_cast<size_t>(l - stage_.first_layer)];
     mlp_block_backward(params, table_.layer(l), N, a, dx, grads);
     attention_block_backward(params, table_.layer(l), batch, a, dx, grads);
   }
-  backend_.embedding_backward(batch.tokens, dx.data(), N, H, grads[table_.embedding()].data());
+  if (stage_.first_stage) {
+    std::vector<double> dfull;
+    tp_.gather(dx, N, H, dfull);
+    backend_.embedding_backward(batch.tokens, dfull.data(), N, H, vocab_start(), vocab_local(),
+                                grads[table_.embedding()].data());
+  } else {
+    *d_input = std::move(dx);
+  }
 }
 
 }  // namespace touchstone

@@ -1,5 +1,7 @@
 // The Llama-style decoder of CONTRACTS.md section 2: forward and hand-written backward of one
-// micro-batch, every operator a call into the kernel interface (kernels/backend.h).
+// micro-batch on one pipeline stage and one tensor-parallel shard. Every operator is a call into the
+// kernel interface (kernels/backend.h); every tensor-parallel transfer is a gather or reduce of a
+// TensorParallelRegion (parallel/tensor/regions.h). With one stage and tp = 1 it is the whole model.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +10,7 @@
 #include "kernels/backend.h"
 #include "model/config.h"
 #include "model/param_table.h"
+#include "parallel/tensor/regions.h"
 
 namespace touchstone {
 
@@ -20,44 +23,67 @@ struct MicroBatch {
   const int32_t* document_ids = nullptr;
 };
 
-// What the forward pass keeps for the backward pass, per layer.
+// The layers [first_layer, end_layer) of one pipeline stage.
+struct StageRange {
+  int64_t first_layer = 0, end_layer = 0;
+  bool first_stage = true, last_stage = true;
+};
+
+// What the forward pass keeps for the backward pass, per layer. Nl = rows of the residual stream held
+// by this rank (N, or N/tp with sequence parallelism); head and ffn counts are this rank's shares.
 struct LayerActivations {
-  std::vector<double> x_in;      // [N,H]     residual stream entering the layer
-  std::vector<double> h_attn;    // [N,H]     input_layernorm output
-  std::vector<double> rstd_attn; // [N]
-  std::vector<double> q;         // [b,NH,T,D] after RoPE
-  std::vector<double> k;         // [b,NKV,T,D] after RoPE
-  std::vector<double> v;         // [b,NKV,T,D]
-  std::vector<double> probs;     // [b,NH,T,T] attention probabilities
-  std::vector<double> attn;      // [N,NH*D]  attention output before linear_proj
-  std::vector<double> x_mid;     // [N,H]     residual stream after attention
-  std::vector<double> h_mlp;     // [N,H]     pre_mlp_layernorm output
-  std::vector<double> rstd_mlp;  // [N]
-  std::vector<double> fc1;       // [N,2F]    [gate | up]
-  std::vector<double> act;       // [N,F]     silu(gate) * up
+  std::vector<double> x_in;       // [Nl,H]       residual stream entering the layer
+  std::vector<double> rstd_attn;  // [Nl]
+  std::vector<double> h_attn;     // [N,H]        input_layernorm output, full sequence
+  std::vector<double> q;          // [b,NHl,T,D]  after RoPE
+  std::vector<double> k;          // [b,NKVl,T,D] after RoPE
+  std::vector<double> v;          // [b,NKVl,T,D]
+  std::vector<double> probs;      // [b,NHl,T,T]  attention probabilities
+  std::vector<double> attn;       // [N,NHl*D]    attention output before linear_proj
+  std::vector<double> x_mid;      // [Nl,H]       residual stream after attention
+  std::vector<double> rstd_mlp;   // [Nl]
+  std::vector<double> h_mlp;      // [N,H]        pre_mlp_layernorm output, full sequence
+  std::vector<double> fc1;        // [N,2Fl]      [gate | up]
+  std::vector<double> act;        // [N,Fl]       silu(gate) * up
 };
 
 struct Activations {
-  std::vector<LayerActivations> layers;
-  std::vector<double> x_final;      // [N,H] residual stream after the last layer
-  std::vector<double> rstd_final;   // [N]
-  std::vector<double> h_final;      // [N,H] final_layernorm output (the final hidden states)
-  std::vector<double> logits;       // [N,V]
-  std::vector<double> token_losses; // [N]   cross entropy per position, 0 where target = -100
+  std::vector<LayerActivations> layers;  // this stage's layers
+  std::vector<double> x_final;       // [Nl,H] residual stream after the stage's last layer (the stage's
+                                     //        output, sent to the next stage when not the last)
+  // Last stage only:
+  std::vector<double> rstd_final;    // [Nl]
+  std::vector<double> h_final;       // [N,H]  final_layernorm output (the final hidden states)
+  std::vector<double> logits;        // [N,Vl] this rank's vocabulary slice
+  std::vector<double> row_max;       // [N]    over the whole vocabulary
+  std::vector<double> sum_exp;       // [N]
+  std::vector<double> token_losses;  // [N]    cross entropy per position, 0 where target = -100
 };
 
 class Transformer {
  public:
-  Transformer(const ModelConfig& model, bool document_masking, const ParamTable& table, Backend& backend);
+  Transformer(const ModelConfig& model, bool document_masking, const ParamTable& table, Backend& backend,
+              const TensorParallelRegion& tp, const StageRange& stage);
 
-  void forward(const ParamTensors& params, const MicroBatch& batch, Activations& acts) const;
+  // `input` is the previous stage's output [Nl,H]; unused (may be null) on the first stage.
+  void forward(const ParamTensors& params, const MicroBatch& batch, const std::vector<double>* input,
+               Activations& acts) const;
 
-  // Gradient of sum_n loss_weight * token_losses[n], added into grads.
+  // Adds the gradient of sum_n loss_weight * token_losses[n] to grads. On the last stage the loss is the
+  // start (d_output unused); otherwise d_output [Nl,H] is the gradient of the stage's output. On other
+  // than the first stage, d_input receives the gradient of the stage's input [Nl,H].
   void backward(const ParamTensors& params, const MicroBatch& batch, const Activations& acts, double loss_weight,
-                ParamTensors& grads) const;
+                const std::vector<double>* d_output, ParamTensors& grads, std::vector<double>* d_input) const;
+
+  const StageRange& stage() const { return stage_; }
+  int64_t local_rows(int64_t windows) const { return tp_.local_rows(windows * model_.seq_length); }
+  int64_t hidden_size() const { return model_.hidden_size; }
 
  private:
   AttentionShape attention_shape(int64_t windows) const;
+  int64_t vocab_local() const { return model_.vocab_size / tp_.tp_size(); }
+  int64_t vocab_start() const { return tp_.tp_rank() * vocab_local(); }
+
   void attention_block_forward(const ParamTensors& params, const LayerParamIds& ids, const MicroBatch& batch,
                                LayerActivations& a, std::vector<double>& x) const;
   void attention_block_backward(const ParamTensors& params, const LayerParamIds& ids, const MicroBatch& batch,
@@ -66,11 +92,16 @@ class Transformer {
                          std::vector<double>& x) const;
   void mlp_block_backward(const ParamTensors& params, const LayerParamIds& ids, int64_t rows,
                           const LayerActivations& a, std::vector<double>& dx, ParamTensors& grads) const;
+  void head_forward(const ParamTensors& params, const MicroBatch& batch, Activations& acts) const;
+  void head_backward(const ParamTensors& params, const MicroBatch& batch, const Activations& acts,
+                     double loss_weight, ParamTensors& grads, std::vector<double>& dx) const;
 
   ModelConfig model_;
   bool document_masking_;
   const ParamTable& table_;
   Backend& backend_;
+  const TensorParallelRegion& tp_;
+  StageRange stage_;
 };
 
 }  // namespace touchstone

@@ -16,27 +16,23 @@ double learning_rate(const OptimConfig& o, int64_t update) {
   return o.min_lr + 0.5 * (o.lr - o.min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
-double global_grad_norm(const ParamTensors& grads) {
-  double sum_squares = 0.0;
-  for (const auto& tensor : grads.tensors) {
-    for (double g : tensor) sum_squares += g * g;
-  }
-  return std::sqrt(sum_squares);
-}
-
 double clip_coefficient(double grad_norm, double clip_grad) {
   if (clip_grad <= 0.0) return 1.0;
   return std::min(1.0, clip_grad / (grad_norm + 1e-6));
 }
 
-AdamWState AdamWState::zeros_like(const ParamTable& table) {
-  return AdamWState{ParamTensors::zeros_like(table), ParamTensors::zeros_like(table), 0};
+AdamWState AdamWState::zeros_like(const ParamTensors& params) {
+  AdamWState state;
+  for (const auto& tensor : params.tensors) state.exp_avg.tensors.emplace_back(tensor.size(), 0.0);
+  state.exp_avg_sq = state.exp_avg;
+  return state;
 }
 
 void adamw_step(Backend& backend, const ParamTable& table, const OptimConfig& o, double lr, double grad_scale,
                 const ParamTensors& grads, ParamTensors& params, AdamWState& state) {
   state.step += 1;
   for (int id = 0; id < table.size(); ++id) {
+    if (params[id].empty()) continue;  // a tensor this rank does not hold
     std::vector<double> scaled = grads[id];
     for (double& g : scaled) g *= grad_scale;
     const AdamWStep step{lr, o.beta1, o.beta2, o.eps, table[id].weight_decay ? o.weight_decay : 0.0, state.step};

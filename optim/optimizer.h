@@ -14,9 +14,6 @@ namespace touchstone {
 // W..decay_steps, min_lr after decay_steps.
 double learning_rate(const OptimConfig& optim, int64_t update);
 
-// sqrt(sum of squares of every gradient element), each parameter counted once.
-double global_grad_norm(const ParamTensors& grads);
-
 // The factor all gradients are scaled by before the update: min(1, clip / (norm + 1e-6)); 1 when
 // clipping is off (clip_grad == 0).
 double clip_coefficient(double grad_norm, double clip_grad);
@@ -26,11 +23,11 @@ struct AdamWState {
   ParamTensors exp_avg_sq;  // second moments
   int64_t step = 0;         // updates applied so far
 
-  static AdamWState zeros_like(const ParamTable& table);
+  static AdamWState zeros_like(const ParamTensors& params);  // empty tensors stay empty
 };
 
-// One AdamW update of every parameter with gradients scaled by `grad_scale` (the clip coefficient).
-// Weight decay applies to the tensors the table marks (2 or more dimensions).
+// One AdamW update of every (non-empty) tensor with gradients scaled by `grad_scale` (the clip
+// coefficient). Weight decay applies to the tensors the table marks (2 or more dimensions).
 void adamw_step(Backend& backend, const ParamTable& table, const OptimConfig& optim, double lr, double grad_scale,
                 const ParamTensors& grads, ParamTensors& params, AdamWState& state);
 

@@ -55,18 +55,19 @@ void GoldenWriter::write_tensors(const std::string& group, const ParamTensors& t
   }
 }
 
-void GoldenWriter::write_step(const StepRecord& record, const ParamTensors& params, const AdamWState& optimizer) {
+void GoldenWriter::write_step(const StepRecord& record, const ParamTensors& grads, const ParamTensors& params,
+                              const AdamWState* moments) {
   const std::string group = "/steps/" + std::to_string(record.step);
-  writer_.write_scalar_f64(group + "/loss", record.objective.loss);
-  writer_.write_scalar_i64(group + "/num_loss_tokens", record.objective.num_loss_tokens);
+  writer_.write_scalar_f64(group + "/loss", record.loss);
+  writer_.write_scalar_i64(group + "/num_loss_tokens", record.num_loss_tokens);
   writer_.write_scalar_f64(group + "/grad_norm", record.grad_norm);
   writer_.write_scalar_f64(group + "/lr", record.lr);
-  writer_.write_f64(group + "/token_losses", record.objective.token_losses.data(), {windows_, seq_});
-  write_tensors(group + "/grads", record.objective.grads);
+  writer_.write_f64(group + "/token_losses", record.token_losses.data(), {windows_, seq_});
+  write_tensors(group + "/grads", grads);
   write_tensors(group + "/params", params);
-  if (options_.save_optimizer_state) {
-    write_tensors(group + "/optimizer/exp_avg", optimizer.exp_avg);
-    write_tensors(group + "/optimizer/exp_avg_sq", optimizer.exp_avg_sq);
+  if (options_.save_optimizer_state && moments) {
+    write_tensors(group + "/optimizer/exp_avg", moments->exp_avg);
+    write_tensors(group + "/optimizer/exp_avg_sq", moments->exp_avg_sq);
   }
 }
 

@@ -27,8 +27,10 @@ class GoldenWriter {
                const std::vector<GlobalBatch>& batches, const ParamTensors& initial_params,
                const GoldenOptions& options);
 
-  // /steps/<s>/...: the record of update s and the parameters (and moments) after it.
-  void write_step(const StepRecord& record, const ParamTensors& params, const AdamWState& optimizer);
+  // /steps/<s>/...: the record of update s, its full gradients, the full parameters after it and,
+  // when the options ask for them, the full AdamW moments after it (may be null otherwise).
+  void write_step(const StepRecord& record, const ParamTensors& grads, const ParamTensors& params,
+                  const AdamWState* moments);
 
   void commit();
 

@@ -3,17 +3,22 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <ostream>
 
 #include "data/sources.h"
 #include "model/errors.h"
 #include "model/params.h"
+#include "oracle/gather.h"
 #include "oracle/train_step.h"
+#include "parallel/context.h"
+#include "parallel/pipeline/timeline.h"
+#include "parallel/trace.h"
 
 namespace touchstone {
 
-PreparedRun prepare_run(const Config& config, const RunOptions& options) {
-  validate_config(config, /*world_size=*/1);
+PreparedRun prepare_run(const Config& config, const RunOptions& options, int world_size) {
+  validate_config(config, world_size);
   PreparedRun run;
   run.config = config;
   const ModelConfig& m = config.model;
@@ -49,36 +54,90 @@ int64_t real_tokens(const GlobalBatch& batch) {
   return n;
 }
 
+// The step's pipeline timeline of every stage (recorded on tp rank 0, dp rank 0), on world rank 0.
+std::vector<pipeline::TimelineEvent> gather_timeline(Trainer& trainer, const ParallelContext& context) {
+  constexpr int kLengthTag = (1 << 20) + 1, kEventsTag = (1 << 20) + 2;
+  std::vector<double> mine = pipeline::encode_events(trainer.timeline().take_events());
+  const bool source = context.tp.rank() == 0 && context.dp.rank() == 0;
+  if (source && context.world.rank() != 0) {
+    double length = static_cast<double>(mine.size());
+    context.world.send(&length, 1, 0, kLengthTag, {1});
+    context.world.send(mine.data(), static_cast<int64_t>(mine.size()), 0, kEventsTag, {static_cast<int64_t>(mine.size())});
+    context.world.wait_sends();
+  }
+  if (context.world.rank() != 0) return {};
+  std::vector<pipeline::TimelineEvent> all = pipeline::decode_events(mine);
+  for (int stage = 1; stage < context.pp.size(); ++stage) {
+    const int from = context.global_rank_of(0, 0, stage);
+    double length = 0.0;
+    context.world.recv(&length, 1, from, kLengthTag, {1});
+    std::vector<double> values(static_cast<size_t>(length));
+    context.world.recv(values.data(), static_cast<int64_t>(values.size()), from, kEventsTag, {static_cast<int64_t>(values.size())});
+    for (const auto& event : pipeline::decode_events(values)) all.push_back(event);
+  }
+  return all;
+}
+
 }  // namespace
 
-void execute_run(const PreparedRun& run, const RunOptions& options, std::ostream& out) {
+void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, std::ostream& out) {
+  const ParallelContext context = context_of(grid);
+  const bool writer_rank = grid.global_rank() == 0;
+  std::unique_ptr<TracePrinter> trace;
+  if (options.trace) {
+    trace = std::make_unique<TracePrinter>(out, grid);
+    grid.set_observer(trace->observer());
+  }
   auto backend = make_cpu_backend();
-  Trainer trainer(run.config, run.initial_params, *backend);
+  Trainer trainer(run.config, run.initial_params, *backend, context);
   std::unique_ptr<GoldenWriter> golden;
-  if (!options.golden_path.empty()) {
+  if (!options.golden_path.empty() && writer_rank) {
     golden = std::make_unique<GoldenWriter>(options.golden_path, run.config, trainer.table(), run.batches,
                                             run.initial_params, options.golden);
   }
   const auto steps = static_cast<int64_t>(run.batches.size());
   const auto start = std::chrono::steady_clock::now();
   int64_t tokens_done = 0;
+  std::vector<pipeline::TimelineEvent> timeline;
   for (const GlobalBatch& batch : run.batches) {
     const auto step_start = std::chrono::steady_clock::now();
-    const StepRecord record = trainer.step(batch);
+    const StepRecord record = trainer.step(batch, !options.golden_path.empty());
     const double step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
-    if (golden) golden->write_step(record, trainer.params(), trainer.optimizer_state());
+    if (options.trace) timeline = gather_timeline(trainer, context);
+    if (!options.golden_path.empty()) {
+      context.set_phase(record.step, -1, "output");
+      const ParamTensors grads = gather_full_tensors(trainer.plan(), context, record.grads);
+      const ParamTensors params = gather_full_tensors(trainer.plan(), context, trainer.params());
+      AdamWState moments;
+      if (options.golden.save_optimizer_state) {
+        const AdamWState local = trainer.optimizer_moments();
+        moments.exp_avg = gather_full_tensors(trainer.plan(), context, local.exp_avg);
+        moments.exp_avg_sq = gather_full_tensors(trainer.plan(), context, local.exp_avg_sq);
+      }
+      if (golden) golden->write_step(record, grads, params, &moments);
+    }
     tokens_done += real_tokens(batch);
+    if (!writer_rank) continue;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     char line[256];
     std::snprintf(line, sizeof line,
                   "step %lld/%lld | loss %.6f | loss tokens %lld | grad norm %.4e | lr %.4e | %.3f s | %.0f tok/s | ETA %s",
-                  static_cast<long long>(record.step), static_cast<long long>(steps), record.objective.loss,
-                  static_cast<long long>(record.objective.num_loss_tokens), record.grad_norm, record.lr,
-                  step_seconds, static_cast<double>(tokens_done) / elapsed,
-                  format_duration(elapsed / static_cast<double>(record.step) *
-                                  static_cast<double>(steps - record.step))
+                  static_cast<long long>(record.step), static_cast<long long>(steps), record.loss,
+                  static_cast<long long>(record.num_loss_tokens), record.grad_norm, record.lr, step_seconds,
+                  static_cast<double>(tokens_done) / elapsed,
+                  format_duration(elapsed / static_cast<double>(record.step) * static_cast<double>(steps - record.step))
                       .c_str());
     out << line << std::endl;
+    if (options.trace) out << pipeline::render_timeline_text(timeline, static_cast<int>(grid.layout().pp)) << std::flush;
+  }
+  if (trace) {
+    grid.set_observer(nullptr);
+    trace->print_summary(out);
+  }
+  if (writer_rank && !options.timeline_svg.empty()) {
+    std::ofstream svg(options.timeline_svg);
+    svg << pipeline::render_timeline_svg(timeline, static_cast<int>(grid.layout().pp));
+    out << "wrote " << options.timeline_svg << std::endl;
   }
   if (golden) {
     golden->commit();

@@ -1,5 +1,6 @@
-// A whole single-process run: everything is loaded and validated first (config, data, initial
-// weights), then the step loop runs, printing one line per step, and the golden file is committed.
+// A whole run on one rank of the grid: everything is loaded and validated first (config, data,
+// initial weights), then the step loop runs; world rank 0 prints one line per step and writes the
+// golden file from full tensors gathered from every rank.
 #pragma once
 
 #include <iosfwd>
@@ -11,28 +12,32 @@
 #include "model/param_table.h"
 #include "oracle/global_batch.h"
 #include "oracle/golden_writer.h"
+#include "parallel/grid.h"
 
 namespace touchstone {
 
 struct RunOptions {
-  std::string golden_path;                 // where to write the golden file; empty: none
-  std::string init_from;                   // HDF5 file with initial parameters; empty: RNG init
-  std::string init_group = "/params/init"; // group of init_from holding the tensors
+  std::string golden_path;                  // where to write the golden file; empty: none
+  std::string init_from;                    // HDF5 file with initial parameters; empty: RNG init
+  std::string init_group = "/params/init";  // group of init_from holding the tensors
   GoldenOptions golden;
+  bool trace = false;                       // print every transfer and the pipeline timeline
+  std::string timeline_svg;                 // write the last step's pipeline timeline here (rank 0)
 };
 
 struct PreparedRun {
   Config config;
   std::vector<data::Window> windows;  // the packed data set
   std::vector<GlobalBatch> batches;   // [train.steps]
-  ParamTensors initial_params;
+  ParamTensors initial_params;        // full tensors
 };
 
-// Validates the config, loads and packs the data, draws or loads the initial parameters. Throws
-// InputError for anything the user must fix; nothing has been computed or written yet.
-PreparedRun prepare_run(const Config& config, const RunOptions& options);
+// Validates the config against `world_size`, loads and packs the data, draws or loads the initial
+// parameters. Throws InputError for anything the user must fix; nothing has been computed or written.
+PreparedRun prepare_run(const Config& config, const RunOptions& options, int world_size = 1);
 
-// Runs the steps; writes the golden file when options.golden_path is set. Progress goes to `out`.
-void execute_run(const PreparedRun& run, const RunOptions& options, std::ostream& out);
+// Runs the steps on this rank; `out` receives the per-step lines (world rank 0 only) and, with
+// options.trace, this rank's transfer trace.
+void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, std::ostream& out);
 
 }  // namespace touchstone

@@ -1,11 +1,16 @@
-// The single-process training step and the two loss normalisations.
+// The training step of one rank, and the single-process objective used by tests and tools.
 #include "oracle/train_step.h"
 
 #include <algorithm>
 
 #include "model/errors.h"
+#include "parallel/pipeline/executor.h"
 
 namespace touchstone {
+
+namespace {
+constexpr int kTokenLossTag = 1 << 20;  // world-group tag of the token-loss gather
+}  // namespace
 
 LossNormalization parse_loss_normalization(const std::string& name) {
   if (name == "global_token_mean") return LossNormalization::kGlobalTokenMean;
@@ -13,55 +18,144 @@ LossNormalization parse_loss_normalization(const std::string& name) {
   throw InputError("train.loss_normalization: unknown value \"" + name + "\"");
 }
 
+std::vector<int64_t> micro_batch_starts(int64_t global_batch_size, int64_t micro_batch_size, int dp, int dp_rank) {
+  std::vector<int64_t> starts;
+  for (int64_t j = 0; j < global_batch_size / (micro_batch_size * dp); ++j) {
+    starts.push_back(j * micro_batch_size * dp + dp_rank * micro_batch_size);
+  }
+  return starts;
+}
+
+std::vector<double> loss_weights(const GlobalBatch& batch, const std::vector<int64_t>& starts,
+                                 int64_t micro_batch_size, int64_t global_loss_tokens,
+                                 LossNormalization normalization) {
+  // A micro-batch (or global batch) without loss tokens divides by 1, as Megatron-LM does.
+  const double num_micro_batches = static_cast<double>(batch.windows / micro_batch_size);
+  std::vector<double> weights;
+  for (int64_t start : starts) {
+    weights.push_back(normalization == LossNormalization::kGlobalTokenMean
+                          ? 1.0 / static_cast<double>(std::max<int64_t>(global_loss_tokens, 1))
+                          : 1.0 / (static_cast<double>(std::max<int64_t>(batch.loss_tokens(start, micro_batch_size), 1)) *
+                                   num_micro_batches));
+  }
+  return weights;
+}
+
 ObjectiveResult evaluate_objective(const Transformer& model, const ParamTable& table, const ParamTensors& params,
                                    const GlobalBatch& batch, int64_t micro_batch_size,
                                    LossNormalization normalization, bool with_gradients) {
+  SingleProcessContext single;
+  const std::vector<int64_t> starts = micro_batch_starts(batch.windows, micro_batch_size, 1, 0);
   ObjectiveResult result;
   result.num_loss_tokens = batch.loss_tokens(0, batch.windows);
-  result.token_losses.assign(static_cast<size_t>(batch.windows * batch.seq), 0.0);
+  std::vector<MicroBatch> micro_batches;
+  for (int64_t start : starts) micro_batches.push_back(batch.micro_batch(start, micro_batch_size));
   if (with_gradients) result.grads = ParamTensors::zeros_like(table);
-  const int64_t num_micro_batches = batch.windows / micro_batch_size;
-  Activations acts;
-  for (int64_t j = 0; j < num_micro_batches; ++j) {
-    const int64_t first = j * micro_batch_size;
-    // d(objective) / d(token loss) for every loss token of this micro-batch. A micro-batch (or global
-    // batch) without loss tokens divides by 1, as Megatron-LM does, so its weight is finite.
-    const double weight =
-        normalization == LossNormalization::kGlobalTokenMean
-            ? 1.0 / static_cast<double>(std::max<int64_t>(result.num_loss_tokens, 1))
-            : 1.0 / (static_cast<double>(std::max<int64_t>(batch.loss_tokens(first, micro_batch_size), 1)) *
-                     static_cast<double>(num_micro_batches));
-    const MicroBatch micro = batch.micro_batch(first, micro_batch_size);
-    model.forward(params, micro, acts);
-    double micro_loss_sum = 0.0;
-    for (size_t n = 0; n < acts.token_losses.size(); ++n) {
-      micro_loss_sum += acts.token_losses[n];
-      result.token_losses[static_cast<size_t>(first * batch.seq) + n] = acts.token_losses[n];
-    }
-    result.loss += weight * micro_loss_sum;
-    if (with_gradients) model.backward(params, micro, acts, weight, result.grads);
-  }
+  const PipelineResult run =
+      run_pipeline("1f1b", model, params, micro_batches,
+                   loss_weights(batch, starts, micro_batch_size, result.num_loss_tokens, normalization),
+                   single.context(), 0, with_gradients, result.grads, nullptr);
+  result.loss = run.weighted_loss;
+  for (const auto& losses : run.token_losses) result.token_losses.insert(result.token_losses.end(), losses.begin(), losses.end());
   return result;
 }
 
-Trainer::Trainer(const Config& config, ParamTensors initial_params, Backend& backend)
+Trainer::Trainer(const Config& config, const ParamTensors& full_initial_params, Backend& backend,
+                 const ParallelContext& context)
     : config_(config),
       backend_(backend),
+      context_(context),
       table_(config.model),
-      model_(config.model, config.data.document_masking, table_, backend),
-      params_(std::move(initial_params)),
-      optimizer_(AdamWState::zeros_like(table_)) {}
+      plan_(table_, config, context.tp.rank(), context.tp.size(), context.stage()),
+      region_(context.tp, config.parallel.sequence_parallel),
+      model_(config.model, config.data.document_masking, table_, backend, region_, plan_.stage_range()),
+      params_(plan_.shard(full_initial_params)),
+      optimizer_(std::make_unique<DataParallelOptimizer>(plan_, config.optim, config.parallel.distributed_optimizer,
+                                                         context, backend, params_)),
+      timeline_(context.stage()) {}
 
-StepRecord Trainer::step(const GlobalBatch& batch) {
+void Trainer::finalize_grads(ParamTensors& grads) const {
+  // Sequence parallelism: each tp rank saw only its rows in the norms, so their weights' gradients are
+  // partial sums over rows. Without it every tp rank computed the same full gradient.
+  if (config_.parallel.sequence_parallel) {
+    for (int id : plan_.held_ids()) {
+      if (table_[id].sharding != Sharding::kReplicated) continue;
+      context_.tp.all_reduce_sum(grads[id].data(), static_cast<int64_t>(grads[id].size()),
+                                 plan_.local_shape(id));
+    }
+  }
+  // A tied embedding lives on the first and the last stage; both copies get the sum of both uses.
+  if (config_.model.tie_embeddings && context_.pp.size() > 1 && plan_.holds(table_.embedding())) {
+    std::vector<double>& g = grads[table_.embedding()];
+    context_.embedding.all_reduce_sum(g.data(), static_cast<int64_t>(g.size()), plan_.local_shape(table_.embedding()));
+  }
+}
+
+std::vector<double> Trainer::gather_token_losses(const GlobalBatch& batch,
+                                                 const std::vector<std::vector<double>>& losses) const {
+  const int last = context_.pp.size() - 1, dp = context_.dp.size();
+  const int64_t T = batch.seq, mbs = config_.train.micro_batch_size;
+  const bool source = context_.last_stage() && context_.tp.rank() == 0;
+  std::vector<double> mine;
+  for (const auto& l : losses) mine.insert(mine.end(), l.begin(), l.end());
+  if (source && context_.world.rank() != 0) {
+    context_.world.send(mine.data(), static_cast<int64_t>(mine.size()), 0, kTokenLossTag, {static_cast<int64_t>(mine.size())});
+    context_.world.wait_sends();
+  }
+  if (context_.world.rank() != 0) return {};
+  std::vector<double> all(static_cast<size_t>(batch.windows * T), 0.0);
+  for (int r = 0; r < dp; ++r) {
+    const std::vector<int64_t> their_starts = micro_batch_starts(batch.windows, mbs, dp, r);
+    std::vector<double> theirs(static_cast<size_t>(static_cast<int64_t>(their_starts.size()) * mbs * T));
+    const int from = context_.global_rank_of(0, r, last);
+    if (from == 0) {
+      theirs = mine;
+    } else {
+      context_.world.recv(theirs.data(), static_cast<int64_t>(theirs.size()), from, kTokenLossTag,
+                          {static_cast<int64_t>(theirs.size())});
+    }
+    for (size_t j = 0; j < their_starts.size(); ++j) {
+      std::copy_n(theirs.begin() + static_cast<int64_t>(j) * mbs * T, mbs * T, all.begin() + their_starts[j] * T);
+    }
+  }
+  return all;
+}
+
+StepRecord Trainer::step(const GlobalBatch& batch, bool want_full_grads) {
   StepRecord record;
-  record.step = optimizer_.step + 1;
-  record.objective = evaluate_objective(model_, table_, params_, batch, config_.train.micro_batch_size,
-                                        parse_loss_normalization(config_.train.loss_normalization), true);
-  record.grad_norm = global_grad_norm(record.objective.grads);
-  record.clip_coefficient = clip_coefficient(record.grad_norm, config_.optim.clip_grad);
-  record.lr = learning_rate(config_.optim, record.step);
-  adamw_step(backend_, table_, config_.optim, record.lr, record.clip_coefficient, record.objective.grads, params_,
-             optimizer_);
+  record.step = ++steps_done_;
+  const int64_t mbs = config_.train.micro_batch_size;
+  const std::vector<int64_t> starts = micro_batch_starts(batch.windows, mbs, context_.dp.size(), context_.dp.rank());
+
+  // The global loss-token count: every dp rank counts its own micro-batches, summed over dp.
+  context_.set_phase(record.step, -1, "loss tokens");
+  int64_t loss_tokens = 0;
+  for (int64_t start : starts) loss_tokens += batch.loss_tokens(start, mbs);
+  context_.dp.all_reduce_sum(&loss_tokens, 1);
+  record.num_loss_tokens = loss_tokens;
+
+  std::vector<MicroBatch> micro_batches;
+  for (int64_t start : starts) micro_batches.push_back(batch.micro_batch(start, mbs));
+  record.grads = plan_.zeros();
+  timeline_.reset_origin();
+  const PipelineResult run = run_pipeline(
+      config_.parallel.schedule, model_, params_, micro_batches,
+      loss_weights(batch, starts, mbs, loss_tokens, parse_loss_normalization(config_.train.loss_normalization)),
+      context_, record.step, true, record.grads, &timeline_);
+
+  // The objective: the last stage's tp rank 0 of every dp rank holds a partial sum.
+  context_.set_phase(record.step, -1, "loss");
+  record.loss = context_.last_stage() && context_.tp.rank() == 0 ? run.weighted_loss : 0.0;
+  context_.world.all_reduce_sum(&record.loss, 1, {1});
+  record.token_losses = gather_token_losses(batch, run.token_losses);
+
+  context_.set_phase(record.step, -1, "grads");
+  finalize_grads(record.grads);
+  context_.set_phase(record.step, -1, "optimizer");
+  const UpdateResult update = optimizer_->step(record.step, record.grads, params_, want_full_grads);
+  record.grad_norm = update.grad_norm;
+  record.clip_coefficient = update.clip_coefficient;
+  record.lr = update.lr;
   return record;
 }
 

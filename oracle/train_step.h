@@ -1,8 +1,12 @@
-// One training step on one process, in the order of DESIGN.md: micro-batches -> forward/backward with
-// gradient accumulation -> loss normalisation -> global norm and clipping -> AdamW.
+// One training step on one rank of the grid, in the order of DESIGN.md: this data-parallel rank's
+// micro-batches (Megatron-LM's sampler order) -> the pipeline schedule (forward/backward with gradient
+// accumulation) -> finalize gradients (sequence-parallel norm weights, tied embedding) -> data-parallel
+// reduction, global norm, clipping, AdamW (parallel/data/data_parallel_optimizer.h). With one rank it
+// is the plain single-process step.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,6 +16,11 @@
 #include "model/transformer.h"
 #include "optim/optimizer.h"
 #include "oracle/global_batch.h"
+#include "parallel/context.h"
+#include "parallel/data/data_parallel_optimizer.h"
+#include "parallel/pipeline/timeline.h"
+#include "parallel/shard_plan.h"
+#include "parallel/tensor/regions.h"
 
 namespace touchstone {
 
@@ -21,50 +30,72 @@ enum class LossNormalization {
 };
 LossNormalization parse_loss_normalization(const std::string& name);
 
-// The objective of one global batch and (optionally) its gradient.
-struct ObjectiveResult {
-  double loss = 0.0;               // the objective whose gradient is `grads`
-  int64_t num_loss_tokens = 0;     // whole global batch
-  std::vector<double> token_losses;  // [B*T] cross entropy per position, 0 where no loss
-  ParamTensors grads;              // empty unless requested
-};
+// First window of each micro-batch data-parallel rank `dp_rank` runs: micro-batch j holds the global
+// samples j*mbs*dp + dp_rank*mbs ... + mbs - 1 (Megatron-LM's sampler order).
+std::vector<int64_t> micro_batch_starts(int64_t global_batch_size, int64_t micro_batch_size, int dp, int dp_rank);
 
-// Runs the micro-batches of `batch` (micro_batch_size windows each, in order) and accumulates the
-// gradient of the objective. Each micro-batch's token losses are weighted so that the sum over
-// micro-batches is the objective itself; no rescaling happens after accumulation.
+// d(objective) / d(token loss) for each micro-batch of `starts`, given the global loss-token count.
+std::vector<double> loss_weights(const GlobalBatch& batch, const std::vector<int64_t>& starts,
+                                 int64_t micro_batch_size, int64_t global_loss_tokens,
+                                 LossNormalization normalization);
+
+// The objective of one global batch on one process (no grid), and optionally its gradient.
+struct ObjectiveResult {
+  double loss = 0.0;                 // the objective whose gradient is `grads`
+  int64_t num_loss_tokens = 0;       // whole global batch
+  std::vector<double> token_losses;  // [B*T] cross entropy per position, 0 where no loss
+  ParamTensors grads;                // empty unless requested
+};
 ObjectiveResult evaluate_objective(const Transformer& model, const ParamTable& table, const ParamTensors& params,
                                    const GlobalBatch& batch, int64_t micro_batch_size,
                                    LossNormalization normalization, bool with_gradients);
 
 struct StepRecord {
-  int64_t step = 0;  // 1-based update number
-  ObjectiveResult objective;
-  double grad_norm = 0.0;  // before clipping
+  int64_t step = 0;             // 1-based update number
+  double loss = 0.0;            // the objective (every rank)
+  int64_t num_loss_tokens = 0;  // whole global batch (every rank)
+  std::vector<double> token_losses;  // [B*T], on world rank 0 only
+  ParamTensors grads;           // this rank's shards, summed over dp, before clipping
+  double grad_norm = 0.0;       // before clipping
   double clip_coefficient = 1.0;
   double lr = 0.0;
 };
 
-// Owns the parameters and optimizer state of a single-process run.
+// Owns one rank's parameter shards and optimizer state.
 class Trainer {
  public:
-  Trainer(const Config& config, ParamTensors initial_params, Backend& backend);
-  Trainer(const Trainer&) = delete;  // model_ refers to table_
+  Trainer(const Config& config, const ParamTensors& full_initial_params, Backend& backend,
+          const ParallelContext& context);
+  Trainer(const Trainer&) = delete;  // members refer to each other
   Trainer& operator=(const Trainer&) = delete;
 
-  StepRecord step(const GlobalBatch& batch);
+  // `want_full_grads`: keep the whole dp-summed gradient on every replica (needed only for outputs).
+  StepRecord step(const GlobalBatch& batch, bool want_full_grads = true);
 
   const ParamTable& table() const { return table_; }
+  const ShardPlan& plan() const { return plan_; }
   const ParamTensors& params() const { return params_; }
-  const AdamWState& optimizer_state() const { return optimizer_; }
+  AdamWState optimizer_moments() const { return optimizer_->moments(); }
   const Transformer& model() const { return model_; }
+  pipeline::TimelineRecorder& timeline() { return timeline_; }
 
  private:
+  void finalize_grads(ParamTensors& grads) const;
+  // The token losses of the whole global batch [B*T] on world rank 0 (empty elsewhere).
+  std::vector<double> gather_token_losses(const GlobalBatch& batch,
+                                          const std::vector<std::vector<double>>& losses) const;
+
   Config config_;
   Backend& backend_;
+  ParallelContext context_;
   ParamTable table_;
+  ShardPlan plan_;
+  TensorParallelRegion region_;
   Transformer model_;
   ParamTensors params_;
-  AdamWState optimizer_;
+  std::unique_ptr<DataParallelOptimizer> optimizer_;
+  pipeline::TimelineRecorder timeline_;
+  int64_t steps_done_ = 0;
 };
 
 }  // namespace touchstone

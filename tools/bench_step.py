@@ -23,8 +23,8 @@ that the step-1 loss and gradient norm of PyTorch agree with the golden file to 
 and that the loss of every later step agrees with the one Touchstone prints (6 decimals); it
 exits with status 1 if any check fails.
 
-PyTorch runs with its default intra-op thread count and both sides use OpenBLAS with its default
-thread count; the report lists them with the CPU model and core count.
+PyTorch runs with its default intra-op thread count (--torch-threads changes it) and both sides
+use OpenBLAS with its default thread count; the report lists them with the CPU model and core count.
 
 Usage (Debian's /usr/bin/python3, which has torch, numpy and h5py), from the repository root:
     /usr/bin/python3 tools/bench_step.py [--touchstone build/tools/touchstone] [--steps N]
@@ -223,7 +223,7 @@ def touchstone_blas_library(binary):
     return None
 
 
-def machine_facts(binary):
+def machine_facts(binary, torch_threads_set):
     torch_blas = torch_blas_library()
     torch_blas_threads, torch_blas_config = openblas_facts(torch_blas) if torch_blas else (None, "")
     ts_blas = touchstone_blas_library(binary)
@@ -235,6 +235,7 @@ def machine_facts(binary):
         "touchstone": version,
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        "torch_threads_source": "set by --torch-threads" if torch_threads_set else "its default here",
         "torch_interop_threads": torch.get_num_interop_threads(),
         "torch_blas": f"{os.path.realpath(torch_blas) if torch_blas else 'unknown'}",
         "torch_blas_threads": torch_blas_threads,
@@ -286,8 +287,8 @@ def plain_report(r):
         f"CPU: {f['cpu']}, {f['cores']} cores",
         f"{f['touchstone']}; BLAS {f['touchstone_blas']} "
         f"({f['touchstone_blas_threads']} threads; {f['touchstone_blas_config']})",
-        f"PyTorch {f['torch']}: {f['torch_threads']} intra-op / {f['torch_interop_threads']} "
-        f"inter-op threads; BLAS {f['torch_blas']} ({f['torch_blas_threads']} threads; "
+        f"PyTorch {f['torch']}: {f['torch_threads']} intra-op ({f['torch_threads_source']}) / "
+        f"{f['torch_interop_threads']} inter-op threads; BLAS {f['torch_blas']} ({f['torch_blas_threads']} threads; "
         f"{f['torch_blas_config']})",
         f"thread environment variables: {f['thread_env']}",
     ]
@@ -323,7 +324,7 @@ def markdown_report(r):
         "",
         f"Machine: {f['cpu']}, {f['cores']} cores. Touchstone: OpenBLAS "
         f"{f['touchstone_blas_threads']} threads (`{f['touchstone_blas_config']}`). PyTorch: "
-        f"{f['torch_threads']} intra-op thread(s) (its default here), OpenBLAS "
+        f"{f['torch_threads']} intra-op thread(s) ({f['torch_threads_source']}), OpenBLAS "
         f"{f['torch_blas_threads']} threads (`{f['torch_blas_config']}`). Thread environment "
         f"variables: {f['thread_env']}.",
     ]
@@ -395,7 +396,8 @@ def benchmark(args, workdir):
         "ratio_min": touchstone["min"] / pytorch["min"],
         "golden_loss": run.golden_loss, "torch_loss": torch_loss,
         "loss_difference": loss_difference, "norm_difference": norm_difference,
-        "printed_difference": printed_difference, "facts": machine_facts(binary),
+        "printed_difference": printed_difference,
+        "facts": machine_facts(binary, args.torch_threads is not None),
     }
 
 
@@ -409,6 +411,8 @@ def main():
     parser.add_argument("--steps", type=int, default=3, help="timed steps per side (default 3)")
     parser.add_argument("--micro-batch-size", type=int, default=8,
                         help="train.micro_batch_size (default 8: the whole global batch at once)")
+    parser.add_argument("--torch-threads", type=int,
+                        help="torch.set_num_threads for the PyTorch side (default: torch's default)")
     parser.add_argument("--markdown", action="store_true",
                         help="print a section for docs/BENCHMARKS.md")
     parser.add_argument("--workdir", help="keep the golden files here (default: a temporary "
@@ -416,6 +420,8 @@ def main():
     args = parser.parse_args()
     if args.steps < 1:
         parser.error("--steps must be at least 1")
+    if args.torch_threads is not None:
+        torch.set_num_threads(args.torch_threads)
 
     try:
         if args.workdir:

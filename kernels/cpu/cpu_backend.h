@@ -15,9 +15,9 @@ class CpuBackend final : public Backend {
   void linear_backward(const double* dy, const double* x, const double* weight, int64_t rows, int64_t in,
                        int64_t out, double* dx, double* dweight_accum) override;
   void embedding_forward(const int32_t* tokens, const double* table, int64_t rows, int64_t hidden,
-                         double* y) override;
+                         int64_t vocab_start, int64_t vocab_local, double* y) override;
   void embedding_backward(const int32_t* tokens, const double* dy, int64_t rows, int64_t hidden,
-                          double* dtable_accum) override;
+                          int64_t vocab_start, int64_t vocab_local, double* dtable_accum) override;
   void add_inplace(double* x, const double* y, int64_t n) override;
 
   // kernels/cpu/normalization.cpp (RMSNorm, RoPE, SwiGLU, the qkv layout)
@@ -41,9 +41,14 @@ class CpuBackend final : public Backend {
                           double* dv) override;
 
   // kernels/cpu/loss_and_optimizer.cpp
-  void cross_entropy_forward(const double* logits, const int32_t* targets, int64_t rows, int64_t vocab,
-                             double* losses) override;
-  void cross_entropy_backward(const double* logits, const int32_t* targets, int64_t rows, int64_t vocab,
+  void logits_row_max(const double* logits, int64_t rows, int64_t vocab_local, double* row_max) override;
+  void cross_entropy_partials(const double* logits, const int32_t* targets, int64_t rows, int64_t vocab_local,
+                              int64_t vocab_start, const double* row_max, double* sum_exp,
+                              double* target_logit) override;
+  void cross_entropy_loss(const double* row_max, const double* sum_exp, const double* target_logit,
+                          const int32_t* targets, int64_t rows, double* losses) override;
+  void cross_entropy_backward(const double* logits, const int32_t* targets, int64_t rows, int64_t vocab_local,
+                              int64_t vocab_start, const double* row_max, const double* sum_exp,
                               double loss_weight, double* dlogits) override;
   void adamw_update(double* param, const double* grad, double* exp_avg, double* exp_avg_sq, int64_t n,
                     const AdamWStep& step) override;

@@ -27,19 +27,21 @@ void CpuBackend::linear_backward(const double* dy, const double* x, const double
 }
 
 void CpuBackend::embedding_forward(const int32_t* tokens, const double* table, int64_t rows, int64_t hidden,
-                                   double* y) {
+                                   int64_t vocab_start, int64_t vocab_local, double* y) {
   for (int64_t n = 0; n < rows; ++n) {
-    const double* row = table + static_cast<int64_t>(tokens[n]) * hidden;
-    for (int64_t i = 0; i < hidden; ++i) y[n * hidden + i] = row[i];
+    const int64_t local = static_cast<int64_t>(tokens[n]) - vocab_start;
+    const bool mine = local >= 0 && local < vocab_local;
+    for (int64_t i = 0; i < hidden; ++i) y[n * hidden + i] = mine ? table[local * hidden + i] : 0.0;
   }
 }
 
 void CpuBackend::embedding_backward(const int32_t* tokens, const double* dy, int64_t rows, int64_t hidden,
-                                    double* dtable_accum) {
+                                    int64_t vocab_start, int64_t vocab_local, double* dtable_accum) {
   // Sequential over rows: a fixed summation order when a token repeats.
   for (int64_t n = 0; n < rows; ++n) {
-    double* row = dtable_accum + static_cast<int64_t>(tokens[n]) * hidden;
-    for (int64_t i = 0; i < hidden; ++i) row[i] += dy[n * hidden + i];
+    const int64_t local = static_cast<int64_t>(tokens[n]) - vocab_start;
+    if (local < 0 || local >= vocab_local) continue;
+    for (int64_t i = 0; i < hidden; ++i) dtable_accum[local * hidden + i] += dy[n * hidden + i];
   }
 }
 

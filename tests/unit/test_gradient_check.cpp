@@ -34,7 +34,7 @@ std::vector<data::Document> fd_documents() { return {{5, 6, 7, 8, 9, 10, 11, 12,
 void check_every_gradient(const Config& config, LossNormalization normalization) {
   auto backend = make_cpu_backend();
   const ParamTable table(config.model);
-  const Transformer model(config.model, config.data.document_masking, table, *backend);
+  const Transformer model = testing::whole_model(config, table, *backend);
   ParamTensors params = init_parameters(table, config.model, 7);
   const GlobalBatch batch = testing::batch_from_documents(config, fd_documents());
   const int64_t mbs = config.train.micro_batch_size;

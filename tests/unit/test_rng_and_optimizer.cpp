@@ -106,7 +106,7 @@ TEST(AdamW, TwoUpdatesByHandWithDecayOnlyOnMatrices) {
   ParamTensors params = ParamTensors::zeros_like(table), grads = ParamTensors::zeros_like(table);
   params.fill(0.5);
   grads.fill(0.2);
-  AdamWState state = AdamWState::zeros_like(table);
+  AdamWState state = AdamWState::zeros_like(params);
   auto backend = make_cpu_backend();
   adamw_step(*backend, table, o, 0.01, 0.5, grads, params, state);  // grads scaled to 0.1
   adamw_step(*backend, table, o, 0.02, 1.0, grads, params, state);  // grads 0.2

@@ -7,7 +7,10 @@
 #include "data/packing.h"
 #include "model/config.h"
 #include "model/param_table.h"
+#include "model/transformer.h"
 #include "oracle/global_batch.h"
+#include "parallel/single_rank_group.h"
+#include "parallel/tensor/regions.h"
 
 namespace touchstone::testing {
 
@@ -27,6 +30,18 @@ inline Config tiny_config() {
   c.train.global_batch_size = 4;
   c.train.micro_batch_size = 2;
   return c;
+}
+
+// The whole model on this process: tp = 1, one pipeline stage.
+inline const TensorParallelRegion& single_rank_region() {
+  static SingleRankGroup group{"tp"};
+  static const TensorParallelRegion region(group, false);
+  return region;
+}
+
+inline Transformer whole_model(const Config& c, const ParamTable& table, Backend& backend) {
+  return Transformer(c.model, c.data.document_masking, table, backend, single_rank_region(),
+                     StageRange{0, c.model.num_layers, true, true});
 }
 
 // Packs `documents` with the config's data rules and returns the first global batch of B windows.

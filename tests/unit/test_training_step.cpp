@@ -39,12 +39,13 @@ struct RunResult {
 RunResult train(const Config& config) {
   const PreparedRun run = prepare_run(config, RunOptions{});
   auto backend = make_cpu_backend();
-  Trainer trainer(config, run.initial_params, *backend);
+  SingleProcessContext single;
+  Trainer trainer(config, run.initial_params, *backend, single.context());
   RunResult result;
   for (const GlobalBatch& batch : run.batches) {
     StepRecord record = trainer.step(batch);
-    result.losses.push_back(record.objective.loss);
-    result.grads.push_back(std::move(record.objective.grads));
+    result.losses.push_back(record.loss);
+    result.grads.push_back(std::move(record.grads));
     result.params.push_back(trainer.params());
   }
   return result;
@@ -86,7 +87,7 @@ TEST(LossNormalization, PerMicrobatchMeanDiffersAndMatchesItsDefinition) {
   const PreparedRun run = prepare_run(config, RunOptions{});
   auto backend = make_cpu_backend();
   const ParamTable table(config.model);
-  const Transformer model(config.model, true, table, *backend);
+  const Transformer model = testing::whole_model(config, table, *backend);
   const GlobalBatch& batch = run.batches[0];
   const int64_t mbs = 2, num_micro = batch.windows / mbs;
 
@@ -136,11 +137,11 @@ DocumentOutputs second_document_outputs(bool document_masking, const data::Docum
   config.data.document_masking = document_masking;
   auto backend = make_cpu_backend();
   const ParamTable table(config.model);
-  const Transformer model(config.model, document_masking, table, *backend);
+  const Transformer model = testing::whole_model(config, table, *backend);
   const ParamTensors params = init_parameters(table, config.model, 3);
   const GlobalBatch batch = testing::batch_from_documents(config, {first, {9, 10, 11, 12, 13, 14}});
   Activations acts;
-  model.forward(params, batch.micro_batch(0, 1), acts);
+  model.forward(params, batch.micro_batch(0, 1), nullptr, acts);
   DocumentOutputs out;
   const int64_t H = config.model.hidden_size;
   for (int64_t t = 6; t < 13; ++t) {  // B's six tokens and its EOS
@@ -174,7 +175,7 @@ TEST(Padding, ContributesNoLossAndNoGradient) {
     config.data.document_masking = document_masking;
     auto backend = make_cpu_backend();
     const ParamTable table(config.model);
-    const Transformer model(config.model, document_masking, table, *backend);
+    const Transformer model = testing::whole_model(config, table, *backend);
     const ParamTensors params = init_parameters(table, config.model, 5);
     // 4 windows of T = 8; the stream ends 5 tokens into the last window.
     GlobalBatch batch = testing::batch_from_documents(config, {{2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {12, 13, 14, 15, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}});

@@ -10,6 +10,8 @@
 #include "model/config.h"
 #include "model/errors.h"
 #include "oracle/run.h"
+#include "parallel/grid.h"
+#include "parallel/mpi_runtime.h"
 
 namespace {
 
@@ -33,6 +35,10 @@ void add_run_options(CLI::App* command, touchstone::RunOptions& options) {
       ->capture_default_str();
   command->add_flag("--save-optimizer-state", options.golden.save_optimizer_state,
                     "Also record the AdamW moments after every step in the golden file");
+  command->add_flag("--trace", options.trace,
+                    "Print every collective and point-to-point transfer of every rank, and the pipeline "
+                    "timeline of every step");
+  command->add_option("--timeline", options.timeline_svg, "Write the last step's pipeline timeline as SVG");
 }
 
 touchstone::Config resolve(const ConfigOptions& options) {
@@ -50,11 +56,31 @@ void check_output_path(const std::string& path) {
   if (std::filesystem::is_directory(path)) throw InputError(path + ": is a directory");
 }
 
-int run(const ConfigOptions& config_options, touchstone::RunOptions& run_options) {
-  const touchstone::Config config = resolve(config_options);
-  if (!run_options.golden_path.empty()) check_output_path(run_options.golden_path);
-  const touchstone::PreparedRun prepared = touchstone::prepare_run(config, run_options);
-  touchstone::execute_run(prepared, run_options, std::cout);
+// Every rank validates the same inputs; they agree on the outcome before any communicator is built,
+// so a bad input ends every rank with status 2 (the message printed once, by rank 0) and none waits
+// in a collective for a rank that has already left.
+int run(const ConfigOptions& config_options, touchstone::RunOptions& run_options, touchstone::MpiRuntime& mpi) {
+  std::string error;
+  touchstone::PreparedRun prepared;
+  try {
+    const touchstone::Config config = resolve(config_options);
+    if (!run_options.golden_path.empty()) check_output_path(run_options.golden_path);
+    prepared = touchstone::prepare_run(config, run_options, mpi.world_size());
+  } catch (const InputError& e) {
+    error = e.what();
+  }
+  const int failed_ranks = mpi.sum_over_world(error.empty() ? 0 : 1);
+  if (failed_ranks > 0) {
+    if (mpi.world_rank() == 0) {
+      std::cerr << "touchstone: error: " << (error.empty() ? "input rejected on another rank" : error) << std::endl;
+    }
+    return 2;
+  }
+  const touchstone::Config& c = prepared.config;
+  auto grid = touchstone::Grid::create(touchstone::GridLayout{static_cast<int>(c.parallel.tp),
+                                                              static_cast<int>(c.parallel.dp),
+                                                              static_cast<int>(c.parallel.pp)});
+  touchstone::execute_run(prepared, run_options, *grid, std::cout);
   return 0;
 }
 
@@ -67,6 +93,7 @@ int main(int argc, char** argv) {
 
   ConfigOptions config_options;
   touchstone::RunOptions run_options;
+  touchstone::MpiRuntime mpi(&argc, &argv);
 
   CLI::App* golden = app.add_subcommand("golden", "Train train.steps steps and write a golden file (loss, "
                                                   "loss-token counts, gradients, updated parameters)");
@@ -98,12 +125,15 @@ int main(int argc, char** argv) {
       std::cout << touchstone::to_json(config).dump(2) << std::endl;
       return 0;
     }
-    return run(config_options, run_options);
+    return run(config_options, run_options, mpi);
   } catch (const InputError& e) {
     std::cerr << "touchstone: error: " << e.what() << std::endl;
+    if (mpi.world_size() > 1) mpi.abort(2);
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "touchstone: internal error: " << e.what() << std::endl;
+    // A failure on one rank only: end the whole job rather than leave the others waiting.
+    std::cerr << "touchstone: internal error on rank " << mpi.world_rank() << ": " << e.what() << std::endl;
+    if (mpi.world_size() > 1) mpi.abort(1);
     return 1;
   }
 }

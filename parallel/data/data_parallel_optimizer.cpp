@@ -1,0 +1,99 @@
+// Data-parallel gradient reduction, global norm, clipping and (optionally sharded) AdamW.
+#include "parallel/data/data_parallel_optimizer.h"
+
+#include <cmath>
+
+namespace touchstone {
+
+DataParallelOptimizer::DataParallelOptimizer(const ShardPlan& plan, const OptimConfig& optim, bool distributed,
+                                             const ParallelContext& context, Backend& backend,
+                                             const ParamTensors& params)
+    : plan_(plan), optim_(optim), distributed_(distributed), context_(context), backend_(backend),
+      flat_(params, context.dp.size()) {
+  if (distributed_) {
+    chunk_m_.assign(static_cast<size_t>(flat_.chunk_size()), 0.0);
+    chunk_v_ = chunk_m_;
+  } else {
+    state_ = AdamWState::zeros_like(params);
+  }
+}
+
+// Each element of the model is counted by exactly one rank: the primary shard of its tensor
+// (ShardPlan::is_primary) and, over dp, the rank whose chunk holds it (distributed) or dp rank 0.
+double DataParallelOptimizer::global_grad_norm(const std::vector<double>& flat_grads, int64_t begin,
+                                               int64_t end) const {
+  double partial = 0.0;
+  for (const FlatBuffer::Segment& s : flat_.segments()) {
+    if (!plan_.is_primary(s.id)) continue;
+    const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
+    for (int64_t i = lo; i < hi; ++i) partial += flat_grads[static_cast<size_t>(i)] * flat_grads[static_cast<size_t>(i)];
+  }
+  context_.world.all_reduce_sum(&partial, 1, {1});
+  return std::sqrt(partial);
+}
+
+UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, ParamTensors& params,
+                                         bool want_full_grads) {
+  const int dp_rank = context_.dp.rank();
+  const int64_t chunk = flat_.chunk_size(), begin = dp_rank * chunk, end = begin + chunk;
+  std::vector<double> flat = flat_.flatten(grads);
+  UpdateResult result;
+  result.lr = learning_rate(optim_, update);
+  steps_done_ += 1;
+
+  if (!distributed_) {
+    context_.dp.all_reduce_sum(flat.data(), flat_.padded_size(), {flat_.padded_size()});
+    flat_.unflatten(flat, grads);
+    result.grad_norm = global_grad_norm(flat, dp_rank == 0 ? 0 : flat_.padded_size(), flat_.padded_size());
+    result.clip_coefficient = clip_coefficient(result.grad_norm, optim_.clip_grad);
+    adamw_step(backend_, plan_.table(), optim_, result.lr, result.clip_coefficient, grads, params, state_);
+    return result;
+  }
+
+  std::vector<double> grad_chunk(static_cast<size_t>(chunk));
+  context_.dp.reduce_scatter_sum(flat.data(), grad_chunk.data(), chunk, {flat_.padded_size()});
+  std::copy(grad_chunk.begin(), grad_chunk.end(), flat.begin() + begin);
+  result.grad_norm = global_grad_norm(flat, begin, end);
+  result.clip_coefficient = clip_coefficient(result.grad_norm, optim_.clip_grad);
+
+  // AdamW on this rank's chunk, one run per tensor overlapping it (weight decay is per tensor).
+  std::vector<double> param_flat = flat_.flatten(params);
+  for (const FlatBuffer::Segment& s : flat_.segments()) {
+    const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
+    if (lo >= hi) continue;
+    std::vector<double> scaled(grad_chunk.begin() + (lo - begin), grad_chunk.begin() + (hi - begin));
+    for (double& g : scaled) g *= result.clip_coefficient;
+    const AdamWStep adam{result.lr, optim_.beta1, optim_.beta2, optim_.eps,
+                         plan_.table()[s.id].weight_decay ? optim_.weight_decay : 0.0, steps_done_};
+    backend_.adamw_update(param_flat.data() + lo, scaled.data(), chunk_m_.data() + (lo - begin),
+                          chunk_v_.data() + (lo - begin), hi - lo, adam);
+  }
+  std::vector<double> updated(static_cast<size_t>(flat_.padded_size()));
+  context_.dp.all_gather(param_flat.data() + begin, updated.data(), chunk, {chunk});
+  flat_.unflatten(updated, params);
+
+  if (want_full_grads) {  // only for outputs: the replicas' other chunks of the summed gradient
+    std::vector<double> full(static_cast<size_t>(flat_.padded_size()));
+    context_.dp.all_gather(grad_chunk.data(), full.data(), chunk, {chunk});
+    flat_.unflatten(full, grads);
+  }
+  return result;
+}
+
+AdamWState DataParallelOptimizer::moments() const {
+  if (!distributed_) return state_;
+  AdamWState state = state_;
+  ParamTensors shapes = plan_.zeros();
+  state.exp_avg = shapes;
+  state.exp_avg_sq = shapes;
+  const int64_t chunk = flat_.chunk_size();
+  std::vector<double> full(static_cast<size_t>(flat_.padded_size()));
+  context_.dp.all_gather(chunk_m_.data(), full.data(), chunk, {chunk});
+  flat_.unflatten(full, state.exp_avg);
+  context_.dp.all_gather(chunk_v_.data(), full.data(), chunk, {chunk});
+  flat_.unflatten(full, state.exp_avg_sq);
+  state.step = steps_done_;
+  return state;
+}
+
+}  // namespace touchstone

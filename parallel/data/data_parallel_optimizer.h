@@ -1,0 +1,57 @@
+// The optimizer side of a step on one rank of the grid: data-parallel gradient reduction, the global
+// gradient norm (every parameter counted exactly once over all ranks), clipping and AdamW.
+//
+// Two modes, both giving the single-rank result:
+//   replicated (default)    all-reduce the flat gradient over dp; every dp rank holds full Adam moments
+//                           for its tensors and applies the same update.
+//   distributed optimizer   ZeRO-1: reduce-scatter the flat gradient, so dp rank r holds the summed
+//                           gradient of chunk r only; it keeps Adam moments for that chunk, updates
+//                           that chunk of the parameters, and an all-gather over dp returns the
+//                           updated parameters to every replica.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "model/config.h"
+#include "optim/optimizer.h"
+#include "parallel/context.h"
+#include "parallel/data/flat_buffer.h"
+#include "parallel/shard_plan.h"
+
+namespace touchstone {
+
+struct UpdateResult {
+  double grad_norm = 0.0;  // global, before clipping
+  double clip_coefficient = 1.0;
+  double lr = 0.0;
+};
+
+class DataParallelOptimizer {
+ public:
+  DataParallelOptimizer(const ShardPlan& plan, const OptimConfig& optim, bool distributed,
+                        const ParallelContext& context, Backend& backend, const ParamTensors& params);
+
+  // `grads` holds this rank's accumulated gradients; on return it holds the gradients summed over dp
+  // (only this rank's chunk is meaningful with the distributed optimizer unless `want_full_grads`).
+  UpdateResult step(int64_t update, ParamTensors& grads, ParamTensors& params, bool want_full_grads);
+
+  // Adam moments shaped like the parameters this rank holds (gathered over dp when distributed).
+  AdamWState moments() const;
+
+ private:
+  double global_grad_norm(const std::vector<double>& flat_grads, int64_t begin, int64_t end) const;
+
+  const ShardPlan& plan_;
+  OptimConfig optim_;
+  bool distributed_;
+  ParallelContext context_;
+  Backend& backend_;
+  FlatBuffer flat_;
+  AdamWState state_;                 // replicated mode: shaped like the params
+  std::vector<double> chunk_m_, chunk_v_;  // distributed mode: this dp rank's chunk of the moments
+  int64_t steps_done_ = 0;
+};
+
+}  // namespace touchstone

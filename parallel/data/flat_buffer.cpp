@@ -1,0 +1,31 @@
+// Flattening held tensors into one buffer and back.
+#include "parallel/data/flat_buffer.h"
+
+#include <algorithm>
+
+namespace touchstone {
+
+FlatBuffer::FlatBuffer(const ParamTensors& shapes, int dp_size) : dp_size_(dp_size) {
+  int64_t offset = 0;
+  for (size_t id = 0; id < shapes.tensors.size(); ++id) {
+    const auto numel = static_cast<int64_t>(shapes.tensors[id].size());
+    if (numel == 0) continue;
+    segments_.push_back(Segment{static_cast<int>(id), offset, numel});
+    offset += numel;
+  }
+  padded_size_ = (offset + dp_size - 1) / dp_size * dp_size;
+}
+
+std::vector<double> FlatBuffer::flatten(const ParamTensors& tensors) const {
+  std::vector<double> flat(static_cast<size_t>(padded_size_), 0.0);
+  for (const Segment& s : segments_) std::copy(tensors[s.id].begin(), tensors[s.id].end(), flat.begin() + s.offset);
+  return flat;
+}
+
+void FlatBuffer::unflatten(const std::vector<double>& flat, ParamTensors& tensors) const {
+  for (const Segment& s : segments_) {
+    std::copy_n(flat.begin() + s.offset, s.numel, tensors[s.id].begin());
+  }
+}
+
+}  // namespace touchstone

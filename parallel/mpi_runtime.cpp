@@ -1,0 +1,41 @@
+// MpiRuntime: initialises and finalises MPI once per process.
+#include "parallel/mpi_runtime.h"
+
+#include <mpi.h>
+
+#include <cstdlib>
+
+namespace touchstone {
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    // FUNNELED: kernels may use threads, but only the main thread talks to MPI.
+    int provided = 0;
+    MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+    owns_mpi_ = true;
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+}
+
+MpiRuntime::~MpiRuntime() {
+  if (!owns_mpi_) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+int MpiRuntime::sum_over_world(int value) const {
+  int sum = 0;
+  MPI_Allreduce(&value, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  return sum;
+}
+
+void MpiRuntime::abort(int code) const {
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::exit(code);  // MPI_Abort does not return, but the compiler cannot know that
+}
+
+}  // namespace touchstone

@@ -1,0 +1,81 @@
+// The schedule executor: one switch over the action kinds. Tags keep transfers of different
+// micro-batches apart: activation of micro-batch j uses tag 2j, its gradient 2j + 1.
+#include "parallel/pipeline/executor.h"
+
+#include "parallel/pipeline/schedule.h"
+
+namespace touchstone {
+
+using pipeline::ActionKind;
+
+PipelineResult run_pipeline(const std::string& schedule, const Transformer& model, const ParamTensors& params,
+                            const std::vector<MicroBatch>& micro_batches, const std::vector<double>& loss_weights,
+                            const ParallelContext& context, int64_t step, bool with_gradients,
+                            ParamTensors& grads, pipeline::TimelineRecorder* recorder) {
+  const auto m = static_cast<int>(micro_batches.size());
+  const int num_stages = context.pp.size(), stage = context.stage();
+  const std::vector<pipeline::Action> actions =
+      pipeline::build_schedule(with_gradients ? schedule : "afab", num_stages, stage, m);
+  const int64_t H = model.hidden_size();
+
+  std::vector<Activations> acts(static_cast<size_t>(m));
+  std::vector<std::vector<double>> inputs(static_cast<size_t>(m));       // received activations
+  std::vector<std::vector<double>> d_outputs(static_cast<size_t>(m));    // received gradients
+  std::vector<std::vector<double>> d_inputs(static_cast<size_t>(m));     // gradients to send back
+  PipelineResult result;
+  if (context.last_stage()) result.token_losses.resize(static_cast<size_t>(m));
+
+  for (const pipeline::Action& action : actions) {
+    const bool backward_kind = action.kind == ActionKind::kBackward || action.kind == ActionKind::kSendGradient ||
+                               action.kind == ActionKind::kRecvGradient;
+    if (!with_gradients && backward_kind) continue;
+    const auto j = static_cast<size_t>(action.micro_batch);
+    const MicroBatch& batch = micro_batches[j];
+    const int64_t rows = model.local_rows(batch.windows);
+    const Shape shape{rows, H};
+    const pipeline::TimelineRecorder::Scope event(recorder, action.kind, action.micro_batch);
+    switch (action.kind) {
+      case ActionKind::kRecvActivation:
+        context.set_phase(step, action.micro_batch, "forward");
+        inputs[j].resize(static_cast<size_t>(rows * H));
+        context.pp.recv(inputs[j].data(), rows * H, action.peer_stage, 2 * action.micro_batch, shape);
+        break;
+      case ActionKind::kForward:
+        context.set_phase(step, action.micro_batch, "forward");
+        model.forward(params, batch, context.first_stage() ? nullptr : &inputs[j], acts[j]);
+        inputs[j] = {};
+        if (context.last_stage()) {
+          double sum = 0.0;
+          for (double loss : acts[j].token_losses) sum += loss;
+          result.weighted_loss += loss_weights[j] * sum;
+          result.token_losses[j] = acts[j].token_losses;
+        }
+        if (!with_gradients) acts[j] = {};
+        break;
+      case ActionKind::kSendActivation:
+        context.set_phase(step, action.micro_batch, "forward");
+        context.pp.send(acts[j].x_final.data(), rows * H, action.peer_stage, 2 * action.micro_batch, shape);
+        break;
+      case ActionKind::kRecvGradient:
+        context.set_phase(step, action.micro_batch, "backward");
+        d_outputs[j].resize(static_cast<size_t>(rows * H));
+        context.pp.recv(d_outputs[j].data(), rows * H, action.peer_stage, 2 * action.micro_batch + 1, shape);
+        break;
+      case ActionKind::kBackward:
+        context.set_phase(step, action.micro_batch, "backward");
+        model.backward(params, batch, acts[j], loss_weights[j], context.last_stage() ? nullptr : &d_outputs[j],
+                       grads, context.first_stage() ? nullptr : &d_inputs[j]);
+        acts[j] = {};
+        d_outputs[j] = {};
+        break;
+      case ActionKind::kSendGradient:
+        context.set_phase(step, action.micro_batch, "backward");
+        context.pp.send(d_inputs[j].data(), rows * H, action.peer_stage, 2 * action.micro_batch + 1, shape);
+        break;
+    }
+  }
+  context.pp.wait_sends();
+  return result;
+}
+
+}  // namespace touchstone

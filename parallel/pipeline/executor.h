@@ -1,0 +1,30 @@
+// Runs one pipeline stage's schedule (parallel/pipeline/schedule.h) for one step: the forward and
+// backward passes of this data-parallel rank's micro-batches, with activations sent to the next stage
+// and their gradients sent back. The schedule is data computed beforehand; this loop only follows it,
+// and records what actually ran in a TimelineRecorder.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/transformer.h"
+#include "parallel/context.h"
+#include "parallel/pipeline/timeline.h"
+
+namespace touchstone {
+
+struct PipelineResult {
+  // Last stage only: per micro-batch, its token losses [b*T] and sum_n weight * loss[n].
+  std::vector<std::vector<double>> token_losses;
+  double weighted_loss = 0.0;
+};
+
+// `loss_weights[j]` is d(objective) / d(token loss) for micro-batch j. Without gradients only the
+// forward passes run (all-forward order), for evaluating the objective alone.
+PipelineResult run_pipeline(const std::string& schedule, const Transformer& model, const ParamTensors& params,
+                            const std::vector<MicroBatch>& micro_batches, const std::vector<double>& loss_weights,
+                            const ParallelContext& context, int64_t step, bool with_gradients,
+                            ParamTensors& grads, pipeline::TimelineRecorder* recorder);
+
+}  // namespace touchstone

@@ -1,0 +1,118 @@
+// The record of what a pipeline stage actually ran, and the text and SVG timelines drawn from it.
+//
+// Each process records its own stage's events with a TimelineRecorder; the trainer gathers every
+// stage's events to one rank (encode_events / decode_events make that a gather of doubles) and renders
+// them there. The same renderers draw the unit-time simulation of a schedule (schedule.h), so the
+// measured and the ideal timelines of one schedule can be put side by side.
+//
+// Token language shared by the text renderers and format_actions (schedule.h), one token per action:
+//   F3   forward of micro-batch 3        B3   backward of micro-batch 3
+//   RA3  receive its activation          SA3  send its activation (to the next stage)
+//   RG3  receive its gradient            SG3  send its gradient (to the previous stage)
+// The peer of a transfer is implied by the direction: activations go to stage + 1, gradients to
+// stage - 1, so the record does not need to carry it.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace touchstone::pipeline {
+
+// Defined here rather than in schedule.h so that the record (and its renderers) does not depend on
+// the planner; schedule.h includes this header, so its users see ActionKind too.
+enum class ActionKind { kForward, kBackward, kSendActivation, kRecvActivation, kSendGradient, kRecvGradient };
+
+bool is_computation(ActionKind kind);                        // forward or backward
+std::string action_token(ActionKind kind, int micro_batch);  // "F3", "RG0", ... (see above)
+
+struct TimelineEvent {
+  int stage = 0;
+  ActionKind kind = ActionKind::kForward;
+  int micro_batch = 0;
+  double start_seconds = 0.0;  // relative to the recorder's origin (or unit time steps when simulated)
+  double end_seconds = 0.0;
+};
+
+// Records one stage's events on a monotonic clock. Not thread-safe: one recorder per process.
+class TimelineRecorder {
+ public:
+  using Clock = std::function<double()>;  // seconds on a monotonic clock; any fixed offset
+
+  explicit TimelineRecorder(int stage);  // std::chrono::steady_clock
+  TimelineRecorder(int stage, Clock clock);
+
+  // Times are measured from here on (also done at construction). Every stage should call it right
+  // after the same barrier, so that the stages' timelines line up when they are drawn together.
+  void reset_origin();
+
+  // One event at a time: begin() while one is open, or end() with none open, throws std::logic_error,
+  // because a nested or unterminated event would make the drawn timeline lie.
+  void begin(ActionKind kind, int micro_batch);
+  void end();
+
+  // Begins an event and ends it when it goes out of scope, also when the computation throws. A null
+  // recorder records nothing, so that an executor can be run with recording switched off:
+  //   TimelineRecorder::Scope event(recorder, action.kind, action.micro_batch);
+  class Scope {
+   public:
+    Scope(TimelineRecorder* recorder, ActionKind kind, int micro_batch);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    TimelineRecorder* recorder_;
+  };
+  [[nodiscard]] Scope scope(ActionKind kind, int micro_batch);
+
+  int stage() const { return stage_; }
+  const std::vector<TimelineEvent>& events() const { return events_; }
+  std::vector<TimelineEvent> take_events();  // returns the events and starts an empty record
+
+ private:
+  double now() const;
+
+  int stage_;
+  Clock clock_;
+  double origin_ = 0.0;
+  bool open_ = false;
+  TimelineEvent current_;
+  std::vector<TimelineEvent> events_;
+};
+
+// Five doubles per event (stage, kind, micro-batch, start, end), so that the events of every stage
+// can be gathered with one MPI_Gatherv of MPI_DOUBLE; the integers are exact in a double.
+std::vector<double> encode_events(const std::vector<TimelineEvent>& events);
+std::vector<TimelineEvent> decode_events(const std::vector<double>& values);  // throws std::invalid_argument
+
+// All stages' events in one list, stage by stage (the renderers take a gathered list).
+std::vector<TimelineEvent> flatten_timeline(const std::vector<std::vector<TimelineEvent>>& per_stage);
+
+// Per stage, its tokens in order of start time (ties keep the order of `events`, which is the order
+// they were recorded in), separated by single spaces. Computations only, unless include_communication.
+// Throws std::invalid_argument for an event whose stage is outside [0, num_stages).
+std::vector<std::string> render_order(const std::vector<TimelineEvent>& events, int num_stages,
+                                      bool include_communication = false);
+
+// One line per stage, "stage 0: F0 F1 B0 B1\n", from render_order.
+std::string render_timeline_text(const std::vector<TimelineEvent>& events, int num_stages,
+                                 bool include_communication = false);
+
+struct SvgOptions {
+  std::string title = "Pipeline timeline";
+  // "s" for measured times (the axis switches to ms or us for short runs); anything else is printed
+  // as is, e.g. "units" for the unit-time simulation.
+  std::string time_unit = "s";
+  // Draws transfers as thin grey bars under the row; a blocking receive's bar shows how long the
+  // stage waited for its peer.
+  bool include_communication = false;
+};
+
+// A self-contained SVG (no scripts, no external fonts or images): one row per stage, a box per
+// forward and backward with its micro-batch number inside when it fits (and a <title> tooltip
+// always), a time axis, the title and a legend. Every event box has class "event".
+std::string render_timeline_svg(const std::vector<TimelineEvent>& events, int num_stages,
+                                const SvgOptions& options = {});
+
+}  // namespace touchstone::pipeline

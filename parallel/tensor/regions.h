@@ -1,0 +1,47 @@
+// The two communication points of a tensor-parallel region (Megatron-LM's mappings), in one place.
+//
+// Inside a region each tp rank computes with its shard of the weights on the full sequence. At the
+// region's entry (before a ColumnParallelLinear) the full input is assembled; at its exit (after a
+// RowParallelLinear or the vocab-parallel embedding) the ranks' partial sums are added. The residual
+// stream between regions is either replicated on every tp rank or, with sequence parallelism, split
+// into tp blocks of rows:
+//
+//                      gather (entry, forward)     reduce (exit, forward)
+//   plain TP           identity                    all-reduce sum
+//   sequence parallel  all-gather rows             reduce-scatter rows
+//
+// Each one's backward is the other one (the conjugate pair f / g of the Megatron-LM paper): the
+// backward of an entry reduces the input gradient's partial sums, the backward of an exit gathers the
+// output gradient.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "parallel/comm.h"
+
+namespace touchstone {
+
+class TensorParallelRegion {
+ public:
+  TensorParallelRegion(ProcessGroup& tp, bool sequence_parallel) : tp_(tp), sequence_parallel_(sequence_parallel) {}
+
+  int tp_rank() const { return tp_.rank(); }
+  int tp_size() const { return tp_.size(); }
+  bool sequence_parallel() const { return sequence_parallel_; }
+  ProcessGroup& group() const { return tp_; }
+
+  // Rows of the residual stream this rank holds for `rows` rows of the full sequence.
+  int64_t local_rows(int64_t rows) const { return sequence_parallel_ ? rows / tp_.size() : rows; }
+
+  // local[local_rows, cols] -> full[rows, cols]
+  void gather(const std::vector<double>& local, int64_t rows, int64_t cols, std::vector<double>& full) const;
+  // partial[rows, cols] (this rank's partial sums) -> local[local_rows, cols] holding the sum
+  void reduce(std::vector<double>& partial, int64_t rows, int64_t cols, std::vector<double>& local) const;
+
+ private:
+  ProcessGroup& tp_;
+  bool sequence_parallel_;
+};
+
+}  // namespace touchstone
