@@ -327,6 +327,12 @@ std::vector<int64_t> H5Reader::shape(const std::string& path) const {
   return result;
 }
 
+bool H5Reader::is_group(const std::string& path) const {
+  if (!exists(path)) return false;
+  Handle group(H5Gopen2(file_, path.c_str(), H5P_DEFAULT), H5Gclose);
+  return group.valid();
+}
+
 std::vector<std::string> H5Reader::children(const std::string& group_path) const {
   if (!exists(group_path)) throw InputError(path_ + ": no group " + group_path);
   Handle group(H5Gopen2(file_, group_path.c_str(), H5P_DEFAULT), H5Gclose);

@@ -57,6 +57,7 @@ class H5Reader {
 
   bool exists(const std::string& path) const;
   std::vector<int64_t> shape(const std::string& path) const;
+  bool is_group(const std::string& path) const;
   std::vector<std::string> children(const std::string& group_path) const;  // sorted names
   // Numeric datasets of any integer or float type, converted.
   std::vector<double> read_f64(const std::string& path) const;

@@ -38,18 +38,18 @@ using Shape = std::vector<int64_t>;
 
 // What a trace line says about the running program when a transfer happens.
 struct TraceContext {
-  int64_t step = 0;         // optimizer step, 1-based; 0 outside a step
-  int64_t micro_batch = -1; // micro-batch index within the step on this rank; -1 outside one
-  std::string phase;        // "forward", "backward", "grads", "optimizer", "output", ...
+  int64_t step = 0;          // optimizer step, 1-based; 0 outside a step
+  int64_t micro_batch = -1;  // micro-batch index within the step on this rank; -1 outside one
+  std::string phase;         // "forward", "backward", "grads", "optimizer", "output", ...
 };
 
 // One recorded transfer.
 struct TransferRecord {
-  std::string op;          // "all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv", ...
-  std::string group;       // "tp", "dp", "pp", "embedding", "world"
-  int peer = -1;           // global rank of the peer for send/recv, -1 for collectives
-  Shape shape;             // logical shape of this rank's buffer
-  int64_t bytes = 0;       // payload bytes of this rank's buffer (nccl-tests' "size")
+  std::string op;     // "all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv", ...
+  std::string group;  // "tp", "dp", "pp", "embedding", "world"
+  int peer = -1;      // global rank of the peer for send/recv, -1 for collectives
+  Shape shape;        // logical shape of this rank's buffer
+  int64_t bytes = 0;  // payload bytes of this rank's buffer (nccl-tests' "size")
   TraceContext context;
 };
 

@@ -15,7 +15,8 @@ namespace {
 // MPI counts are int; a reference trainer's buffers fit, and a silent wrap would corrupt data.
 int mpi_count(int64_t count) {
   if (count < 0 || count > std::numeric_limits<int>::max()) {
-    throw std::length_error("MPI transfer of " + std::to_string(count) + " elements does not fit an int count");
+    throw std::length_error("MPI transfer of " + std::to_string(count) +
+                            " elements does not fit an int count");
   }
   return static_cast<int>(count);
 }
@@ -104,8 +105,9 @@ void MpiProcessGroup::reduce_scatter_in_order(const double* send, double* recv, 
   exchange_.resize(chunk * static_cast<size_t>(n));
   // After the exchange, row r holds rank r's contribution to this rank's chunk. `send` is read in
   // full before `recv` is written, so recv may alias this rank's chunk of send.
-  check(MPI_Alltoall(send, mpi_count(count), MPI_DOUBLE, exchange_.data(), mpi_count(count), MPI_DOUBLE, comm_),
-        name_ + " reduce_scatter");
+  check(
+      MPI_Alltoall(send, mpi_count(count), MPI_DOUBLE, exchange_.data(), mpi_count(count), MPI_DOUBLE, comm_),
+      name_ + " reduce_scatter");
   std::copy(exchange_.begin(), exchange_.begin() + static_cast<std::ptrdiff_t>(chunk), recv);
   for (size_t r = 1; r < static_cast<size_t>(n); ++r) {
     const double* row = exchange_.data() + r * chunk;
@@ -121,7 +123,8 @@ void MpiProcessGroup::all_reduce_sum(double* data, int64_t count, const Shape& s
     padded_.assign(static_cast<size_t>(chunk * n), 0.0);
     std::copy(data, data + count, padded_.begin());
     reduce_scatter_in_order(padded_.data(), padded_.data() + rank_ * chunk, chunk);
-    check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, padded_.data(), mpi_count(chunk), MPI_DOUBLE, comm_),
+    check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, padded_.data(), mpi_count(chunk), MPI_DOUBLE,
+                        comm_),
           name_ + " all_reduce");
     std::copy(padded_.begin(), padded_.begin() + count, data);
   }
@@ -140,7 +143,8 @@ void MpiProcessGroup::all_reduce_sum(int64_t* data, int64_t count) {
 
 void MpiProcessGroup::all_reduce_max(double* data, int64_t count, const Shape& shape) {
   if (size() > 1 && count > 0) {
-    check(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_DOUBLE, max_op_, comm_), name_ + " all_reduce_max");
+    check(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_DOUBLE, max_op_, comm_),
+          name_ + " all_reduce_max");
   }
   apply_reduction_fault(data, count);
   record("all_reduce_max", shape, count);
@@ -161,7 +165,8 @@ void MpiProcessGroup::all_gather(const double* send, double* recv, int64_t count
   record("all_gather", shape, count * n);
 }
 
-void MpiProcessGroup::reduce_scatter_sum(const double* send, double* recv, int64_t count, const Shape& shape) {
+void MpiProcessGroup::reduce_scatter_sum(const double* send, double* recv, int64_t count,
+                                         const Shape& shape) {
   reduce_scatter_in_order(send, recv, count);
   apply_reduction_fault(recv, count);
   record("reduce_scatter", shape, count * size());
@@ -196,7 +201,8 @@ void MpiProcessGroup::check_peer(int peer, int tag) const {
     throw std::out_of_range("peer " + std::to_string(peer) + " is not a rank of group " + name_);
   }
   if (tag < 0 || tag > tag_upper_bound_) {
-    throw std::out_of_range("tag " + std::to_string(tag) + " outside [0, " + std::to_string(tag_upper_bound_) + "]");
+    throw std::out_of_range("tag " + std::to_string(tag) + " outside [0, " +
+                            std::to_string(tag_upper_bound_) + "]");
   }
 }
 
@@ -217,8 +223,8 @@ void MpiProcessGroup::send(const double* data, int64_t count, int peer, int tag,
 
 void MpiProcessGroup::recv(double* data, int64_t count, int peer, int tag, const Shape& shape) {
   check_peer(peer, tag);
-  const std::string what = name_ + " recv from rank " + std::to_string(global_rank(peer)) + " tag " +
-                           std::to_string(tag);
+  const std::string what =
+      name_ + " recv from rank " + std::to_string(global_rank(peer)) + " tag " + std::to_string(tag);
   if (size() == 1) {
     auto queue = self_messages_.find(tag);
     if (queue == self_messages_.end() || queue->second.empty()) {

@@ -63,7 +63,7 @@ class MpiProcessGroup final : public ProcessGroup {
   std::vector<int> global_ranks_;
   int rank_;
   MPI_Op max_op_ = MPI_OP_NULL;  // NaN- and signed-zero-aware max, so every rank gets the same bits
-  int tag_upper_bound_ = 32767;   // the least MPI guarantees
+  int tag_upper_bound_ = 32767;  // the least MPI guarantees
   std::vector<PendingSend> pending_sends_;
   // Messages a group of one sends to itself, by tag, in send order (MPI's non-overtaking rule).
   std::map<int, std::deque<std::vector<double>>> self_messages_;

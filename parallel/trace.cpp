@@ -41,11 +41,11 @@ void TracePrinter::print(const TransferRecord& record) {
 void TracePrinter::print_summary(std::ostream& out) const {
   OpCount all;
   out << "[rank " << rank_ << "] transfers by group and op\n";
-  out << std::left << std::setw(10) << "group" << std::setw(16) << "op" << std::right << std::setw(10) << "calls"
-      << std::setw(16) << "bytes" << '\n';
+  out << std::left << std::setw(10) << "group" << std::setw(16) << "op" << std::right << std::setw(10)
+      << "calls" << std::setw(16) << "bytes" << '\n';
   for (const auto& [key, count] : totals_) {
-    out << std::left << std::setw(10) << key.first << std::setw(16) << key.second << std::right << std::setw(10)
-        << count.calls << std::setw(16) << count.bytes << '\n';
+    out << std::left << std::setw(10) << key.first << std::setw(16) << key.second << std::right
+        << std::setw(10) << count.calls << std::setw(16) << count.bytes << '\n';
     all.calls += count.calls;
     all.bytes += count.bytes;
   }

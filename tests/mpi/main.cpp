@@ -21,7 +21,8 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
   }
   void OnTestEnd(const ::testing::TestInfo& info) override {
     if (info.result()->Failed()) {
-      std::cout << "[rank " << rank_ << "] FAILED " << info.test_suite_name() << "." << info.name() << std::endl;
+      std::cout << "[rank " << rank_ << "] FAILED " << info.test_suite_name() << "." << info.name()
+                << std::endl;
     }
   }
 

@@ -60,7 +60,8 @@ inline std::vector<GridLayout> layouts_of_world() {
 }
 
 inline std::string describe(const GridLayout& layout) {
-  return "tp" + std::to_string(layout.tp) + " dp" + std::to_string(layout.dp) + " pp" + std::to_string(layout.pp);
+  return "tp" + std::to_string(layout.tp) + " dp" + std::to_string(layout.dp) + " pp" +
+         std::to_string(layout.pp);
 }
 
 }  // namespace touchstone::testing
@@ -81,8 +82,6 @@ void for_every_group(Check check) {
 }
 
 // Element counts that hit the edge cases of chunking: empty, fewer than the ranks, not a multiple.
-inline std::vector<int64_t> counts_for(int group_size) {
-  return {0, 1, group_size + 1, 37, 1000};
-}
+inline std::vector<int64_t> counts_for(int group_size) { return {0, 1, group_size + 1, 37, 1000}; }
 
 }  // namespace touchstone::testing

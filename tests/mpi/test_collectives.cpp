@@ -23,7 +23,9 @@ double member_sum(ProcessGroup& group, int64_t i) {
   return sum;
 }
 
-std::vector<double> filled(int64_t count, double fill) { return std::vector<double>(static_cast<size_t>(count), fill); }
+std::vector<double> filled(int64_t count, double fill) {
+  return std::vector<double>(static_cast<size_t>(count), fill);
+}
 
 class CollectiveTest : public MpiTest {};
 
@@ -62,7 +64,8 @@ TEST_F(CollectiveTest, AllReduceMax) {
       std::vector<double> data = filled(count, 0.0), expected = filled(count, -1e300);
       for (int64_t i = 0; i < count; ++i) {
         data[i] = input(group.global_rank(group.rank()), i);
-        for (int k = 0; k < group.size(); ++k) expected[i] = std::max(expected[i], input(group.global_rank(k), i));
+        for (int k = 0; k < group.size(); ++k)
+          expected[i] = std::max(expected[i], input(group.global_rank(k), i));
       }
       group.all_reduce_max(data.data(), count, Shape{count});
       EXPECT_EQ(data, expected) << "count " << count;
@@ -125,7 +128,9 @@ TEST_F(CollectiveTest, AllToAllOutOfPlaceAndInPlace) {
   for_every_group([](ProcessGroup& group) {
     const int n = group.size();
     // Chunk q of rank k carries k * 100 + q, so source and destination both show in the result.
-    auto chunk_value = [](int source, int destination, int64_t i) { return value(source * 100 + destination, i); };
+    auto chunk_value = [](int source, int destination, int64_t i) {
+      return value(source * 100 + destination, i);
+    };
     for (int64_t count : counts_for(n)) {
       std::vector<double> expected = filled(count * n, 0.0);
       for (int k = 0; k < n; ++k) {

@@ -48,11 +48,11 @@ TEST_F(CountersTest, CountersAndObserverFollowTheByteConvention) {
 
   // nccl-tests' size: the larger of this rank's send and receive buffers.
   const std::vector<Expected> expected = {
-      {"all_reduce", -1, {2, 5}, 80},          {"all_reduce", -1, {4}, 32},
-      {"all_reduce_max", -1, {3}, 24},         {"all_gather", -1, {6}, 48 * n},
-      {"reduce_scatter", -1, {6}, 48 * n},     {"broadcast", -1, {5}, 40},
-      {"all_to_all", -1, {2}, 16 * n},         {"send", next, {7}, 56},
-      {"recv", previous, {7}, 56},             {"barrier", -1, {}, 0},
+      {"all_reduce", -1, {2, 5}, 80},      {"all_reduce", -1, {4}, 32},
+      {"all_reduce_max", -1, {3}, 24},     {"all_gather", -1, {6}, 48 * n},
+      {"reduce_scatter", -1, {6}, 48 * n}, {"broadcast", -1, {5}, 40},
+      {"all_to_all", -1, {2}, 16 * n},     {"send", next, {7}, 56},
+      {"recv", previous, {7}, 56},         {"barrier", -1, {}, 0},
   };
   ASSERT_EQ(records.size(), expected.size());
   int64_t total = 0;
@@ -134,14 +134,16 @@ TEST_F(CountersTest, TraceLineFormat) {
   record.shape = {2, 16, 32};
   record.bytes = 8192;
   record.context = TraceContext{1, 2, "forward"};
-  EXPECT_EQ(format_trace_line(3, GridCoordinates{1, 0, 1}, record),
-            "[rank 3 tp1 dp0 pp1] step 1 mb 2 forward   all_reduce      group=tp  shape=[2,16,32]  bytes=8192");
+  EXPECT_EQ(
+      format_trace_line(3, GridCoordinates{1, 0, 1}, record),
+      "[rank 3 tp1 dp0 pp1] step 1 mb 2 forward   all_reduce      group=tp  shape=[2,16,32]  bytes=8192");
   record.op = "send";
   record.group = "pp";
   record.peer = 5;
   record.context = TraceContext{};
   EXPECT_EQ(format_trace_line(3, GridCoordinates{1, 0, 1}, record),
-            "[rank 3 tp1 dp0 pp1] step 0 mb - -         send            group=pp  shape=[2,16,32]  bytes=8192  peer=5");
+            "[rank 3 tp1 dp0 pp1] step 0 mb - -         send            group=pp  shape=[2,16,32]  "
+            "bytes=8192  peer=5");
 }
 
 TEST_F(CountersTest, TracePrinterWritesOneLinePerTransferAndASummary) {

@@ -59,8 +59,8 @@ TEST_F(DeterminismTest, AllReduceSumGivesTheSameBitsOnEveryRank) {
   EXPECT_TRUE(same_bits(first, second)) << "two runs of the same reduction differ";
 
   std::vector<double> all(static_cast<size_t>(count * testing::world_size()));
-  MPI_Gather(first.data(), static_cast<int>(count), MPI_DOUBLE, all.data(), static_cast<int>(count), MPI_DOUBLE,
-             0, MPI_COMM_WORLD);
+  MPI_Gather(first.data(), static_cast<int>(count), MPI_DOUBLE, all.data(), static_cast<int>(count),
+             MPI_DOUBLE, 0, MPI_COMM_WORLD);
   if (testing::world_rank() == 0) {
     for (int r = 1; r < testing::world_size(); ++r) {
       const std::vector<double> theirs(all.begin() + r * count, all.begin() + (r + 1) * count);
@@ -98,7 +98,8 @@ TEST_F(DeterminismTest, ReduceScatterThenAllGatherIsAllReduce) {
     group.all_gather(shard.data(), gathered.data(), count, Shape{count});
     EXPECT_TRUE(same_bits(gathered, reduced));
     // And back: this rank's chunk of the gathered buffer is its own shard.
-    const std::vector<double> own(gathered.begin() + group.rank() * count, gathered.begin() + (group.rank() + 1) * count);
+    const std::vector<double> own(gathered.begin() + group.rank() * count,
+                                  gathered.begin() + (group.rank() + 1) * count);
     EXPECT_TRUE(same_bits(own, shard));
   });
 }
@@ -113,7 +114,8 @@ TEST_F(DeterminismTest, MessagesAreReceivedInAnyTagOrder) {
     const int previous = (group.rank() + n - 1) % n;
     auto message = [count](int sender, int micro_batch) {
       std::vector<double> m(static_cast<size_t>(count));
-      for (int64_t i = 0; i < count; ++i) m[i] = static_cast<double>(sender * 1000 + micro_batch * 10 + i % 10);
+      for (int64_t i = 0; i < count; ++i)
+        m[i] = static_cast<double>(sender * 1000 + micro_batch * 10 + i % 10);
       return m;
     };
     const int me = group.global_rank(group.rank());
@@ -122,7 +124,8 @@ TEST_F(DeterminismTest, MessagesAreReceivedInAnyTagOrder) {
     std::vector<double> received(static_cast<size_t>(count));
     for (int micro_batch : {0, 1}) {
       group.recv(received.data(), count, previous, micro_batch, Shape{count});
-      EXPECT_TRUE(received == message(group.global_rank(previous), micro_batch)) << "micro-batch " << micro_batch;
+      EXPECT_TRUE(received == message(group.global_rank(previous), micro_batch))
+          << "micro-batch " << micro_batch;
     }
     group.wait_sends();
   });

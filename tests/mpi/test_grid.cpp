@@ -67,7 +67,8 @@ TEST_F(GridTest, CoordinatesAndGroupsForEveryLayout) {
     // Tied embeddings: the first and last stage of this pp group; everyone else is alone.
     std::vector<int> embedding{rank};
     if (layout.pp > 1 && (grid->is_first_stage() || grid->is_last_stage())) {
-      embedding = {rank_of(layout, {c.tp_rank, c.dp_rank, 0}), rank_of(layout, {c.tp_rank, c.dp_rank, layout.pp - 1})};
+      embedding = {rank_of(layout, {c.tp_rank, c.dp_rank, 0}),
+                   rank_of(layout, {c.tp_rank, c.dp_rank, layout.pp - 1})};
     }
     const struct {
       const char* name;

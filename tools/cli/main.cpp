@@ -12,6 +12,7 @@
 #include "oracle/run.h"
 #include "parallel/grid.h"
 #include "parallel/mpi_runtime.h"
+#include "tools/check/check_parallel.h"
 
 namespace {
 
@@ -93,7 +94,6 @@ int main(int argc, char** argv) {
 
   ConfigOptions config_options;
   touchstone::RunOptions run_options;
-  touchstone::MpiRuntime mpi(&argc, &argv);
 
   CLI::App* golden = app.add_subcommand("golden", "Train train.steps steps and write a golden file (loss, "
                                                   "loss-token counts, gradients, updated parameters)");
@@ -108,6 +108,13 @@ int main(int argc, char** argv) {
 
   CLI::App* show = app.add_subcommand("config", "Print the fully resolved config as JSON (defaults included)");
   add_config_options(show, config_options);
+
+  CLI::App* check = app.add_subcommand("check", "Correctness checks across layouts");
+  check->require_subcommand(1);
+  touchstone::CheckParallelOptions check_parallel_options;
+  CLI::App* check_parallel = check->add_subcommand(
+      "parallel", "Run the single-rank reference and every parallel layout, compare loss, gradients and updates");
+  touchstone::add_check_parallel_options(check_parallel, check_parallel_options);
 
   try {
     app.parse(argc, argv);
@@ -125,6 +132,18 @@ int main(int argc, char** argv) {
       std::cout << touchstone::to_json(config).dump(2) << std::endl;
       return 0;
     }
+    // Launches its own MPI jobs, so it must not be an MPI process itself.
+    if (check_parallel->parsed()) return touchstone::run_check_parallel(check_parallel_options);
+  } catch (const InputError& e) {
+    std::cerr << "touchstone: error: " << e.what() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "touchstone: internal error: " << e.what() << std::endl;
+    return 1;
+  }
+
+  touchstone::MpiRuntime mpi(&argc, &argv);
+  try {
     return run(config_options, run_options, mpi);
   } catch (const InputError& e) {
     std::cerr << "touchstone: error: " << e.what() << std::endl;

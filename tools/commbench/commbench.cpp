@@ -26,6 +26,7 @@ using commbench::OpInfo;
 
 struct Measurement {
   bool measured = false;  // false where the interface has no such form ("N/A")
+  bool checked = false;   // false with -c 0: #wrong is "N/A"
   double time_us = 0.0;
   double algbw = 0.0;  // GB/s
   double busbw = 0.0;
@@ -47,8 +48,9 @@ std::vector<const OpInfo*> selected_ops(const std::string& name) {
   } else if (const OpInfo* info = commbench::find_op(name)) {
     ops.push_back(info);
   } else {
-    throw InputError("--op " + name +
-                     ": expected all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, sendrecv or all");
+    throw InputError(
+        "--op " + name +
+        ": expected all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, sendrecv or all");
   }
   return ops;
 }
@@ -56,8 +58,8 @@ std::vector<const OpInfo*> selected_ops(const std::string& name) {
 GridLayout validate(const CommbenchOptions& options, int world_size) {
   if (options.min_bytes < 8) throw InputError("-b/--min-bytes must be at least 8 (one double)");
   if (options.min_bytes > options.max_bytes) {
-    throw InputError("-b/--min-bytes " + std::to_string(options.min_bytes) + " is larger than -e/--max-bytes " +
-                     std::to_string(options.max_bytes));
+    throw InputError("-b/--min-bytes " + std::to_string(options.min_bytes) +
+                     " is larger than -e/--max-bytes " + std::to_string(options.max_bytes));
   }
   // MPI counts are int: one rank's buffer of doubles must fit one.
   const int64_t largest = static_cast<int64_t>(std::numeric_limits<int>::max()) * 8;
@@ -135,6 +137,7 @@ Measurement measure(const OpInfo& info, ProcessGroup& group, int64_t count, int 
 
   Measurement m;
   m.measured = true;
+  m.checked = options.check == 1;
   const double time = seconds_sum / world_size / options.iters;
   m.time_us = time * 1e6;
   const double bytes = static_cast<double>(commbench::bytes_for_count(info, count, group.size()));
@@ -152,18 +155,22 @@ std::string format_measurement(const Measurement& m) {
     // nccl-tests' time precision: fewer decimals for longer times.
     const char* time_format = m.time_us >= 10000.0 ? "  %7.0f" : m.time_us >= 100.0 ? "  %7.1f" : "  %7.2f";
     int length = std::snprintf(text, sizeof(text), time_format, m.time_us);
-    std::snprintf(text + length, sizeof(text) - static_cast<size_t>(length), "  %6.2f  %6.2f  %6lld", m.algbw,
-                  m.busbw, static_cast<long long>(m.wrong));
+    const std::string wrong = m.checked ? std::to_string(m.wrong) : "N/A";
+    std::snprintf(text + length, sizeof(text) - static_cast<size_t>(length), "  %6.2f  %6.2f  %6s", m.algbw,
+                  m.busbw, wrong.c_str());
   }
   return text;
 }
 
 void print_header(std::ostream& out, const OpInfo& info) {
   out << "#\n# " << info.name << "\n"
-      << "#                                                        out-of-place                       in-place\n"
-      << "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw"
+      << "#                                                        out-of-place                       "
+         "in-place\n"
+      << "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   "
+         "algbw"
          "   busbw  #wrong\n"
-      << "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)  (GB/s)"
+      << "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)  "
+         "(GB/s)"
          "  (GB/s)\n";
 }
 
@@ -176,7 +183,10 @@ void print_row(std::ostream& out, const Row& row) {
 
 nlohmann::json to_json(const Measurement& m) {
   if (!m.measured) return nullptr;
-  return {{"time_us", m.time_us}, {"algbw_gbs", m.algbw}, {"busbw_gbs", m.busbw}, {"wrong", m.wrong}};
+  return {{"time_us", m.time_us},
+          {"algbw_gbs", m.algbw},
+          {"busbw_gbs", m.busbw},
+          {"wrong", m.checked ? nlohmann::json(m.wrong) : nlohmann::json(nullptr)}};
 }
 
 int run_checked(const CommbenchOptions& options, MpiRuntime& mpi) {
@@ -187,10 +197,11 @@ int run_checked(const CommbenchOptions& options, MpiRuntime& mpi) {
   const int n = group.size();
   const bool printer = mpi.world_rank() == 0;
   if (printer) {
-    std::cout << "# touchstone commbench: " << mpi.world_size() << " ranks, group " << options.group << " of " << n
-              << " ranks (tp " << layout.tp << " dp " << layout.dp << " pp " << layout.pp << "), type double, -b "
-              << options.min_bytes << " -e " << options.max_bytes << " -f " << options.step_factor << " -n "
-              << options.iters << " -w " << options.warmup_iters << " -c " << options.check << "\n";
+    std::cout << "# touchstone commbench: " << mpi.world_size() << " ranks, group " << options.group << " of "
+              << n << " ranks (tp " << layout.tp << " dp " << layout.dp << " pp " << layout.pp
+              << "), type double, -b " << options.min_bytes << " -e " << options.max_bytes << " -f "
+              << options.step_factor << " -n " << options.iters << " -w " << options.warmup_iters << " -c "
+              << options.check << "\n";
   }
 
   bool fault_pending = options.inject_fault;
@@ -208,7 +219,8 @@ int run_checked(const CommbenchOptions& options, MpiRuntime& mpi) {
         if (info->out_of_place) {
           row.out_of_place = measure(*info, group, row.count, row.root, false, options, fault_pending);
         }
-        if (info->in_place) row.in_place = measure(*info, group, row.count, row.root, true, options, fault_pending);
+        if (info->in_place)
+          row.in_place = measure(*info, group, row.count, row.root, true, options, fault_pending);
         if (printer) print_row(std::cout, row);
         rows.push_back(row);
       }
@@ -227,22 +239,40 @@ int run_checked(const CommbenchOptions& options, MpiRuntime& mpi) {
       busbw_sum += m->busbw;
       ++measured;
     }
-    results.push_back({{"op", row.info->name}, {"size", row.size}, {"count", row.count}, {"type", "double"},
-                       {"redop", row.info->redop}, {"root", row.root}, {"out_of_place", to_json(row.out_of_place)},
+    results.push_back({{"op", row.info->name},
+                       {"size", row.size},
+                       {"count", row.count},
+                       {"type", "double"},
+                       {"redop", row.info->redop},
+                       {"root", row.root},
+                       {"out_of_place", to_json(row.out_of_place)},
                        {"in_place", to_json(row.in_place)}});
   }
   const double avg_busbw = measured > 0 ? busbw_sum / measured : 0.0;
   if (printer) {
-    std::cout << "#\n# #wrong total : " << wrong_total << (wrong_total == 0 ? " OK" : " FAILED") << "\n"
+    std::cout << "#\n# #wrong total : "
+              << (options.check == 0 ? "not checked (-c 0)"
+                                     : std::to_string(wrong_total) + (wrong_total == 0 ? " OK" : " FAILED"))
+              << "\n"
               << "# Avg bus bandwidth : " << avg_busbw << " GB/s\n#" << std::endl;
     if (!options.json_path.empty()) {
       const nlohmann::json record = {
-          {"tool", "touchstone commbench"}, {"world_size", mpi.world_size()}, {"group", options.group},
-          {"group_size", n}, {"layout", {{"tp", layout.tp}, {"dp", layout.dp}, {"pp", layout.pp}}},
-          {"type", "double"}, {"min_bytes", options.min_bytes}, {"max_bytes", options.max_bytes},
-          {"step_factor", options.step_factor}, {"iters", options.iters}, {"warmup_iters", options.warmup_iters},
-          {"check", options.check}, {"inject_fault", options.inject_fault}, {"results", results},
-          {"wrong_total", wrong_total}, {"avg_busbw_gbs", avg_busbw}};
+          {"tool", "touchstone commbench"},
+          {"world_size", mpi.world_size()},
+          {"group", options.group},
+          {"group_size", n},
+          {"layout", {{"tp", layout.tp}, {"dp", layout.dp}, {"pp", layout.pp}}},
+          {"type", "double"},
+          {"min_bytes", options.min_bytes},
+          {"max_bytes", options.max_bytes},
+          {"step_factor", options.step_factor},
+          {"iters", options.iters},
+          {"warmup_iters", options.warmup_iters},
+          {"check", options.check},
+          {"inject_fault", options.inject_fault},
+          {"results", results},
+          {"wrong_total", options.check == 1 ? nlohmann::json(wrong_total) : nlohmann::json(nullptr)},
+          {"avg_busbw_gbs", avg_busbw}};
       std::ofstream file(options.json_path);
       file << record.dump(2) << "\n";
       if (!file) throw std::runtime_error(options.json_path + ": could not write");
@@ -264,22 +294,27 @@ void add_commbench_options(CLI::App* command, CommbenchOptions& options) {
   command->add_option("-f,--step-factor", options.step_factor, "Multiply the size by this each step")
       ->capture_default_str();
   command->add_option("-n,--iters", options.iters, "Timed iterations per size")->capture_default_str();
-  command->add_option("-w,--warmup-iters", options.warmup_iters, "Untimed iterations first")->capture_default_str();
+  command->add_option("-w,--warmup-iters", options.warmup_iters, "Untimed iterations first")
+      ->capture_default_str();
   command->add_option("-c,--check", options.check, "Check every element after each timed op (0/1)")
       ->capture_default_str();
-  command->add_option("--op", options.op,
-                      "all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, sendrecv or all")
+  command
+      ->add_option("--op", options.op,
+                   "all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, sendrecv or all")
       ->capture_default_str();
-  command->add_option("--group", options.group, "Group to measure: world, tp, dp or pp (all groups run at once)")
+  command
+      ->add_option("--group", options.group, "Group to measure: world, tp, dp or pp (all groups run at once)")
       ->capture_default_str();
   command->add_option("--tp", options.tp, "Tensor-parallel size of the grid --group is taken from")
       ->capture_default_str();
   command->add_option("--pp", options.pp, "Pipeline-parallel size of that grid (dp = ranks / (tp x pp))")
       ->capture_default_str();
-  command->add_option("-r,--root", options.root, "Broadcast root (a rank of the group)")->capture_default_str();
+  command->add_option("-r,--root", options.root, "Broadcast root (a rank of the group)")
+      ->capture_default_str();
   command->add_option("--json", options.json_path, "Also write every number to this JSON file");
-  command->add_flag("--inject-fault", options.inject_fault,
-                    "Test hook: corrupt the first checked reduction, which must show as #wrong > 0 and exit 1");
+  command->add_flag(
+      "--inject-fault", options.inject_fault,
+      "Test hook: corrupt the first checked reduction, which must show as #wrong > 0 and exit 1");
 }
 
 int run_commbench(const CommbenchOptions& options, MpiRuntime& mpi) {

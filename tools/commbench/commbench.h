@@ -18,19 +18,19 @@ namespace touchstone {
 class MpiRuntime;
 
 struct CommbenchOptions {
-  int64_t min_bytes = 8;         // -b: first "size" (nccl-tests' convention, see comm.h)
-  int64_t max_bytes = 1 << 25;   // -e
-  int64_t step_factor = 2;       // -f: multiplicative step
-  int iters = 20;                // -n
-  int warmup_iters = 5;          // -w
-  int check = 1;                 // -c
-  std::string op = "all";        // all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, sendrecv, all
-  std::string group = "world";   // world, tp, dp, pp of a tp x dp x pp grid with dp = world / (tp * pp)
+  int64_t min_bytes = 8;        // -b: first "size" (nccl-tests' convention, see comm.h)
+  int64_t max_bytes = 1 << 25;  // -e
+  int64_t step_factor = 2;      // -f: multiplicative step
+  int iters = 20;               // -n
+  int warmup_iters = 5;         // -w
+  int check = 1;                // -c
+  std::string op = "all";  // all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, sendrecv, all
+  std::string group = "world";  // world, tp, dp, pp of a tp x dp x pp grid with dp = world / (tp * pp)
   int tp = 1;
   int pp = 1;
-  int root = 0;                  // broadcast root, a rank of the group
-  std::string json_path;         // also write every number here (rank 0)
-  bool inject_fault = false;     // corrupt the first checked reduction (tests that #wrong catches it)
+  int root = 0;               // broadcast root, a rank of the group
+  std::string json_path;      // also write every number here (rank 0)
+  bool inject_fault = false;  // corrupt the first checked reduction (tests that #wrong catches it)
 };
 
 void add_commbench_options(CLI::App* command, CommbenchOptions& options);

@@ -61,7 +61,12 @@ int64_t bytes_for_count(const OpInfo& info, int64_t count, int n) {
 }
 
 OpRunner::OpRunner(const OpInfo& info, ProcessGroup& group, int64_t count, int root, bool in_place)
-    : info_(info), group_(group), count_(count), root_(root), in_place_(in_place), rank_(group.rank()),
+    : info_(info),
+      group_(group),
+      count_(count),
+      root_(root),
+      in_place_(in_place),
+      rank_(group.rank()),
       n_(group.size()) {
   const size_t per_rank = static_cast<size_t>(count);
   const size_t total = info.chunked ? per_rank * static_cast<size_t>(n_) : per_rank;
@@ -140,11 +145,12 @@ void OpRunner::run() {
       group_.broadcast(recv_.data(), count_, root_, shape);
       break;
     case Op::kAllGather:
-      group_.all_gather(in_place_ ? recv_.data() + rank_ * count_ : send_.data(), recv_.data(), count_, shape);
+      group_.all_gather(in_place_ ? recv_.data() + rank_ * count_ : send_.data(), recv_.data(), count_,
+                        shape);
       break;
     case Op::kReduceScatter:
-      group_.reduce_scatter_sum(send_.data(), in_place_ ? send_.data() + rank_ * count_ : recv_.data(), count_,
-                                shape);
+      group_.reduce_scatter_sum(send_.data(), in_place_ ? send_.data() + rank_ * count_ : recv_.data(),
+                                count_, shape);
       break;
     case Op::kAllToAll:
       group_.all_to_all(in_place_ ? recv_.data() : send_.data(), recv_.data(), count_, shape);

@@ -15,11 +15,11 @@ enum class Op { kAllReduce, kAllGather, kReduceScatter, kBroadcast, kAllToAll, k
 struct OpInfo {
   Op op;
   const char* name;
-  const char* redop;   // "sum" or "none"
-  bool out_of_place;   // whether the interface has this form (see docs/communication.md)
+  const char* redop;  // "sum" or "none"
+  bool out_of_place;  // whether the interface has this form (see docs/communication.md)
   bool in_place;
-  bool reduction;      // where --inject-fault can act
-  bool chunked;        // count is per rank: "size" = group size x count x 8 bytes
+  bool reduction;  // where --inject-fault can act
+  bool chunked;    // count is per rank: "size" = group size x count x 8 bytes
 };
 
 const std::vector<OpInfo>& all_ops();
@@ -33,8 +33,8 @@ int64_t bytes_for_count(const OpInfo& info, int64_t count, int n);
 class OpRunner {
  public:
   OpRunner(const OpInfo& info, ProcessGroup& group, int64_t count, int root, bool in_place);
-  void init();  // inputs, and a sentinel wherever a result will land
-  void run();   // the timed call
+  void init();                  // inputs, and a sentinel wherever a result will land
+  void run();                   // the timed call
   int64_t count_wrong() const;  // elements of this rank's result that differ from the exact answer
 
  private:

@@ -89,10 +89,6 @@ std::vector<int64_t> stage_layer_counts(const MemoryPlanInput& in) {
   return std::vector<int64_t>(static_cast<size_t>(in.pp), in.shape.known() ? in.shape.layers / in.pp : 0);
 }
 
-double StageMemory::total() const {
-  return state.total() + step_outputs + std::max(activations + transient, optimizer_temp);
-}
-
 const StageMemory& LayoutPlan::largest() const {
   return *std::max_element(stages.begin(), stages.end(),
                            [](const StageMemory& a, const StageMemory& b) { return a.total() < b.total(); });
@@ -108,22 +104,30 @@ void add_megatron_activations(const MemoryPlanInput& in, StageMemory& s) {
   if (s.first) per_micro_batch += megatron_embedding_activation_bytes(m, in.micro_batch, in.tp, in.sequence_parallel);
   if (s.last) per_micro_batch += megatron_head_activation_bytes(m, in.micro_batch, in.tp, in.sequence_parallel, vocab);
   s.activations = static_cast<double>(s.in_flight) * per_micro_batch;
-  s.transient = megatron_recompute_working_bytes(m, in.micro_batch, in.tp, in.sequence_parallel, in.recompute);
-  s.transient_name = in.recompute == Recompute::kNone ? "" : "recomputation of one layer";
+  const double working = megatron_recompute_working_bytes(m, in.micro_batch, in.tp, in.sequence_parallel, in.recompute);
+  s.peak = {working > 0 ? "backward, recomputing one layer" : "backward of the last in-flight micro-batch",
+            s.activations + working};
 }
 
 void add_fp64_activations(const MemoryPlanInput& in, int64_t dp, int64_t micro_batches, StageMemory& s) {
-  const Fp64Rank rank{in.shape, in.micro_batch, in.tp, in.sequence_parallel, in.recompute, s.first_layer, s.layers,
-                      s.first, s.last};
-  s.activations = static_cast<double>(s.in_flight) * fp64_micro_batch_bytes(rank);
-  const NamedBytes transient = fp64_largest_transient(rank, micro_batches);
-  s.transient = transient.bytes;
-  s.transient_name = transient.name;
-  const NamedBytes update = fp64_optimizer_temp(rank);
-  s.optimizer_temp = update.bytes;
-  s.optimizer_temp_name = update.name;
-  const int64_t local_windows = in.global_batch > 0 ? in.global_batch / dp : in.micro_batch;
-  s.step_outputs = fp64_step_output_bytes(rank, local_windows, in.pp, dp);
+  Fp64Rank rank;
+  rank.shape = in.shape;
+  rank.micro_batch = in.micro_batch;
+  rank.micro_batches = micro_batches > 0 ? micro_batches : in.pp;
+  rank.tp = in.tp;
+  rank.pp = in.pp;
+  rank.dp = dp;
+  rank.stage = s.stage;
+  rank.first_layer = s.first_layer;
+  rank.layers = s.layers;
+  rank.sequence_parallel = in.sequence_parallel;
+  rank.distributed_optimizer = in.distributed_optimizer;
+  rank.params = s.state.params;
+  const Fp64StepReplay replay = replay_fp64_step(rank);
+  s.activations = static_cast<double>(s.in_flight) * replay.stored_per_micro_batch;
+  s.peak = replay.peak;
+  s.stored_per_layer = replay.stored_per_layer;
+  s.stored_head = replay.stored_head;
 }
 
 }  // namespace

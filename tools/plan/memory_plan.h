@@ -42,18 +42,22 @@ struct MemoryPlanInput {
 // head count TP does not divide, ...), naming the option.
 void validate(const MemoryPlanInput& input);
 
+// Bytes with the name of what they are, or of the moment they are live.
+struct NamedBytes {
+  std::string name;
+  double bytes = 0;
+};
+
 struct StageMemory {
   int64_t stage = 0, first_layer = 0, layers = 0;
   bool first = false, last = false;
-  ModelState state;
-  int64_t in_flight = 0;        // micro-batches whose activations are held at once (1F1B)
-  double activations = 0;       // bytes, all in-flight micro-batches
-  double transient = 0;         // the largest short-lived buffer on top of them during forward/backward
-  std::string transient_name;
-  double step_outputs = 0;      // FP64 trainer: the per-token loss record of the local batch
-  double optimizer_temp = 0;    // during the update, when activations are already freed
-  std::string optimizer_temp_name;
-  double total() const;         // state + step outputs + max(activations + transient, optimizer temp)
+  ModelState state;          // weights, grads, master weights, optimizer moments
+  int64_t in_flight = 0;     // micro-batches whose activations are held at once (1F1B)
+  double activations = 0;    // bytes stored for the backward pass, all in-flight micro-batches
+  NamedBytes peak;           // the step's largest live bytes beyond the model state, and when
+  std::vector<NamedBytes> stored_per_layer;  // FP64 trainer: one layer's stored tensors (breakdown)
+  std::vector<NamedBytes> stored_head;       // FP64 trainer: the stage output and head tensors
+  double total() const { return state.total() + peak.bytes; }
 };
 
 struct LayoutPlan {
@@ -71,5 +75,7 @@ std::vector<int64_t> stage_layer_counts(const MemoryPlanInput& input);
 
 // The whole report of `touchstone plan memory`.
 void print_memory_plan(const MemoryPlanInput& input, std::ostream& out);
+// FP64 trainer: the stored tensors of each stage and where its peak is (first DP size only).
+void print_memory_breakdown(const MemoryPlanInput& input, std::ostream& out);
 
 }  // namespace touchstone::plan

@@ -1,0 +1,81 @@
+"""Parallel runs seen from the command line: the teaching trace of a PP2 1F1B step lists the expected
+forward/backward order per stage and every transfer; every invalid layout ends all ranks with a
+non-zero status within seconds, the message printed once.
+
+Usage: test_parallel_cli.py PATH_TO_TOUCHSTONE   (standard library only)
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+TOUCHSTONE = None
+
+
+def mpirun(ranks, *args, timeout=120):
+    launcher = ["mpirun", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    start = time.monotonic()
+    result = subprocess.run([*launcher, "-np", str(ranks), TOUCHSTONE, *args], capture_output=True, text=True,
+                            timeout=timeout)
+    return result, time.monotonic() - start
+
+
+class Trace(unittest.TestCase):
+    def test_pp2_1f1b_step_runs_the_schedule(self):
+        with tempfile.TemporaryDirectory() as d:
+            svg = os.path.join(d, "timeline.svg")
+            result, _ = mpirun(2, "train", "--set", "parallel.pp=2", "--set", "train.steps=1", "--trace",
+                               "--timeline", svg)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            out = result.stdout
+            # B = 8 windows, 2 per micro-batch: 4 micro-batches. Stage 0 warms up with one forward.
+            self.assertIn("stage 0: F0 F1 B0 F2 B1 F3 B2 B3", out)
+            self.assertIn("stage 1: F0 B0 F1 B1 F2 B2 F3 B3", out)
+            with open(svg) as f:
+                text = f.read()
+            self.assertTrue(text.startswith("<svg") or text.startswith("<?xml"))
+            self.assertEqual(text.count('class="event'), 16)
+        # Every point-to-point transfer: 4 activations forward, 4 gradients back, [2 windows x 64, 64].
+        sends = [l for l in out.splitlines() if re.search(r"\bsend\b", l) and "group=pp" in l]
+        recvs = [l for l in out.splitlines() if re.search(r"\brecv\b", l) and "group=pp" in l]
+        self.assertEqual(len(sends), 8, "\n".join(sends))
+        self.assertEqual(len(recvs), 8)
+        for line in sends + recvs:
+            self.assertIn("shape=[128,64]", line)
+            self.assertIn("bytes=65536", line)
+            self.assertRegex(line, r"step 1 mb \d (forward|backward)")
+            self.assertRegex(line, r"peer=\d")
+
+
+class InvalidLayouts(unittest.TestCase):
+    CASES = [
+        (4, ["--set", "parallel.tp=2"], "tp x pp x dp = 2 but the run has 4 process"),
+        (2, ["--set", "parallel.tp=2", "--set", "model.num_heads=6", "--set", "model.hidden_size=48",
+             "--set", "model.num_kv_heads=3"], "must divide model.num_heads and model.num_kv_heads"),
+        (2, ["--set", "parallel.tp=2", "--set", "model.ffn_hidden_size=175"], "must divide model.ffn_hidden_size"),
+        (2, ["--set", "parallel.tp=2", "--set", "model.vocab_size=255"], "must divide model.vocab_size"),
+        (2, ["--set", "parallel.pp=2", "--set", "model.num_layers=3"], "parallel.pp (2) must divide model.num_layers (3)"),
+        (2, ["--set", "parallel.pp=2", "--set", "parallel.stage_layers=[1,2]"], "parallel.stage_layers sums to 3"),
+        (2, ["--set", "parallel.dp=2", "--set", "train.micro_batch_size=3"], "must be divisible by parallel.dp x train.micro_batch_size"),
+        (2, ["--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true", "--set", "model.seq_length=17"],
+         "needs model.seq_length divisible by parallel.tp"),
+    ]
+
+    def test_every_rank_exits_non_zero_quickly(self):
+        for ranks, args, message in self.CASES:
+            with self.subTest(args=args), tempfile.TemporaryDirectory() as d:
+                out = os.path.join(d, "g.h5")
+                result, seconds = mpirun(ranks, "golden", *args, "--out", out, timeout=60)
+                self.assertNotEqual(result.returncode, 0)
+                self.assertLess(seconds, 30)
+                self.assertEqual(result.stderr.count("touchstone: error:"), 1, result.stderr)
+                self.assertIn(message, result.stderr)
+                self.assertEqual(os.listdir(d), [])
+
+
+if __name__ == "__main__":
+    TOUCHSTONE = os.path.abspath(sys.argv.pop(1))
+    unittest.main(verbosity=1)

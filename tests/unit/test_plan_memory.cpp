@@ -1,0 +1,240 @@
+// `touchstone plan memory`: the stage-3 acceptance numbers, every recipe, the published activation
+// formulas, layout errors, and the FP64 trainer prediction against the peak heap a real training step
+// measures with the allocation tracker (linked into this test only).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "kernels/backend.h"
+#include "model/errors.h"
+#include "oracle/run.h"
+#include "oracle/train_step.h"
+#include "parallel/context.h"
+#include "parallel/pipeline/schedule.h"
+#include "tools/plan/alloc_tracker.h"
+#include "tools/plan/format.h"
+#include "tools/plan/fp64_trainer_memory.h"
+#include "tools/plan/memory_plan.h"
+
+namespace touchstone::plan {
+namespace {
+
+MemoryPlanInput acceptance_500b() {
+  MemoryPlanInput in;
+  in.total_params = 500e9;
+  in.tp = 8;
+  in.pp = 8;
+  in.dps = {1, 8, 80};
+  in.recipe = find_recipe("bf16");
+  in.distributed_optimizer = true;
+  return in;
+}
+
+TEST(PlanMemory, Stage3AcceptanceNumbers) {
+  const MemoryPlanInput in = acceptance_500b();
+  validate(in);
+  std::vector<std::string> totals;
+  std::vector<double> bytes;
+  for (int64_t dp : in.dps) {
+    const LayoutPlan plan = plan_layout(in, dp);
+    ASSERT_EQ(plan.stages.size(), 8u);
+    for (const StageMemory& s : plan.stages) {
+      EXPECT_EQ(s.state.params, 7.8125e9);
+      EXPECT_EQ(s.state.total(), plan.stages[0].state.total());  // no shapes: every stage alike
+    }
+    EXPECT_EQ(scientific(plan.stages[0].state.params), "7.8125e9");
+    EXPECT_DOUBLE_EQ(plan.stages[0].state.total(), 7.8125e9 * (6.0 + 12.0 / static_cast<double>(dp)));
+    totals.push_back(gigabytes(plan.stages[0].state.total()));
+    bytes.push_back(plan.stages[0].state.total());
+  }
+  EXPECT_EQ(totals, (std::vector<std::string>{"140.63", "58.59", "48.05"}));
+  EXPECT_LT(bytes[1], bytes[0]);  // DP8 leaves more room than DP1
+}
+
+TEST(PlanMemory, RecipesReproduceTheDistributedOptimizerTable) {
+  struct Expected {
+    const char* name;
+    double plain, replicated, sharded;
+    const char* formula;
+  };
+  for (const Expected& e : {Expected{"bf16", 18, 6, 12, "6 + 12/DP"}, Expected{"fp16", 20, 4, 16, "4 + 16/DP"},
+                            Expected{"fp32", 16, 8, 8, "8 + 8/DP"}, Expected{"fp64", 32, 16, 16, "16 + 16/DP"}}) {
+    const Recipe& r = find_recipe(e.name);
+    EXPECT_EQ(model_state(1.0, r, false, 8).total(), e.plain) << e.name;
+    for (int64_t d : {1, 2, 8, 80}) {
+      EXPECT_DOUBLE_EQ(model_state(1.0, r, true, d).total(), e.replicated + e.sharded / static_cast<double>(d))
+          << e.name << " d=" << d;
+    }
+    EXPECT_EQ(bytes_per_param_formula(r, true), e.formula);
+    EXPECT_EQ(bytes_per_param_formula(r, false), fixed(e.plain, 0));
+  }
+  EXPECT_THROW(find_recipe("int8"), InputError);
+}
+
+TEST(PlanMemory, KorthikantiFormulas) {
+  // GPT-3 175B of the paper: s = 2048, h = 12288, a = 96, b = 1, t = 8.
+  ModelShape m;
+  m.layers = 96, m.hidden = 12288, m.heads = 96, m.kv_heads = 96, m.ffn = 4 * 12288, m.vocab = 51200, m.seq = 2048;
+  const double s = 2048, b = 1, h = 12288, a = 96, t = 8, sbh = s * b * h;
+  const auto layer = [&](int64_t tp, bool sp, Recompute r) { return megatron_layer_activation_bytes(m, 1, tp, sp, r); };
+  EXPECT_DOUBLE_EQ(layer(1, false, Recompute::kNone), sbh * (34 + 5 * a * s / h));
+  EXPECT_DOUBLE_EQ(layer(8, false, Recompute::kNone), sbh * (10 + 24 / t + 5 * a * s / (h * t)));
+  EXPECT_DOUBLE_EQ(layer(8, true, Recompute::kNone), sbh / t * (34 + 5 * a * s / h));
+  EXPECT_DOUBLE_EQ(layer(8, false, Recompute::kSelective), sbh * (10 + 24 / t));
+  EXPECT_DOUBLE_EQ(layer(8, true, Recompute::kSelective), sbh * 34 / t);
+  EXPECT_DOUBLE_EQ(layer(8, false, Recompute::kFull), 2 * sbh);
+  EXPECT_DOUBLE_EQ(layer(8, true, Recompute::kFull), 2 * sbh / t);
+  // Section 4.3 extras: embedding dropout sbh/t per in-flight micro-batch, head 4sbh/t (1 + v/h).
+  EXPECT_DOUBLE_EQ(megatron_embedding_activation_bytes(m, 1, 8, true), sbh / t);
+  EXPECT_DOUBLE_EQ(megatron_head_activation_bytes(m, 1, 8, true, 51200), 4 * sbh / t * (1 + 51200 / h));
+}
+
+TEST(PlanMemory, InFlightMicroBatchesMatchThe1F1BSchedule) {
+  for (int p : {1, 2, 4, 8}) {
+    for (int m : {1, 3, 8, 24}) {
+      for (int s = 0; s < p; ++s) {
+        EXPECT_EQ(in_flight_micro_batches(s, p, m),
+                  pipeline::peak_in_flight(pipeline::build_schedule("1f1b", p, s, m)))
+            << "p=" << p << " m=" << m << " s=" << s;
+      }
+    }
+  }
+}
+
+MemoryPlanInput shaped_input() {
+  MemoryPlanInput in;
+  in.shape = ModelShape{8, 64, 4, 2, 176, 256, 64, false};
+  in.recipe = find_recipe("bf16");
+  in.tp = 2;
+  in.pp = 4;
+  in.dps = {2};
+  in.micro_batch = 1;
+  in.global_batch = 16;
+  in.activations = ActivationModel::kMegatron16Bit;
+  return in;
+}
+
+TEST(PlanMemory, FirstAndLastStagesHoldEmbeddingAndOutputLayer) {
+  MemoryPlanInput in = shaped_input();
+  const LayoutPlan plan = plan_layout(in, 2);
+  const double layer = layer_params_per_rank(in.shape, 2), vocab_rows = 256.0 / 2 * 64;
+  EXPECT_DOUBLE_EQ(plan.stages[0].state.params, 2 * layer + vocab_rows);
+  EXPECT_DOUBLE_EQ(plan.stages[1].state.params, 2 * layer);
+  EXPECT_DOUBLE_EQ(plan.stages[3].state.params, 2 * layer + 64 + vocab_rows);
+  EXPECT_EQ(plan.micro_batches, 8);
+  EXPECT_EQ(plan.stages[0].in_flight, 4);
+  EXPECT_EQ(plan.stages[3].in_flight, 1);
+  in.shape.tied_embeddings = true;  // several stages: the last keeps its own copy (Megatron-LM)
+  EXPECT_DOUBLE_EQ(plan_layout(in, 2).stages[3].state.params, 2 * layer + 64 + vocab_rows);
+  in.pp = 1;
+  EXPECT_DOUBLE_EQ(plan_layout(in, 2).stages[0].state.params, 8 * layer + vocab_rows + 64);
+  EXPECT_DOUBLE_EQ(total_params(ModelShape{2, 64, 4, 2, 176, 256, 64, false}),
+                   2 * 256 * 64 + 64 + 2 * (8 * 16 * 64 + 64 * 64 + 2 * 176 * 64 + 64 * 176 + 2 * 64));
+}
+
+std::string error_of(const MemoryPlanInput& in) {
+  try {
+    validate(in);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(PlanMemory, InvalidLayoutsAreInputErrors) {
+  MemoryPlanInput in = shaped_input();
+  in.pp = 16;
+  EXPECT_EQ(error_of(in), "--pp 16 is larger than --layers 8: every pipeline stage needs at least one layer");
+  in = shaped_input();
+  in.dps = {3};
+  EXPECT_EQ(error_of(in), "--global-batch 16 is not divisible by DP 3 x --micro-batch 1 = 3");
+  in = shaped_input();
+  in.pp = 3;
+  EXPECT_NE(error_of(in).find("--pp (3) must divide --layers (8)"), std::string::npos);
+  in.stage_layers = {2, 3, 3};
+  EXPECT_EQ(error_of(in), "");
+  in.stage_layers = {2, 3, 2};
+  EXPECT_NE(error_of(in).find("adds up to 7"), std::string::npos);
+  in = shaped_input();
+  in.tp = 8;
+  EXPECT_NE(error_of(in).find("must divide --heads"), std::string::npos);
+  in = MemoryPlanInput{};
+  EXPECT_NE(error_of(in).find("give --params"), std::string::npos);
+}
+
+// ---- the FP64 trainer: prediction against the measured peak --------------------------------------------
+
+// The heap bytes one Trainer::step adds on top of what existed before the Trainer: its parameter copy,
+// Adam moments, and the step's gradients, activations and temporaries.
+double measured_step_peak(const Config& config) {
+  const PreparedRun run = prepare_run(config, RunOptions{});
+  auto backend = make_cpu_backend();
+  SingleProcessContext single;
+  const int64_t before = alloc_tracker::live_bytes();
+  alloc_tracker::reset_peak();
+  double peak = 0;
+  {
+    Trainer trainer(config, run.initial_params, *backend, single.context());
+    const StepRecord record = trainer.step(run.batches.front());
+    peak = static_cast<double>(alloc_tracker::peak_bytes() - before);
+  }
+  return peak;
+}
+
+// The prediction covers every buffer of the step with its exact size; what it leaves out is
+// bookkeeping (vector headers, parameter names, schedule lists: a few kB) and allocator headers, so
+// the measured peak is slightly above it. 5% leaves room for that on models of a few hundred kB while
+// catching any missed activation or temporary (the smallest, one [N] vector, is already ~1%).
+constexpr double kMeasuredMargin = 0.05;
+
+struct Variation {
+  const char* name;
+  void (*apply)(Config&);
+};
+
+TEST(PlanMemory, Fp64PredictionMatchesTheMeasuredPeak) {
+  const Variation variations[] = {
+      {"default config", [](Config&) {}},
+      {"T = 128, b = 1", [](Config& c) { c.model.seq_length = 128, c.train.micro_batch_size = 1; }},
+      {"h = 128, 8 heads, 4 KV heads, F = 352",
+       [](Config& c) { c.model.hidden_size = 128, c.model.num_heads = 8, c.model.num_kv_heads = 4,
+                       c.model.ffn_hidden_size = 352; }},
+      {"b = B = 4 (one micro-batch)", [](Config& c) { c.train.global_batch_size = 4, c.train.micro_batch_size = 4; }},
+      {"T = 32, b = 4, tied embeddings, 3 layers",
+       [](Config& c) { c.model.seq_length = 32, c.train.micro_batch_size = 4, c.model.tie_embeddings = true,
+                       c.model.num_layers = 3; }},
+  };
+  for (const Variation& v : variations) {
+    Config config;
+    config.train.steps = 1;
+    v.apply(config);
+    const StepPeakPrediction predicted = predict_single_process_step(config);
+    const double measured = measured_step_peak(config);
+    const double difference = (measured - predicted.total) / measured;
+    std::printf("%-42s predicted %12.0f  measured %12.0f  difference %+.3f%%  (peak at %s)\n", v.name,
+                predicted.total, measured, 100 * difference, predicted.stage.peak.name.c_str());
+    EXPECT_LE(std::abs(difference), kMeasuredMargin) << v.name;
+  }
+}
+
+TEST(PlanMemory, AllocationTrackerCountsEveryForm) {
+  const int64_t before = alloc_tracker::live_bytes();
+  alloc_tracker::reset_peak();
+  auto* one = new double(1.0);
+  auto* many = new double[100];
+  struct alignas(64) Wide {
+    double x[8];
+  };
+  auto* wide = new Wide;
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(wide) % 64, 0u);
+  EXPECT_EQ(alloc_tracker::live_bytes() - before, static_cast<int64_t>(8 + 800 + sizeof(Wide)));
+  delete wide;
+  delete[] many;
+  delete one;
+  EXPECT_EQ(alloc_tracker::live_bytes(), before);
+  EXPECT_EQ(alloc_tracker::peak_bytes() - before, static_cast<int64_t>(8 + 800 + sizeof(Wide)));
+}
+
+}  // namespace
+}  // namespace touchstone::plan

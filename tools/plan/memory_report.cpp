@@ -1,0 +1,129 @@
+// The printed report of `touchstone plan memory`.
+#include <algorithm>
+#include <cstdio>
+#include <ostream>
+
+#include "tools/plan/format.h"
+#include "tools/plan/memory_plan.h"
+
+namespace touchstone::plan {
+
+namespace {
+
+std::string activation_description(const MemoryPlanInput& in) {
+  switch (in.activations) {
+    case ActivationModel::kNone:
+      return "not computed (no layer shapes)";
+    case ActivationModel::kMegatron16Bit:
+      return "16-bit, Korthikanti et al. 2022, recomputation " + to_string(in.recompute) +
+             (in.sequence_parallel ? ", sequence parallel" : "");
+    case ActivationModel::kTouchstoneFp64:
+      return "Touchstone's FP64 trainer, replayed allocation by allocation" +
+             std::string(in.sequence_parallel ? ", sequence parallel" : "");
+  }
+  return "";
+}
+
+std::string fit_column(const MemoryPlanInput& in, double bytes) {
+  if (in.gpu_memory_gb <= 0) return "";
+  const double free_gb = in.gpu_memory_gb - bytes / 1e9;
+  return fixed(free_gb, 2) + (free_gb < 0 ? "  DOES NOT FIT" : "");
+}
+
+void print_state_table(const MemoryPlanInput& in, const std::vector<LayoutPlan>& plans, std::ostream& out) {
+  out << "\nModel state per GPU of the largest stage (GB = 1e9 bytes; before activations, communication "
+         "buffers and uneven stages):\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%6s %12s %9s %9s %9s %9s %9s %s\n", "DP", "bytes/param", "weights", "grads",
+                "master", "moments", "total", in.gpu_memory_gb > 0 ? ("  free of " + fixed(in.gpu_memory_gb, 0) + " GB").c_str() : "");
+  out << line;
+  for (const LayoutPlan& plan : plans) {
+    const ModelState& s = plan.largest().state;
+    std::snprintf(line, sizeof line, "%6lld %12s %9s %9s %9s %9s %9s  %s\n", static_cast<long long>(plan.dp),
+                  fixed(s.bytes_per_param(), 3).c_str(), gigabytes(s.weights).c_str(), gigabytes(s.grads).c_str(),
+                  gigabytes(s.master_weights + s.master_grads).c_str(), gigabytes(s.moments).c_str(),
+                  gigabytes(s.total()).c_str(), fit_column(in, s.total()).c_str());
+    out << line;
+  }
+  for (size_t i = 1; i < plans.size(); ++i) {
+    const double saved = plans[0].largest().state.total() - plans[i].largest().state.total();
+    out << "DP " << plans[i].dp << (saved >= 0 ? " leaves " : " takes ") << gigabytes(std::abs(saved))
+        << " GB per GPU " << (saved >= 0 ? "more" : "less") << " room than DP " << plans[0].dp << ".\n";
+  }
+}
+
+void print_stage_table(const MemoryPlanInput& in, const LayoutPlan& plan, std::ostream& out) {
+  out << "\nDP " << plan.dp << ": per GPU of each stage, GB";
+  if (plan.micro_batches > 0) out << " (" << plan.micro_batches << " micro-batches per replica per update)";
+  out << ":\n";
+  char line[512];
+  std::snprintf(line, sizeof line, "%6s %7s %11s %9s %7s %12s %9s %9s  %-14s %s\n", "stage", "layers", "params",
+                "state", "flight", "activations", "peak", "total", in.gpu_memory_gb > 0 ? "free" : "", "peak at");
+  out << line;
+  for (const StageMemory& s : plan.stages) {
+    std::snprintf(line, sizeof line, "%6lld %7lld %11s %9s %7lld %12s %9s %9s  %-14s %s\n",
+                  static_cast<long long>(s.stage), static_cast<long long>(s.layers), scientific(s.state.params).c_str(),
+                  gigabytes(s.state.total()).c_str(), static_cast<long long>(s.in_flight),
+                  gigabytes(s.activations).c_str(), gigabytes(s.peak.bytes).c_str(), gigabytes(s.total()).c_str(),
+                  fit_column(in, s.total()).c_str(), s.peak.name.c_str());
+    out << line;
+  }
+}
+
+void print_breakdown(const StageMemory& s, std::ostream& out) {
+  out << "\nStage " << s.stage << ": stored per micro-batch, layer " << s.first_layer << " (bytes):\n";
+  for (const NamedBytes& t : s.stored_per_layer) out << "  " << t.name << ": " << grouped(t.bytes) << "\n";
+  out << "Stage output and head (bytes):\n";
+  for (const NamedBytes& t : s.stored_head) out << "  " << t.name << ": " << grouped(t.bytes) << "\n";
+  out << "Peak: model state " << grouped(s.state.total()) << " + " << grouped(s.peak.bytes) << " at "
+      << s.peak.name << " = " << grouped(s.total()) << " bytes\n";
+}
+
+}  // namespace
+
+void print_memory_plan(const MemoryPlanInput& in, std::ostream& out) {
+  validate(in);
+  std::vector<LayoutPlan> plans;
+  for (int64_t dp : in.dps) plans.push_back(plan_layout(in, dp));
+  const double params = in.total_params > 0 ? in.total_params : total_params(in.shape);
+  out << "Memory plan: " << scientific(params) << " parameters" << (in.total_params > 0 ? " (given)" : "")
+      << ", TP " << in.tp << " x PP " << in.pp << ", recipe " << in.recipe.name << ", distributed optimizer "
+      << (in.distributed_optimizer ? "on" : "off") << "\n";
+  out << "  recipe " << in.recipe.name << ": " << in.recipe.description << "\n";
+  out << "  bytes per parameter: " << bytes_per_param_formula(in.recipe, in.distributed_optimizer);
+  if (in.distributed_optimizer) {
+    out << " (master weights, master grads and moments sharded over DP; "
+        << bytes_per_param_formula(in.recipe, false) << " without)";
+  }
+  out << "\n";
+  if (in.total_params > 0) {
+    out << "  parameters per GPU: " << scientific(plans[0].stages[0].state.params) << " = " << scientific(params)
+        << " / (TP " << in.tp << " x PP " << in.pp << "), every stage alike\n";
+  } else {
+    out << "  parameters per GPU: " << scientific(plans[0].largest().state.params) << " on the largest stage\n";
+  }
+  out << "  activations: " << activation_description(in) << "\n";
+  print_state_table(in, plans, out);
+  if (in.shape.known()) {
+    for (const LayoutPlan& plan : plans) print_stage_table(in, plan, out);
+  } else {
+    out << "Per-stage activations need the layer shapes (--layers, --hidden, --heads, --ffn, --vocab, "
+           "--seq-length).\n";
+  }
+  if (in.gpu_memory_gb <= 0) return;
+  for (const LayoutPlan& plan : plans) {
+    for (const StageMemory& s : plan.stages) {
+      if (s.total() / 1e9 <= in.gpu_memory_gb) continue;
+      out << "DOES NOT FIT: DP " << plan.dp << ", stage " << s.stage << " needs " << gigabytes(s.total())
+          << " GB of " << fixed(in.gpu_memory_gb, 0) << " GB\n";
+      if (!in.shape.known()) break;  // every stage alike
+    }
+  }
+}
+
+void print_memory_breakdown(const MemoryPlanInput& in, std::ostream& out) {
+  validate(in);
+  for (const StageMemory& s : plan_layout(in, in.dps.front()).stages) print_breakdown(s, out);
+}
+
+}  // namespace touchstone::plan
