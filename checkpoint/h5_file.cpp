@@ -388,6 +388,19 @@ std::vector<int64_t> H5Reader::read_i64(const std::string& path) const {
   return values;
 }
 
+std::string H5Reader::element_type(const std::string& path) const {
+  OpenDataset d = open_dataset(file_, path_, path);
+  const std::string bits = std::to_string(8 * H5Tget_size(d.type.get()));
+  switch (H5Tget_class(d.type.get())) {
+    case H5T_FLOAT:
+      return "float" + bits;
+    case H5T_INTEGER:
+      return (H5Tget_sign(d.type.get()) == H5T_SGN_NONE ? "uint" : "int") + bits;
+    default:
+      return "other";
+  }
+}
+
 std::vector<int32_t> H5Reader::read_i32(const std::string& path) const {
   const std::vector<int64_t> wide = read_i64(path);
   std::vector<int32_t> values(wide.size());
@@ -458,6 +471,12 @@ std::string H5Reader::string_attribute(const std::string& object_path, const std
     if (end != std::string::npos) buffer.resize(end);
   }
   return buffer;
+}
+
+bool H5Reader::has_attribute(const std::string& object_path, const std::string& name) const {
+  if (!exists(object_path)) return false;
+  Handle object(H5Oopen(file_, object_path.c_str(), H5P_DEFAULT), H5Oclose);
+  return object.valid() && H5Aexists(object.get(), name.c_str()) > 0;
 }
 
 int64_t H5Reader::int_attribute(const std::string& object_path, const std::string& name) const {

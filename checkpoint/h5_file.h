@@ -63,7 +63,12 @@ class H5Reader {
   std::vector<double> read_f64(const std::string& path) const;
   std::vector<int32_t> read_i32(const std::string& path) const;
   std::vector<int64_t> read_i64(const std::string& path) const;
+  // The stored element type, "float64", "float32", "float16", "int32", "uint8", ...: what a value was
+  // rounded to before it was converted for reading (touchstone diff measures ULPs on it).
+  std::string element_type(const std::string& path) const;
   std::string string_attribute(const std::string& object_path, const std::string& name) const;
+  // Whether an attribute is there, for optional attributes (a missing object answers false).
+  bool has_attribute(const std::string& object_path, const std::string& name) const;
   int64_t int_attribute(const std::string& object_path, const std::string& name) const;
 
   const std::string& path() const { return path_; }

@@ -9,6 +9,8 @@ namespace touchstone {
 
 double AttentionShape::scale() const { return 1.0 / std::sqrt(static_cast<double>(head_dim)); }
 
-std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
+  return std::make_unique<CpuBackend>(options);
+}
 
 }  // namespace touchstone

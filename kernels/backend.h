@@ -12,6 +12,8 @@
 #include <memory>
 #include <string>
 
+#include "kernels/precision.h"
+
 namespace touchstone {
 
 // Shape of one attention call. Heads are laid out [windows, heads, T, D] (head-major), so each
@@ -30,10 +32,28 @@ struct AdamWStep {
   int64_t step;  // 1-based update number, for bias correction
 };
 
+// What a tensor is, for the rounding that storing it implies (docs/precision.md).
+enum class TensorRole {
+  kComputeWeight,  // the copy of the weights the passes use: BF16 in BF16 mode
+  kActivation,     // activations and their gradients between operators: BF16 in BF16 mode
+  kState,          // main gradients, master weights, Adam moments: FP32 unless FP64
+};
+
+struct BackendOptions {
+  Precision precision = Precision::kFp64;
+  // BF16 only: true adds each micro-batch's FP32 weight-gradient GEMM result straight into the FP32
+  // main gradient (gradient-accumulation fusion); false first rounds it to BF16, as without fusion.
+  bool grad_accumulation_fusion = true;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  virtual const BackendOptions& options() const = 0;
+
+  // x[n] <- x stored as `role` in this backend's precision.
+  virtual void round(TensorRole role, double* x, int64_t n) = 0;
 
   // y[N,out] = x[N,in] @ W[out,in]^T
   virtual void linear_forward(const double* x, const double* weight, int64_t rows, int64_t in, int64_t out,
@@ -113,6 +133,6 @@ class Backend {
 };
 
 // The embedded default: plain C++ with OpenBLAS for the GEMMs.
-std::unique_ptr<Backend> make_cpu_backend();
+std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options = {});
 
 }  // namespace touchstone

@@ -14,7 +14,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ModelConfig, vocab_size, hidden_size, num_lay
                                    init_std)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DataConfig, source, eos_token, pad_token, eos_loss, document_masking)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TrainConfig, global_batch_size, micro_batch_size, steps, seed,
-                                   loss_normalization)
+                                   loss_normalization, grad_accumulation_fusion)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(EnvelopeConfig, k, floor)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OptimConfig, lr, min_lr, warmup_steps, decay_steps, beta1, beta2, eps,
                                    weight_decay, clip_grad)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ParallelConfig, tp, pp, dp, schedule, sequence_parallel, distributed_optimizer,
@@ -23,7 +24,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ParallelConfig, tp, pp, dp, schedule, sequenc
 nlohmann::json to_json(const Config& config) {
   return nlohmann::json{{"model", config.model},         {"data", config.data},
                         {"train", config.train},         {"optim", config.optim},
-                        {"parallel", config.parallel}, {"precision", config.precision}};
+                        {"parallel", config.parallel}, {"precision", config.precision},
+                        {"envelope", config.envelope}};
 }
 
 nlohmann::json default_config_json() { return to_json(Config{}); }
@@ -120,6 +122,7 @@ Config resolve_config(const nlohmann::json& file_json, const std::vector<std::st
   config.optim = resolved["optim"].get<OptimConfig>();
   config.parallel = resolved["parallel"].get<ParallelConfig>();
   config.precision = resolved["precision"].get<std::string>();
+  config.envelope = resolved["envelope"].get<EnvelopeConfig>();
   return config;
 }
 
@@ -221,7 +224,8 @@ void validate_config(const Config& c, int world_size) {
 
   require(c.precision == "fp64" || c.precision == "fp32" || c.precision == "bf16", "precision",
           "must be \"fp64\", \"fp32\" or \"bf16\" (got \"" + c.precision + "\")");
-  require(c.precision == "fp64", "precision", "\"" + c.precision + "\" is not available in this build (fp64 only)");
+  require(c.envelope.k >= 1, "envelope.k", "must be >= 1 (a tolerance below the measured error cannot pass)");
+  require(c.envelope.floor >= 0, "envelope.floor", "must be >= 0");
 }
 
 std::vector<int64_t> Config::stage_boundaries() const {

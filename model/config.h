@@ -41,6 +41,9 @@ struct TrainConfig {
   int64_t steps = 3;
   int64_t seed = 1234;
   std::string loss_normalization = "global_token_mean";  // or "per_microbatch_mean"
+  // BF16: add each micro-batch's FP32 weight gradient straight into the FP32 main gradient (true), or
+  // round it to BF16 first (false, as Megatron-LM without gradient-accumulation fusion).
+  bool grad_accumulation_fusion = true;
 };
 
 struct OptimConfig {
@@ -65,6 +68,12 @@ struct ParallelConfig {
   std::vector<int64_t> stage_layers;   // layers per pipeline stage; empty: num_layers / pp each
 };
 
+// The BF16 tolerance model of `touchstone golden --envelope`: tolerance = k x (BF16-vs-FP64 error) + floor.
+struct EnvelopeConfig {
+  double k = 4.0;
+  double floor = 1e-6;
+};
+
 struct Config {
   ModelConfig model;
   DataConfig data;
@@ -72,6 +81,7 @@ struct Config {
   OptimConfig optim;
   ParallelConfig parallel;
   std::string precision = "fp64";  // "fp64" | "fp32" | "bf16"
+  EnvelopeConfig envelope;
 
   int64_t num_micro_batches() const { return train.global_batch_size / train.micro_batch_size; }
   // The first layer of every pipeline stage, and num_layers at the end: [pp + 1].

@@ -2,6 +2,7 @@
 #include "oracle/run.h"
 
 #include <chrono>
+#include <functional>
 #include <cstdio>
 #include <fstream>
 #include <ostream>
@@ -16,6 +17,14 @@
 #include "parallel/trace.h"
 
 namespace touchstone {
+
+namespace {
+
+BackendOptions backend_options(const Config& config) {
+  return BackendOptions{parse_precision(config.precision), config.train.grad_accumulation_fusion};
+}
+
+}  // namespace
 
 PreparedRun prepare_run(const Config& config, const RunOptions& options, int world_size) {
   validate_config(config, world_size);
@@ -36,6 +45,13 @@ PreparedRun prepare_run(const Config& config, const RunOptions& options, int wor
   run.initial_params = options.init_from.empty()
                            ? init_parameters(table, m, static_cast<uint64_t>(config.train.seed))
                            : load_parameters(table, options.init_from, options.init_group);
+  // The initial weights as the optimizer stores them (FP32 master weights unless FP64), so that the
+  // golden file's /params/init is exactly where every precision's run starts.
+  auto backend = make_cpu_backend(backend_options(config));
+  for (auto& t : run.initial_params.tensors) backend->round(TensorRole::kState, t.data(), static_cast<int64_t>(t.size()));
+  if (options.envelope && config.precision == "fp64") {
+    throw InputError("--envelope measures a lower precision against FP64: set precision to bf16 or fp32");
+  }
   return run;
 }
 
@@ -80,66 +96,105 @@ std::vector<pipeline::TimelineEvent> gather_timeline(Trainer& trainer, const Par
 
 }  // namespace
 
-void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, std::ostream& out) {
+namespace {
+
+// The full tensors of one step on world rank 0 (empty elsewhere).
+struct StepOutputs {
+  StepRecord record;
+  ParamTensors grads, params;
+  AdamWState moments;
+};
+
+// Trains every step of `run` with `config` (which may differ from run.config in precision only) and
+// calls `on_step` after each on every rank.
+void run_steps(const PreparedRun& run, const Config& config, const RunOptions& options, Grid& grid,
+               std::ostream& out, const std::function<void(const StepOutputs&)>& on_step) {
   const ParallelContext context = context_of(grid);
   const bool writer_rank = grid.global_rank() == 0;
-  std::unique_ptr<TracePrinter> trace;
-  if (options.trace) {
-    trace = std::make_unique<TracePrinter>(out, grid);
-    grid.set_observer(trace->observer());
-  }
-  auto backend = make_cpu_backend();
-  Trainer trainer(run.config, run.initial_params, *backend, context);
-  std::unique_ptr<GoldenWriter> golden;
-  if (!options.golden_path.empty() && writer_rank) {
-    golden = std::make_unique<GoldenWriter>(options.golden_path, run.config, trainer.table(), run.batches,
-                                            run.initial_params, options.golden);
-  }
+  const bool outputs = !options.golden_path.empty();
+  auto backend = make_cpu_backend(backend_options(config));
+  Trainer trainer(config, run.initial_params, *backend, context);
   const auto steps = static_cast<int64_t>(run.batches.size());
   const auto start = std::chrono::steady_clock::now();
   int64_t tokens_done = 0;
   std::vector<pipeline::TimelineEvent> timeline;
   for (const GlobalBatch& batch : run.batches) {
     const auto step_start = std::chrono::steady_clock::now();
-    const StepRecord record = trainer.step(batch, !options.golden_path.empty());
+    StepOutputs step;
+    step.record = trainer.step(batch, outputs);
     const double step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     if (options.trace) timeline = gather_timeline(trainer, context);
-    if (!options.golden_path.empty()) {
-      context.set_phase(record.step, -1, "output");
-      const ParamTensors grads = gather_full_tensors(trainer.plan(), context, record.grads);
-      const ParamTensors params = gather_full_tensors(trainer.plan(), context, trainer.params());
-      AdamWState moments;
+    if (outputs) {
+      context.set_phase(step.record.step, -1, "output");
+      step.grads = gather_full_tensors(trainer.plan(), context, step.record.grads);
+      step.params = gather_full_tensors(trainer.plan(), context, trainer.params());
       if (options.golden.save_optimizer_state) {
         const AdamWState local = trainer.optimizer_moments();
-        moments.exp_avg = gather_full_tensors(trainer.plan(), context, local.exp_avg);
-        moments.exp_avg_sq = gather_full_tensors(trainer.plan(), context, local.exp_avg_sq);
+        step.moments.exp_avg = gather_full_tensors(trainer.plan(), context, local.exp_avg);
+        step.moments.exp_avg_sq = gather_full_tensors(trainer.plan(), context, local.exp_avg_sq);
       }
-      if (golden) golden->write_step(record, grads, params, &moments);
     }
+    on_step(step);
     tokens_done += real_tokens(batch);
     if (!writer_rank) continue;
+    const StepRecord& record = step.record;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     char line[256];
     std::snprintf(line, sizeof line,
-                  "step %lld/%lld | loss %.6f | loss tokens %lld | grad norm %.4e | lr %.4e | %.3f s | %.0f tok/s | ETA %s",
-                  static_cast<long long>(record.step), static_cast<long long>(steps), record.loss,
-                  static_cast<long long>(record.num_loss_tokens), record.grad_norm, record.lr, step_seconds,
-                  static_cast<double>(tokens_done) / elapsed,
+                  "step %lld/%lld | %s | loss %.6f | loss tokens %lld | grad norm %.4e | lr %.4e | %.3f s | %.0f tok/s | ETA %s",
+                  static_cast<long long>(record.step), static_cast<long long>(steps), config.precision.c_str(),
+                  record.loss, static_cast<long long>(record.num_loss_tokens), record.grad_norm, record.lr,
+                  step_seconds, static_cast<double>(tokens_done) / elapsed,
                   format_duration(elapsed / static_cast<double>(record.step) * static_cast<double>(steps - record.step))
                       .c_str());
     out << line << std::endl;
     if (options.trace) out << pipeline::render_timeline_text(timeline, static_cast<int>(grid.layout().pp)) << std::flush;
-  }
-  if (trace) {
-    grid.set_observer(nullptr);
-    trace->print_summary(out);
   }
   if (writer_rank && !options.timeline_svg.empty()) {
     std::ofstream svg(options.timeline_svg);
     svg << pipeline::render_timeline_svg(timeline, static_cast<int>(grid.layout().pp));
     out << "wrote " << options.timeline_svg << std::endl;
   }
+}
+
+}  // namespace
+
+void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, std::ostream& out) {
+  const bool writer_rank = grid.global_rank() == 0;
+  std::unique_ptr<TracePrinter> trace;
+  if (options.trace) {
+    trace = std::make_unique<TracePrinter>(out, grid);
+    grid.set_observer(trace->observer());
+  }
+  // With --envelope the low-precision run goes first; the golden values are the FP64 run's.
+  std::vector<StepOutputs> low_precision;
+  Config golden_config = run.config;
+  if (options.envelope) {
+    run_steps(run, run.config, options, grid, out, [&](const StepOutputs& step) {
+      if (writer_rank) low_precision.push_back(step);
+    });
+    golden_config.precision = "fp64";
+  }
+  const ParamTable table(golden_config.model);
+  std::unique_ptr<GoldenWriter> golden;
+  if (!options.golden_path.empty() && writer_rank) {
+    golden = std::make_unique<GoldenWriter>(options.golden_path, golden_config, table, run.batches,
+                                            run.initial_params, options.golden);
+  }
+  run_steps(run, golden_config, options, grid, out, [&](const StepOutputs& step) {
+    if (!golden) return;
+    golden->write_step(step.record, step.grads, step.params, &step.moments);
+    if (options.envelope) {
+      const StepOutputs& low = low_precision[static_cast<size_t>(step.record.step - 1)];
+      golden->write_envelope_step(low.record, low.grads, low.params, step.record, step.grads, step.params);
+    }
+  });
+  if (trace) {
+    grid.set_observer(nullptr);
+    trace->print_summary(out);
+  }
   if (golden) {
+    if (options.envelope) golden->write_tolerance_model(run.config);
     golden->commit();
     out << "wrote " << options.golden_path << std::endl;
   }

@@ -23,6 +23,7 @@ struct RunOptions {
   GoldenOptions golden;
   bool trace = false;                       // print every transfer and the pipeline timeline
   std::string timeline_svg;                 // write the last step's pipeline timeline here (rank 0)
+  bool envelope = false;                    // also run FP64 and record the error envelope (golden)
 };
 
 struct PreparedRun {

@@ -9,7 +9,15 @@
 namespace touchstone {
 
 namespace {
+
 constexpr int kTokenLossTag = 1 << 20;  // world-group tag of the token-loss gather
+
+// The optimizer's copy of the weights: FP32 master weights unless FP64.
+ParamTensors master_weights(ParamTensors params, Backend& backend) {
+  for (auto& t : params.tensors) backend.round(TensorRole::kState, t.data(), static_cast<int64_t>(t.size()));
+  return params;
+}
+
 }  // namespace
 
 LossNormalization parse_loss_normalization(const std::string& name) {
@@ -67,9 +75,9 @@ Trainer::Trainer(const Config& config, const ParamTensors& full_initial_params, 
       context_(context),
       table_(config.model),
       plan_(table_, config, context.tp.rank(), context.tp.size(), context.stage()),
-      region_(context.tp, config.parallel.sequence_parallel),
+      region_(context.tp, config.parallel.sequence_parallel, backend),
       model_(config.model, config.data.document_masking, table_, backend, region_, plan_.stage_range()),
-      params_(plan_.shard(full_initial_params)),
+      params_(master_weights(plan_.shard(full_initial_params), backend)),
       optimizer_(std::make_unique<DataParallelOptimizer>(plan_, config.optim, config.parallel.distributed_optimizer,
                                                          context, backend, params_)),
       timeline_(context.stage()) {}
@@ -82,12 +90,14 @@ void Trainer::finalize_grads(ParamTensors& grads) const {
       if (table_[id].sharding != Sharding::kReplicated) continue;
       context_.tp.all_reduce_sum(grads[id].data(), static_cast<int64_t>(grads[id].size()),
                                  plan_.local_shape(id));
+      backend_.round(TensorRole::kState, grads[id].data(), static_cast<int64_t>(grads[id].size()));
     }
   }
   // A tied embedding lives on the first and the last stage; both copies get the sum of both uses.
   if (config_.model.tie_embeddings && context_.pp.size() > 1 && plan_.holds(table_.embedding())) {
     std::vector<double>& g = grads[table_.embedding()];
     context_.embedding.all_reduce_sum(g.data(), static_cast<int64_t>(g.size()), plan_.local_shape(table_.embedding()));
+    backend_.round(TensorRole::kState, g.data(), static_cast<int64_t>(g.size()));
   }
 }
 
@@ -121,7 +131,7 @@ std::vector<double> Trainer::gather_token_losses(const GlobalBatch& batch,
   return all;
 }
 
-StepRecord Trainer::step(const GlobalBatch& batch, bool want_full_grads) {
+StepRecord Trainer::step(const GlobalBatch& batch, bool collect_outputs) {
   StepRecord record;
   record.step = ++steps_done_;
   const int64_t mbs = config_.train.micro_batch_size;
@@ -137,9 +147,12 @@ StepRecord Trainer::step(const GlobalBatch& batch, bool want_full_grads) {
   std::vector<MicroBatch> micro_batches;
   for (int64_t start : starts) micro_batches.push_back(batch.micro_batch(start, mbs));
   record.grads = plan_.zeros();
+  // The weights the passes use: the BF16 copy of the FP32 master weights in BF16 mode.
+  ParamTensors compute_weights = params_;
+  for (auto& t : compute_weights.tensors) backend_.round(TensorRole::kComputeWeight, t.data(), static_cast<int64_t>(t.size()));
   timeline_.reset_origin();
   const PipelineResult run = run_pipeline(
-      config_.parallel.schedule, model_, params_, micro_batches,
+      config_.parallel.schedule, model_, compute_weights, micro_batches,
       loss_weights(batch, starts, mbs, loss_tokens, parse_loss_normalization(config_.train.loss_normalization)),
       context_, record.step, true, record.grads, &timeline_);
 
@@ -147,12 +160,12 @@ StepRecord Trainer::step(const GlobalBatch& batch, bool want_full_grads) {
   context_.set_phase(record.step, -1, "loss");
   record.loss = context_.last_stage() && context_.tp.rank() == 0 ? run.weighted_loss : 0.0;
   context_.world.all_reduce_sum(&record.loss, 1, {1});
-  record.token_losses = gather_token_losses(batch, run.token_losses);
+  if (collect_outputs) record.token_losses = gather_token_losses(batch, run.token_losses);
 
   context_.set_phase(record.step, -1, "grads");
   finalize_grads(record.grads);
   context_.set_phase(record.step, -1, "optimizer");
-  const UpdateResult update = optimizer_->step(record.step, record.grads, params_, want_full_grads);
+  const UpdateResult update = optimizer_->step(record.step, record.grads, params_, collect_outputs);
   record.grad_norm = update.grad_norm;
   record.clip_coefficient = update.clip_coefficient;
   record.lr = update.lr;

@@ -54,7 +54,7 @@ struct StepRecord {
   int64_t step = 0;             // 1-based update number
   double loss = 0.0;            // the objective (every rank)
   int64_t num_loss_tokens = 0;  // whole global batch (every rank)
-  std::vector<double> token_losses;  // [B*T], on world rank 0 only
+  std::vector<double> token_losses;  // [B*T], on world rank 0 only, when outputs are collected
   ParamTensors grads;           // this rank's shards, summed over dp, before clipping
   double grad_norm = 0.0;       // before clipping
   double clip_coefficient = 1.0;
@@ -69,8 +69,9 @@ class Trainer {
   Trainer(const Trainer&) = delete;  // members refer to each other
   Trainer& operator=(const Trainer&) = delete;
 
-  // `want_full_grads`: keep the whole dp-summed gradient on every replica (needed only for outputs).
-  StepRecord step(const GlobalBatch& batch, bool want_full_grads = true);
+  // `collect_outputs`: gather the token losses to world rank 0 and keep the whole dp-summed gradient
+  // on every replica, for golden files; a plain training step does neither.
+  StepRecord step(const GlobalBatch& batch, bool collect_outputs = true);
 
   const ParamTable& table() const { return table_; }
   const ShardPlan& plan() const { return plan_; }

@@ -5,8 +5,11 @@
 // Reductions are deterministic by construction and give the same bits on every rank:
 // reduce_scatter_sum exchanges chunks with an all-to-all and each rank adds the n contributions to
 // its chunk in rank order 0..n-1; all_reduce_sum is reduce_scatter_sum followed by all_gather (the
-// ring decomposition, without the ring's order dependence). A result therefore depends only on the
-// group's size and the inputs, never on timing or on which rank computed it.
+// ring decomposition, without the ring's order dependence), on the buffer padded with zeros to a
+// multiple of the group size. A result therefore depends only on the group's size and the inputs,
+// never on timing or on which rank computed it. all_reduce_max is exact; it orders +0 above -0 and
+// any NaN above everything (returned as one quiet NaN), so those too come out the same on every rank.
+// Integer sums are exact.
 //
 // Every call takes the logical shape of the buffer for the trace; `count` is the element count.
 //
@@ -100,8 +103,10 @@ class ProcessGroup {
   virtual void broadcast(double* data, int64_t count, int root, const Shape& shape) = 0;
   // recv[size * count]: chunk r of every rank's send goes to rank r (chunks in rank order).
   virtual void all_to_all(const double* send, double* recv, int64_t count, const Shape& shape) = 0;
-  // Point to point within the group; `tag` distinguishes transfers between the same pair of ranks.
-  // send does not wait for the receiver (the data is copied); recv blocks until the data arrives.
+  // Point to point within the group (`peer` is a group rank); `tag` distinguishes transfers between
+  // the same pair of ranks, so they may be received in any order; with equal tags they arrive in
+  // send order. send does not wait for the receiver (the data is copied); recv blocks until the data
+  // arrives and throws if it holds a different number of elements.
   virtual void send(const double* data, int64_t count, int peer, int tag, const Shape& shape) = 0;
   virtual void recv(double* data, int64_t count, int peer, int tag, const Shape& shape) = 0;
   // Waits until every send of this group has been delivered. Not a transfer: it records nothing.

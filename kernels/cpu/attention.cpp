@@ -3,37 +3,65 @@
 // Per (window b, query head h, its KV head g):  S = Q_h K_g^T * scale  [T,T]
 //   P = masked row softmax of S (a masked entry is exactly 0)        [T,T], kept for backward
 //   O_h = P V_g                                                      [T,D], written into out[N, NH*D]
-#include <cblas.h>
-
+// In FP32 and BF16 modes the scores, the softmax and its backward are FP32; as in flash attention,
+// the BF16 mode feeds P and dS to the following GEMMs in BF16, and stores O, dQ, dK, dV in BF16.
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/gemm.h"
 
 namespace touchstone {
 
 namespace {
 
-int blas_int(int64_t value) { return static_cast<int>(value); }
+using cpu::Store;
+
+cpu::RoundTo scores_format(Precision p) { return p == Precision::kFp64 ? cpu::RoundTo::kNone : cpu::RoundTo::kFp32; }
+cpu::RoundTo activation_format(Precision p) {
+  return p == Precision::kBf16 ? cpu::RoundTo::kBf16 : p == Precision::kFp32 ? cpu::RoundTo::kFp32 : cpu::RoundTo::kNone;
+}
 
 // Row-wise softmax of scores[T,T] in place, over the keys query i may attend to.
+template <typename T>
 void masked_softmax(double* scores, const int32_t* document_ids, bool document_masking, int64_t seq) {
+  std::vector<T> e(static_cast<size_t>(seq));  // one row of exp(s - max)
   for (int64_t i = 0; i < seq; ++i) {
     double* row = scores + i * seq;
     auto visible = [&](int64_t j) { return j <= i && (!document_masking || document_ids[j] == document_ids[i]); };
-    double row_max = -std::numeric_limits<double>::infinity();
+    T row_max = -std::numeric_limits<T>::infinity();
     for (int64_t j = 0; j <= i; ++j) {
-      if (visible(j) && row[j] > row_max) row_max = row[j];
+      if (visible(j) && static_cast<T>(row[j]) > row_max) row_max = static_cast<T>(row[j]);
     }
-    double sum = 0.0;
+    T sum = 0;
     for (int64_t j = 0; j < seq; ++j) {
-      row[j] = visible(j) ? std::exp(row[j] - row_max) : 0.0;
-      sum += row[j];
+      e[static_cast<size_t>(j)] = visible(j) ? std::exp(static_cast<T>(row[j]) - row_max) : T(0);
+      sum += e[static_cast<size_t>(j)];
     }
     // Query i always sees itself (j = i), so sum >= 1.
-    for (int64_t j = 0; j <= i; ++j) row[j] /= sum;
+    for (int64_t j = 0; j < seq; ++j) row[j] = static_cast<double>(e[static_cast<size_t>(j)] / sum);
   }
+}
+
+// Softmax backward in place: dS = P * (dP - sum_j P dP); masked entries have P = 0, so dS = 0 there.
+template <typename T>
+void softmax_backward(const double* p, double* ds, int64_t seq) {
+  for (int64_t i = 0; i < seq; ++i) {
+    T dot = 0;
+    for (int64_t j = 0; j <= i; ++j) dot += static_cast<T>(p[i * seq + j]) * static_cast<T>(ds[i * seq + j]);
+    for (int64_t j = 0; j < seq; ++j) {
+      ds[i * seq + j] = static_cast<double>(static_cast<T>(p[i * seq + j]) * (static_cast<T>(ds[i * seq + j]) - dot));
+    }
+  }
+}
+
+// The copy of P (or dS) a BF16 GEMM reads; the FP32 values themselves otherwise.
+const double* gemm_input(const double* m, int64_t n, Precision p, std::vector<double>& scratch) {
+  if (p != Precision::kBf16) return m;
+  scratch.assign(m, m + n);
+  for (double& v : scratch) v = round_to_bf16(v);
+  return scratch.data();
 }
 
 }  // namespace
@@ -42,19 +70,24 @@ void CpuBackend::attention_forward(const double* q, const double* k, const doubl
                                    bool document_masking, const AttentionShape& s, double* out, double* probs) {
   const int64_t T = s.seq, D = s.head_dim, queries_per_group = s.num_heads / s.num_kv_heads;
   const int64_t out_width = s.num_heads * D;
+  std::vector<double> scratch;
   for (int64_t b = 0; b < s.windows; ++b) {
     for (int64_t h = 0; h < s.num_heads; ++h) {
       const int64_t g = h / queries_per_group;
-      const double* qh = q + (b * s.num_heads + h) * T * D;  // [T,D]
+      const double* qh = q + (b * s.num_heads + h) * T * D;     // [T,D]
       const double* kg = k + (b * s.num_kv_heads + g) * T * D;  // [T,D]
       const double* vg = v + (b * s.num_kv_heads + g) * T * D;  // [T,D]
       double* p = probs + (b * s.num_heads + h) * T * T;        // [T,T]
-      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(T), blas_int(T), blas_int(D), s.scale(), qh,
-                  blas_int(D), kg, blas_int(D), 0.0, p, blas_int(T));
-      masked_softmax(p, document_ids + b * T, document_masking, T);
+      cpu::gemm(precision(), scores_format(precision()), false, true, T, T, D, s.scale(), qh, D, kg, D,
+                Store::kOverwrite, p, T);
+      if (precision() == Precision::kFp64) {
+        masked_softmax<double>(p, document_ids + b * T, document_masking, T);
+      } else {
+        masked_softmax<float>(p, document_ids + b * T, document_masking, T);
+      }
       double* oh = out + b * T * out_width + h * D;  // [T,D] with row stride NH*D
-      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(T), blas_int(D), blas_int(T), 1.0, p,
-                  blas_int(T), vg, blas_int(D), 0.0, oh, blas_int(out_width));
+      cpu::gemm(precision(), activation_format(precision()), false, false, T, D, T, 1.0,
+                gemm_input(p, T * T, precision(), scratch), T, vg, D, Store::kOverwrite, oh, out_width);
     }
   }
 }
@@ -66,7 +99,9 @@ void CpuBackend::attention_backward(const double* dout, const double* q, const d
   const int64_t out_width = s.num_heads * D;
   const int64_t kv_elements = s.windows * s.num_kv_heads * T * D;
   for (int64_t i = 0; i < kv_elements; ++i) dk[i] = dv[i] = 0.0;  // summed over the heads of a group
+  const cpu::RoundTo accumulate = scores_format(precision());      // FP32 unless FP64, then stored once
   std::vector<double> dscores(static_cast<size_t>(T * T));          // [T,T]
+  std::vector<double> scratch;
   for (int64_t b = 0; b < s.windows; ++b) {
     for (int64_t h = 0; h < s.num_heads; ++h) {
       const int64_t g = h / queries_per_group;
@@ -79,24 +114,26 @@ void CpuBackend::attention_backward(const double* dout, const double* q, const d
       double* dkg = dk + (b * s.num_kv_heads + g) * T * D;
       double* dvg = dv + (b * s.num_kv_heads + g) * T * D;
       // dV_g += P^T dO_h;  dP = dO_h V_g^T
-      cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(T), blas_int(D), blas_int(T), 1.0, p,
-                  blas_int(T), doh, blas_int(out_width), 1.0, dvg, blas_int(D));
+      cpu::gemm(precision(), accumulate, true, false, T, D, T, 1.0, gemm_input(p, T * T, precision(), scratch), T,
+                doh, out_width, Store::kAccumulate, dvg, D);
       double* ds = dscores.data();
-      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(T), blas_int(T), blas_int(D), 1.0, doh,
-                  blas_int(out_width), vg, blas_int(D), 0.0, ds, blas_int(T));
-      // Softmax backward: dS = P * (dP - sum_j P dP); masked entries have P = 0, so dS = 0 there.
-      for (int64_t i = 0; i < T; ++i) {
-        double dot = 0.0;
-        for (int64_t j = 0; j <= i; ++j) dot += p[i * T + j] * ds[i * T + j];
-        for (int64_t j = 0; j < T; ++j) ds[i * T + j] = p[i * T + j] * (ds[i * T + j] - dot);
+      cpu::gemm(precision(), scores_format(precision()), false, true, T, T, D, 1.0, doh, out_width, vg, D,
+                Store::kOverwrite, ds, T);
+      if (precision() == Precision::kFp64) {
+        softmax_backward<double>(p, ds, T);
+      } else {
+        softmax_backward<float>(p, ds, T);
       }
       // dQ_h = dS K_g * scale;  dK_g += dS^T Q_h * scale
-      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(T), blas_int(D), blas_int(T), s.scale(), ds,
-                  blas_int(T), kg, blas_int(D), 0.0, dqh, blas_int(D));
-      cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(T), blas_int(D), blas_int(T), s.scale(), ds,
-                  blas_int(T), qh, blas_int(D), 1.0, dkg, blas_int(D));
+      const double* ds_in = gemm_input(ds, T * T, precision(), scratch);
+      cpu::gemm(precision(), activation_format(precision()), false, false, T, D, T, s.scale(), ds_in, T, kg, D,
+                Store::kOverwrite, dqh, D);
+      cpu::gemm(precision(), accumulate, true, false, T, D, T, s.scale(), ds_in, T, qh, D, Store::kAccumulate, dkg,
+                D);
     }
   }
+  round(TensorRole::kActivation, dk, kv_elements);
+  round(TensorRole::kActivation, dv, kv_elements);
 }
 
 }  // namespace touchstone

@@ -2,12 +2,16 @@
 #pragma once
 
 #include "kernels/backend.h"
+#include "kernels/cpu/rounding.h"
 
 namespace touchstone {
 
 class CpuBackend final : public Backend {
  public:
+  explicit CpuBackend(const BackendOptions& options) : options_(options), rounding_{options.precision} {}
   std::string name() const override { return "cpu"; }
+  const BackendOptions& options() const override { return options_; }
+  void round(TensorRole role, double* x, int64_t n) override;
 
   // kernels/cpu/linear.cpp
   void linear_forward(const double* x, const double* weight, int64_t rows, int64_t in, int64_t out,
@@ -52,6 +56,11 @@ class CpuBackend final : public Backend {
                               double loss_weight, double* dlogits) override;
   void adamw_update(double* param, const double* grad, double* exp_avg, double* exp_avg_sq, int64_t n,
                     const AdamWStep& step) override;
+
+ private:
+  Precision precision() const { return options_.precision; }
+  BackendOptions options_;
+  cpu::Rounding rounding_;
 };
 
 }  // namespace touchstone

@@ -1,29 +1,50 @@
-// CPU linear layers (OpenBLAS DGEMM), embedding lookup and the residual add.
-#include <cblas.h>
-
+// CPU linear layers, embedding lookup, the residual add, and storage rounding.
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/gemm.h"
+
+#include <vector>
 
 namespace touchstone {
 
 namespace {
-int blas_int(int64_t value) { return static_cast<int>(value); }
+
+cpu::RoundTo activation_format(Precision p) {
+  return p == Precision::kBf16 ? cpu::RoundTo::kBf16 : p == Precision::kFp32 ? cpu::RoundTo::kFp32 : cpu::RoundTo::kNone;
+}
+
 }  // namespace
+
+void CpuBackend::round(TensorRole role, double* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = role == TensorRole::kState ? rounding_.state(x[i])
+           : role == TensorRole::kComputeWeight ? rounding_.weight(x[i])
+                                                : rounding_.activation(x[i]);
+  }
+}
 
 void CpuBackend::linear_forward(const double* x, const double* weight, int64_t rows, int64_t in, int64_t out,
                                 double* y) {
   // y[N,out] = x[N,in] @ W[out,in]^T
-  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(rows), blas_int(out), blas_int(in), 1.0, x,
-              blas_int(in), weight, blas_int(in), 0.0, y, blas_int(out));
+  cpu::gemm(precision(), activation_format(precision()), false, true, rows, out, in, 1.0, x, in, weight, in,
+            cpu::Store::kOverwrite, y, out);
 }
 
 void CpuBackend::linear_backward(const double* dy, const double* x, const double* weight, int64_t rows,
                                  int64_t in, int64_t out, double* dx, double* dweight_accum) {
   // dx[N,in] = dy[N,out] @ W[out,in]
-  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(rows), blas_int(in), blas_int(out), 1.0, dy,
-              blas_int(out), weight, blas_int(in), 0.0, dx, blas_int(in));
-  // dW[out,in] += dy[N,out]^T @ x[N,in]
-  cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(out), blas_int(in), blas_int(rows), 1.0, dy,
-              blas_int(out), x, blas_int(in), 1.0, dweight_accum, blas_int(in));
+  cpu::gemm(precision(), activation_format(precision()), false, false, rows, in, out, 1.0, dy, out, weight, in,
+            cpu::Store::kOverwrite, dx, in);
+  // dW[out,in] += dy[N,out]^T @ x[N,in], into the main gradient (FP32 unless FP64). Without
+  // gradient-accumulation fusion a BF16 run first stores this micro-batch's result in BF16.
+  if (precision() == Precision::kBf16 && !options_.grad_accumulation_fusion) {
+    std::vector<double> micro(static_cast<size_t>(out * in));
+    cpu::gemm(precision(), cpu::RoundTo::kBf16, true, false, out, in, rows, 1.0, dy, out, x, in,
+              cpu::Store::kOverwrite, micro.data(), in);
+    for (int64_t i = 0; i < out * in; ++i) dweight_accum[i] = rounding_.state(dweight_accum[i] + micro[static_cast<size_t>(i)]);
+    return;
+  }
+  cpu::gemm(precision(), precision() == Precision::kFp64 ? cpu::RoundTo::kNone : cpu::RoundTo::kFp32, true, false,
+            out, in, rows, 1.0, dy, out, x, in, cpu::Store::kAccumulate, dweight_accum, in);
 }
 
 void CpuBackend::embedding_forward(const int32_t* tokens, const double* table, int64_t rows, int64_t hidden,
@@ -41,12 +62,15 @@ void CpuBackend::embedding_backward(const int32_t* tokens, const double* dy, int
   for (int64_t n = 0; n < rows; ++n) {
     const int64_t local = static_cast<int64_t>(tokens[n]) - vocab_start;
     if (local < 0 || local >= vocab_local) continue;
-    for (int64_t i = 0; i < hidden; ++i) dtable_accum[local * hidden + i] += dy[n * hidden + i];
+    for (int64_t i = 0; i < hidden; ++i) {
+      double& g = dtable_accum[local * hidden + i];
+      g = rounding_.state(g + dy[n * hidden + i]);
+    }
   }
 }
 
 void CpuBackend::add_inplace(double* x, const double* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+  for (int64_t i = 0; i < n; ++i) x[i] = rounding_.activation(x[i] + y[i]);
 }
 
 }  // namespace touchstone

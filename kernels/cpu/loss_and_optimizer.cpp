@@ -1,4 +1,5 @@
-// CPU cross entropy (forward and backward) and the AdamW update.
+// CPU cross entropy (forward and backward) and the AdamW update. Both compute in T: double in FP64
+// mode, float otherwise (cross entropy upcasts BF16 logits to FP32; AdamW keeps FP32 state).
 #include <algorithm>
 #include <cmath>
 
@@ -7,41 +8,47 @@
 namespace touchstone {
 
 namespace {
-constexpr int32_t kIgnoreIndex = -100;
-}  // namespace
 
-void CpuBackend::logits_row_max(const double* logits, int64_t rows, int64_t vocab_local, double* row_max) {
+constexpr int32_t kIgnoreIndex = -100;
+
+template <typename T>
+void row_max_impl(const double* logits, int64_t rows, int64_t vocab_local, double* row_max) {
   for (int64_t n = 0; n < rows; ++n) {
     const double* row = logits + n * vocab_local;
-    double m = row[0];
-    for (int64_t i = 1; i < vocab_local; ++i) m = std::max(m, row[i]);
-    row_max[n] = m;
+    T m = static_cast<T>(row[0]);
+    for (int64_t i = 1; i < vocab_local; ++i) m = std::max(m, static_cast<T>(row[i]));
+    row_max[n] = static_cast<double>(m);
   }
 }
 
-void CpuBackend::cross_entropy_partials(const double* logits, const int32_t* targets, int64_t rows,
-                                        int64_t vocab_local, int64_t vocab_start, const double* row_max,
-                                        double* sum_exp, double* target_logit) {
+template <typename T>
+void partials_impl(const double* logits, const int32_t* targets, int64_t rows, int64_t vocab_local,
+                   int64_t vocab_start, const double* row_max, double* sum_exp, double* target_logit) {
   for (int64_t n = 0; n < rows; ++n) {
     const double* row = logits + n * vocab_local;
-    double sum = 0.0;
-    for (int64_t i = 0; i < vocab_local; ++i) sum += std::exp(row[i] - row_max[n]);
-    sum_exp[n] = sum;
+    T sum = 0;
+    for (int64_t i = 0; i < vocab_local; ++i) sum += std::exp(static_cast<T>(row[i]) - static_cast<T>(row_max[n]));
+    sum_exp[n] = static_cast<double>(sum);
     const int64_t local = static_cast<int64_t>(targets[n]) - vocab_start;
     target_logit[n] = targets[n] != kIgnoreIndex && local >= 0 && local < vocab_local ? row[local] : 0.0;
   }
 }
 
-void CpuBackend::cross_entropy_loss(const double* row_max, const double* sum_exp, const double* target_logit,
-                                    const int32_t* targets, int64_t rows, double* losses) {
+template <typename T>
+void loss_impl(const double* row_max, const double* sum_exp, const double* target_logit, const int32_t* targets,
+               int64_t rows, double* losses) {
   for (int64_t n = 0; n < rows; ++n) {
-    losses[n] = targets[n] == kIgnoreIndex ? 0.0 : std::log(sum_exp[n]) + row_max[n] - target_logit[n];
+    losses[n] = targets[n] == kIgnoreIndex
+                    ? 0.0
+                    : static_cast<double>(std::log(static_cast<T>(sum_exp[n])) + static_cast<T>(row_max[n]) -
+                                          static_cast<T>(target_logit[n]));
   }
 }
 
-void CpuBackend::cross_entropy_backward(const double* logits, const int32_t* targets, int64_t rows,
-                                        int64_t vocab_local, int64_t vocab_start, const double* row_max,
-                                        const double* sum_exp, double loss_weight, double* dlogits) {
+template <typename T>
+void ce_backward_impl(const double* logits, const int32_t* targets, int64_t rows, int64_t vocab_local,
+                      int64_t vocab_start, const double* row_max, const double* sum_exp, double loss_weight,
+                      double* dlogits, const cpu::Rounding& r) {
   for (int64_t n = 0; n < rows; ++n) {
     const double* row = logits + n * vocab_local;
     double* drow = dlogits + n * vocab_local;
@@ -49,22 +56,82 @@ void CpuBackend::cross_entropy_backward(const double* logits, const int32_t* tar
       for (int64_t i = 0; i < vocab_local; ++i) drow[i] = 0.0;
       continue;
     }
-    for (int64_t i = 0; i < vocab_local; ++i) drow[i] = loss_weight * std::exp(row[i] - row_max[n]) / sum_exp[n];
+    const auto w = static_cast<T>(loss_weight), m = static_cast<T>(row_max[n]), z = static_cast<T>(sum_exp[n]);
     const int64_t local = static_cast<int64_t>(targets[n]) - vocab_start;
-    if (local >= 0 && local < vocab_local) drow[local] -= loss_weight;
+    for (int64_t i = 0; i < vocab_local; ++i) {
+      T d = w * std::exp(static_cast<T>(row[i]) - m) / z;
+      if (i == local) d -= w;
+      drow[i] = r.activation(static_cast<double>(d));
+    }
+  }
+}
+
+template <typename T>
+void adamw_impl(double* param, const double* grad, double* exp_avg, double* exp_avg_sq, int64_t n, const AdamWStep& s) {
+  const auto b1 = static_cast<T>(s.beta1), b2 = static_cast<T>(s.beta2), lr = static_cast<T>(s.lr);
+  const auto eps = static_cast<T>(s.eps), wd = static_cast<T>(s.weight_decay);
+  const auto step = static_cast<double>(s.step);
+  const auto bias_correction1 = static_cast<T>(1.0 - std::pow(s.beta1, step));
+  const auto bias_correction2 = static_cast<T>(1.0 - std::pow(s.beta2, step));
+  for (int64_t i = 0; i < n; ++i) {
+    const auto g = static_cast<T>(grad[i]);
+    const T m = b1 * static_cast<T>(exp_avg[i]) + (T(1) - b1) * g;
+    const T v = b2 * static_cast<T>(exp_avg_sq[i]) + (T(1) - b2) * g * g;
+    T p = static_cast<T>(param[i]) * (T(1) - lr * wd);
+    p -= lr * (m / bias_correction1) / (std::sqrt(v / bias_correction2) + eps);
+    exp_avg[i] = static_cast<double>(m);
+    exp_avg_sq[i] = static_cast<double>(v);
+    param[i] = static_cast<double>(p);
+  }
+}
+
+}  // namespace
+
+void CpuBackend::logits_row_max(const double* logits, int64_t rows, int64_t vocab_local, double* row_max) {
+  if (precision() == Precision::kFp64) {
+    row_max_impl<double>(logits, rows, vocab_local, row_max);
+  } else {
+    row_max_impl<float>(logits, rows, vocab_local, row_max);
+  }
+}
+
+void CpuBackend::cross_entropy_partials(const double* logits, const int32_t* targets, int64_t rows,
+                                        int64_t vocab_local, int64_t vocab_start, const double* row_max,
+                                        double* sum_exp, double* target_logit) {
+  if (precision() == Precision::kFp64) {
+    partials_impl<double>(logits, targets, rows, vocab_local, vocab_start, row_max, sum_exp, target_logit);
+  } else {
+    partials_impl<float>(logits, targets, rows, vocab_local, vocab_start, row_max, sum_exp, target_logit);
+  }
+}
+
+void CpuBackend::cross_entropy_loss(const double* row_max, const double* sum_exp, const double* target_logit,
+                                    const int32_t* targets, int64_t rows, double* losses) {
+  if (precision() == Precision::kFp64) {
+    loss_impl<double>(row_max, sum_exp, target_logit, targets, rows, losses);
+  } else {
+    loss_impl<float>(row_max, sum_exp, target_logit, targets, rows, losses);
+  }
+}
+
+void CpuBackend::cross_entropy_backward(const double* logits, const int32_t* targets, int64_t rows,
+                                        int64_t vocab_local, int64_t vocab_start, const double* row_max,
+                                        const double* sum_exp, double loss_weight, double* dlogits) {
+  if (precision() == Precision::kFp64) {
+    ce_backward_impl<double>(logits, targets, rows, vocab_local, vocab_start, row_max, sum_exp, loss_weight, dlogits,
+                             rounding_);
+  } else {
+    ce_backward_impl<float>(logits, targets, rows, vocab_local, vocab_start, row_max, sum_exp, loss_weight, dlogits,
+                            rounding_);
   }
 }
 
 void CpuBackend::adamw_update(double* param, const double* grad, double* exp_avg, double* exp_avg_sq, int64_t n,
                               const AdamWStep& s) {
-  const double step = static_cast<double>(s.step);
-  const double bias_correction1 = 1.0 - std::pow(s.beta1, step);
-  const double bias_correction2 = 1.0 - std::pow(s.beta2, step);
-  for (int64_t i = 0; i < n; ++i) {
-    exp_avg[i] = s.beta1 * exp_avg[i] + (1.0 - s.beta1) * grad[i];
-    exp_avg_sq[i] = s.beta2 * exp_avg_sq[i] + (1.0 - s.beta2) * grad[i] * grad[i];
-    param[i] *= 1.0 - s.lr * s.weight_decay;
-    param[i] -= s.lr * (exp_avg[i] / bias_correction1) / (std::sqrt(exp_avg_sq[i] / bias_correction2) + s.eps);
+  if (precision() == Precision::kFp64) {
+    adamw_impl<double>(param, grad, exp_avg, exp_avg_sq, n, s);
+  } else {
+    adamw_impl<float>(param, grad, exp_avg, exp_avg_sq, n, s);
   }
 }
 

@@ -6,34 +6,64 @@
 namespace touchstone {
 
 // ---- RMSNorm: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps) -------------------------------------
+// Statistics in T (FP32 unless FP64); outputs stored as activations, the weight gradient as state.
+
+namespace {
+
+template <typename T>
+void rmsnorm_forward_impl(const double* x, const double* weight, int64_t rows, int64_t hidden, double eps,
+                          double* y, double* rstd, const cpu::Rounding& r) {
+  for (int64_t n = 0; n < rows; ++n) {
+    const double* xn = x + n * hidden;
+    T sum_squares = 0;
+    for (int64_t i = 0; i < hidden; ++i) sum_squares += static_cast<T>(xn[i]) * static_cast<T>(xn[i]);
+    const T inv = T(1) / std::sqrt(sum_squares / static_cast<T>(hidden) + static_cast<T>(eps));
+    rstd[n] = static_cast<double>(inv);
+    for (int64_t i = 0; i < hidden; ++i) {
+      y[n * hidden + i] = r.activation(static_cast<double>(static_cast<T>(xn[i]) * inv * static_cast<T>(weight[i])));
+    }
+  }
+}
+
+template <typename T>
+void rmsnorm_backward_impl(const double* dy, const double* x, const double* weight, const double* rstd, int64_t rows,
+                           int64_t hidden, double* dx, double* dweight_accum, const cpu::Rounding& r) {
+  // With xhat = x * rstd and g = dy * w:  dx = rstd * (g - xhat * mean(g * xhat)),  dw += dy * xhat.
+  for (int64_t n = 0; n < rows; ++n) {
+    const double* xn = x + n * hidden;
+    const double* dyn = dy + n * hidden;
+    const auto inv = static_cast<T>(rstd[n]);
+    T mean_g_xhat = 0;
+    for (int64_t i = 0; i < hidden; ++i) {
+      mean_g_xhat += static_cast<T>(dyn[i]) * static_cast<T>(weight[i]) * static_cast<T>(xn[i]) * inv;
+    }
+    mean_g_xhat /= static_cast<T>(hidden);
+    for (int64_t i = 0; i < hidden; ++i) {
+      const T xhat = static_cast<T>(xn[i]) * inv;
+      dx[n * hidden + i] = r.activation(
+          static_cast<double>(inv * (static_cast<T>(dyn[i]) * static_cast<T>(weight[i]) - xhat * mean_g_xhat)));
+      dweight_accum[i] = r.state(dweight_accum[i] + static_cast<double>(static_cast<T>(dyn[i]) * xhat));
+    }
+  }
+}
+
+}  // namespace
 
 void CpuBackend::rmsnorm_forward(const double* x, const double* weight, int64_t rows, int64_t hidden, double eps,
                                  double* y, double* rstd) {
-  for (int64_t n = 0; n < rows; ++n) {
-    const double* xn = x + n * hidden;
-    double sum_squares = 0.0;
-    for (int64_t i = 0; i < hidden; ++i) sum_squares += xn[i] * xn[i];
-    const double r = 1.0 / std::sqrt(sum_squares / static_cast<double>(hidden) + eps);
-    rstd[n] = r;
-    for (int64_t i = 0; i < hidden; ++i) y[n * hidden + i] = xn[i] * r * weight[i];
+  if (precision() == Precision::kFp64) {
+    rmsnorm_forward_impl<double>(x, weight, rows, hidden, eps, y, rstd, rounding_);
+  } else {
+    rmsnorm_forward_impl<float>(x, weight, rows, hidden, eps, y, rstd, rounding_);
   }
 }
 
 void CpuBackend::rmsnorm_backward(const double* dy, const double* x, const double* weight, const double* rstd,
                                   int64_t rows, int64_t hidden, double* dx, double* dweight_accum) {
-  // With xhat = x * rstd and g = dy * w:  dx = rstd * (g - xhat * mean(g * xhat)),  dw += dy * xhat.
-  for (int64_t n = 0; n < rows; ++n) {
-    const double* xn = x + n * hidden;
-    const double* dyn = dy + n * hidden;
-    const double r = rstd[n];
-    double mean_g_xhat = 0.0;
-    for (int64_t i = 0; i < hidden; ++i) mean_g_xhat += dyn[i] * weight[i] * xn[i] * r;
-    mean_g_xhat /= static_cast<double>(hidden);
-    for (int64_t i = 0; i < hidden; ++i) {
-      const double xhat = xn[i] * r;
-      dx[n * hidden + i] = r * (dyn[i] * weight[i] - xhat * mean_g_xhat);
-      dweight_accum[i] += dyn[i] * xhat;
-    }
+  if (precision() == Precision::kFp64) {
+    rmsnorm_backward_impl<double>(dy, x, weight, rstd, rows, hidden, dx, dweight_accum, rounding_);
+  } else {
+    rmsnorm_backward_impl<float>(dy, x, weight, rstd, rows, hidden, dx, dweight_accum, rounding_);
   }
 }
 
@@ -90,9 +120,13 @@ void CpuBackend::qkv_merge(const double* dq, const double* dk, const double* dv,
 }
 
 // ---- RoPE, rotate-half: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) for pairs (i, i + D/2) ----------
+// Angles in double (like a precomputed table), the rotation in T, the result stored as an activation.
 
-void CpuBackend::rope(double* x, const int32_t* position_ids, int64_t windows, int64_t heads, int64_t seq,
-                      int64_t head_dim, double theta, bool inverse) {
+namespace {
+
+template <typename T>
+void rope_impl(double* x, const int32_t* position_ids, int64_t windows, int64_t heads, int64_t seq,
+               int64_t head_dim, double theta, bool inverse, const cpu::Rounding& r) {
   const int64_t half = head_dim / 2;
   const double direction = inverse ? -1.0 : 1.0;  // the backward rotates gradients back by -angle
   for (int64_t b = 0; b < windows; ++b) {
@@ -100,12 +134,13 @@ void CpuBackend::rope(double* x, const int32_t* position_ids, int64_t windows, i
       const double pos = static_cast<double>(position_ids[b * seq + t]);
       for (int64_t i = 0; i < half; ++i) {
         const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
-        const double c = std::cos(pos * inv_freq), s = direction * std::sin(pos * inv_freq);
+        const auto c = static_cast<T>(std::cos(pos * inv_freq));
+        const auto s = static_cast<T>(direction * std::sin(pos * inv_freq));
         for (int64_t h = 0; h < heads; ++h) {
           double* xh = x + ((b * heads + h) * seq + t) * head_dim;
-          const double x1 = xh[i], x2 = xh[i + half];
-          xh[i] = x1 * c - x2 * s;
-          xh[i + half] = x2 * c + x1 * s;
+          const auto x1 = static_cast<T>(xh[i]), x2 = static_cast<T>(xh[i + half]);
+          xh[i] = r.activation(static_cast<double>(x1 * c - x2 * s));
+          xh[i + half] = r.activation(static_cast<double>(x2 * c + x1 * s));
         }
       }
     }
@@ -114,18 +149,22 @@ void CpuBackend::rope(double* x, const int32_t* position_ids, int64_t windows, i
 
 // ---- SwiGLU: act = silu(gate) * up, silu(g) = g * sigmoid(g) ------------------------------------------
 
-void CpuBackend::swiglu_forward(const double* fc1, int64_t rows, int64_t ffn, double* act) {
+template <typename T>
+void swiglu_forward_impl(const double* fc1, int64_t rows, int64_t ffn, double* act, const cpu::Rounding& r) {
   for (int64_t n = 0; n < rows; ++n) {
     const double* gate = fc1 + n * 2 * ffn;
     const double* up = gate + ffn;
     for (int64_t i = 0; i < ffn; ++i) {
-      const double sigmoid = 1.0 / (1.0 + std::exp(-gate[i]));
-      act[n * ffn + i] = gate[i] * sigmoid * up[i];
+      const auto g = static_cast<T>(gate[i]);
+      const T sigmoid = T(1) / (T(1) + std::exp(-g));
+      act[n * ffn + i] = r.activation(static_cast<double>(g * sigmoid * static_cast<T>(up[i])));
     }
   }
 }
 
-void CpuBackend::swiglu_backward(const double* dact, const double* fc1, int64_t rows, int64_t ffn, double* dfc1) {
+template <typename T>
+void swiglu_backward_impl(const double* dact, const double* fc1, int64_t rows, int64_t ffn, double* dfc1,
+                          const cpu::Rounding& r) {
   // d silu(g)/dg = sigmoid(g) * (1 + g * (1 - sigmoid(g)))
   for (int64_t n = 0; n < rows; ++n) {
     const double* gate = fc1 + n * 2 * ffn;
@@ -133,11 +172,38 @@ void CpuBackend::swiglu_backward(const double* dact, const double* fc1, int64_t 
     double* dgate = dfc1 + n * 2 * ffn;
     double* dup = dgate + ffn;
     for (int64_t i = 0; i < ffn; ++i) {
-      const double sigmoid = 1.0 / (1.0 + std::exp(-gate[i]));
-      const double g = dact[n * ffn + i];
-      dgate[i] = g * up[i] * sigmoid * (1.0 + gate[i] * (1.0 - sigmoid));
-      dup[i] = g * gate[i] * sigmoid;
+      const auto g = static_cast<T>(gate[i]), u = static_cast<T>(up[i]), d = static_cast<T>(dact[n * ffn + i]);
+      const T sigmoid = T(1) / (T(1) + std::exp(-g));
+      dgate[i] = r.activation(static_cast<double>(d * u * sigmoid * (T(1) + g * (T(1) - sigmoid))));
+      dup[i] = r.activation(static_cast<double>(d * g * sigmoid));
     }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::rope(double* x, const int32_t* position_ids, int64_t windows, int64_t heads, int64_t seq,
+                      int64_t head_dim, double theta, bool inverse) {
+  if (precision() == Precision::kFp64) {
+    rope_impl<double>(x, position_ids, windows, heads, seq, head_dim, theta, inverse, rounding_);
+  } else {
+    rope_impl<float>(x, position_ids, windows, heads, seq, head_dim, theta, inverse, rounding_);
+  }
+}
+
+void CpuBackend::swiglu_forward(const double* fc1, int64_t rows, int64_t ffn, double* act) {
+  if (precision() == Precision::kFp64) {
+    swiglu_forward_impl<double>(fc1, rows, ffn, act, rounding_);
+  } else {
+    swiglu_forward_impl<float>(fc1, rows, ffn, act, rounding_);
+  }
+}
+
+void CpuBackend::swiglu_backward(const double* dact, const double* fc1, int64_t rows, int64_t ffn, double* dfc1) {
+  if (precision() == Precision::kFp64) {
+    swiglu_backward_impl<double>(dact, fc1, rows, ffn, dfc1, rounding_);
+  } else {
+    swiglu_backward_impl<float>(dact, fc1, rows, ffn, dfc1, rounding_);
   }
 }
 

@@ -43,6 +43,7 @@ UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, Pa
 
   if (!distributed_) {
     context_.dp.all_reduce_sum(flat.data(), flat_.padded_size(), {flat_.padded_size()});
+    backend_.round(TensorRole::kState, flat.data(), flat_.padded_size());  // an FP32 reduction unless FP64
     flat_.unflatten(flat, grads);
     result.grad_norm = global_grad_norm(flat, dp_rank == 0 ? 0 : flat_.padded_size(), flat_.padded_size());
     result.clip_coefficient = clip_coefficient(result.grad_norm, optim_.clip_grad);
@@ -52,6 +53,7 @@ UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, Pa
 
   std::vector<double> grad_chunk(static_cast<size_t>(chunk));
   context_.dp.reduce_scatter_sum(flat.data(), grad_chunk.data(), chunk, {flat_.padded_size()});
+  backend_.round(TensorRole::kState, grad_chunk.data(), chunk);
   std::copy(grad_chunk.begin(), grad_chunk.end(), flat.begin() + begin);
   result.grad_norm = global_grad_norm(flat, begin, end);
   result.clip_coefficient = clip_coefficient(result.grad_norm, optim_.clip_grad);

@@ -18,10 +18,11 @@ void TensorParallelRegion::reduce(std::vector<double>& partial, int64_t rows, in
   if (!sequence_parallel_) {
     tp_.all_reduce_sum(partial.data(), rows * cols, {rows, cols});
     local = std::move(partial);
-    return;
+  } else {
+    local.resize(static_cast<size_t>(local_rows(rows) * cols));
+    tp_.reduce_scatter_sum(partial.data(), local.data(), local_rows(rows) * cols, {rows, cols});
   }
-  local.resize(static_cast<size_t>(local_rows(rows) * cols));
-  tp_.reduce_scatter_sum(partial.data(), local.data(), local_rows(rows) * cols, {rows, cols});
+  if (tp_.size() > 1) backend_.round(TensorRole::kActivation, local.data(), static_cast<int64_t>(local.size()));
 }
 
 }  // namespace touchstone

@@ -18,13 +18,15 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "parallel/comm.h"
 
 namespace touchstone {
 
 class TensorParallelRegion {
  public:
-  TensorParallelRegion(ProcessGroup& tp, bool sequence_parallel) : tp_(tp), sequence_parallel_(sequence_parallel) {}
+  TensorParallelRegion(ProcessGroup& tp, bool sequence_parallel, Backend& backend)
+      : tp_(tp), sequence_parallel_(sequence_parallel), backend_(backend) {}
 
   int tp_rank() const { return tp_.rank(); }
   int tp_size() const { return tp_.size(); }
@@ -36,12 +38,14 @@ class TensorParallelRegion {
 
   // local[local_rows, cols] -> full[rows, cols]
   void gather(const std::vector<double>& local, int64_t rows, int64_t cols, std::vector<double>& full) const;
-  // partial[rows, cols] (this rank's partial sums) -> local[local_rows, cols] holding the sum
+  // partial[rows, cols] (this rank's partial sums) -> local[local_rows, cols] holding the sum, stored
+  // as an activation (a BF16 sum in BF16 mode, as a BF16 all-reduce delivers it)
   void reduce(std::vector<double>& partial, int64_t rows, int64_t cols, std::vector<double>& local) const;
 
  private:
   ProcessGroup& tp_;
   bool sequence_parallel_;
+  Backend& backend_;
 };
 
 }  // namespace touchstone

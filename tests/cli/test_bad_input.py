@@ -69,7 +69,7 @@ class BadInput(unittest.TestCase):
         self.assert_refused(["--set", "train.micro_batch_size=3"], "train.global_batch_size (8) must be divisible")
 
     def test_unavailable_precision(self):
-        self.assert_refused(["--set", "precision=bf16"], "precision")
+        self.assert_refused(["--set", "precision=fp16"], "precision must be")
 
     def test_layout_needs_more_processes(self):
         self.assert_refused(["--set", "parallel.tp=2"], "tp x pp x dp = 2 but the run has 1 process")

@@ -1,5 +1,6 @@
 // What the communication layer reports about itself: byte counters, observer records, the trace
 // printer, and the fault hook that makes a reduction wrong on purpose.
+#include <algorithm>
 #include <cstdint>
 #include <sstream>
 #include <string>
@@ -54,9 +55,10 @@ TEST_F(CountersTest, CountersAndObserverFollowTheByteConvention) {
       {"all_to_all", -1, {2}, 16 * n},     {"send", next, {7}, 56},
       {"recv", previous, {7}, 56},         {"barrier", -1, {}, 0},
   };
-  ASSERT_EQ(records.size(), expected.size());
+  // Not ASSERT: this rank must still reach the barrier below with the others.
+  EXPECT_EQ(records.size(), expected.size());
   int64_t total = 0;
-  for (size_t i = 0; i < expected.size(); ++i) {
+  for (size_t i = 0; i < std::min(expected.size(), records.size()); ++i) {
     SCOPED_TRACE(expected[i].op);
     EXPECT_EQ(records[i].op, expected[i].op);
     EXPECT_EQ(records[i].group, "world");

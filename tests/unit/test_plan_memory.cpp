@@ -58,12 +58,14 @@ TEST(PlanMemory, RecipesReproduceTheDistributedOptimizerTable) {
     double plain, replicated, sharded;
     const char* formula;
   };
-  for (const Expected& e : {Expected{"bf16", 18, 6, 12, "6 + 12/DP"}, Expected{"fp16", 20, 4, 16, "4 + 16/DP"},
-                            Expected{"fp32", 16, 8, 8, "8 + 8/DP"}, Expected{"fp64", 32, 16, 16, "16 + 16/DP"}}) {
+  for (const Expected& e :
+       {Expected{"bf16", 18, 6, 12, "6 + 12/DP"}, Expected{"fp16", 20, 4, 16, "4 + 16/DP"},
+        Expected{"fp32", 16, 8, 8, "8 + 8/DP"}, Expected{"fp64", 32, 16, 16, "16 + 16/DP"}}) {
     const Recipe& r = find_recipe(e.name);
     EXPECT_EQ(model_state(1.0, r, false, 8).total(), e.plain) << e.name;
     for (int64_t d : {1, 2, 8, 80}) {
-      EXPECT_DOUBLE_EQ(model_state(1.0, r, true, d).total(), e.replicated + e.sharded / static_cast<double>(d))
+      EXPECT_DOUBLE_EQ(model_state(1.0, r, true, d).total(),
+                       e.replicated + e.sharded / static_cast<double>(d))
           << e.name << " d=" << d;
     }
     EXPECT_EQ(bytes_per_param_formula(r, true), e.formula);
@@ -75,9 +77,12 @@ TEST(PlanMemory, RecipesReproduceTheDistributedOptimizerTable) {
 TEST(PlanMemory, KorthikantiFormulas) {
   // GPT-3 175B of the paper: s = 2048, h = 12288, a = 96, b = 1, t = 8.
   ModelShape m;
-  m.layers = 96, m.hidden = 12288, m.heads = 96, m.kv_heads = 96, m.ffn = 4 * 12288, m.vocab = 51200, m.seq = 2048;
+  m.layers = 96, m.hidden = 12288, m.heads = 96, m.kv_heads = 96, m.ffn = 4 * 12288, m.vocab = 51200,
+  m.seq = 2048;
   const double s = 2048, b = 1, h = 12288, a = 96, t = 8, sbh = s * b * h;
-  const auto layer = [&](int64_t tp, bool sp, Recompute r) { return megatron_layer_activation_bytes(m, 1, tp, sp, r); };
+  const auto layer = [&](int64_t tp, bool sp, Recompute r) {
+    return megatron_layer_activation_bytes(m, 1, tp, sp, r, false);
+  };
   EXPECT_DOUBLE_EQ(layer(1, false, Recompute::kNone), sbh * (34 + 5 * a * s / h));
   EXPECT_DOUBLE_EQ(layer(8, false, Recompute::kNone), sbh * (10 + 24 / t + 5 * a * s / (h * t)));
   EXPECT_DOUBLE_EQ(layer(8, true, Recompute::kNone), sbh / t * (34 + 5 * a * s / h));
@@ -85,6 +90,11 @@ TEST(PlanMemory, KorthikantiFormulas) {
   EXPECT_DOUBLE_EQ(layer(8, true, Recompute::kSelective), sbh * 34 / t);
   EXPECT_DOUBLE_EQ(layer(8, false, Recompute::kFull), 2 * sbh);
   EXPECT_DOUBLE_EQ(layer(8, true, Recompute::kFull), 2 * sbh / t);
+  // Flash attention never stores the scores; selective recomputation then has nothing left to drop.
+  EXPECT_DOUBLE_EQ(megatron_layer_activation_bytes(m, 1, 8, true, Recompute::kNone, true), sbh * 34 / t);
+  EXPECT_DOUBLE_EQ(megatron_recompute_working_bytes(m, 1, 8, true, Recompute::kSelective, false),
+                   5 * a * s * s * b / t);
+  EXPECT_DOUBLE_EQ(megatron_recompute_working_bytes(m, 1, 8, true, Recompute::kSelective, true), 0);
   // Section 4.3 extras: embedding dropout sbh/t per in-flight micro-batch, head 4sbh/t (1 + v/h).
   EXPECT_DOUBLE_EQ(megatron_embedding_activation_bytes(m, 1, 8, true), sbh / t);
   EXPECT_DOUBLE_EQ(megatron_head_activation_bytes(m, 1, 8, true, 51200), 4 * sbh / t * (1 + 51200 / h));
@@ -182,11 +192,12 @@ double measured_step_peak(const Config& config) {
   return peak;
 }
 
-// The prediction covers every buffer of the step with its exact size; what it leaves out is
-// bookkeeping (vector headers, parameter names, schedule lists: a few kB) and allocator headers, so
-// the measured peak is slightly above it. 5% leaves room for that on models of a few hundred kB while
-// catching any missed activation or temporary (the smallest, one [N] vector, is already ~1%).
-constexpr double kMeasuredMargin = 0.05;
+// The prediction counts every buffer of the step at its exact size and nothing else, so the measured
+// peak can only be higher, by the bookkeeping the replay leaves out: vector headers, parameter names,
+// the schedule's action list (measured: 4-10 kB, 0.004-0.11% of these peaks). 1% is ten times that,
+// and a missed [N,H] buffer of the default config (65 kB, 0.85%) still shows as a jump in the printed
+// differences.
+constexpr double kMeasuredMargin = 0.01;
 
 struct Variation {
   const char* name;
@@ -198,12 +209,24 @@ TEST(PlanMemory, Fp64PredictionMatchesTheMeasuredPeak) {
       {"default config", [](Config&) {}},
       {"T = 128, b = 1", [](Config& c) { c.model.seq_length = 128, c.train.micro_batch_size = 1; }},
       {"h = 128, 8 heads, 4 KV heads, F = 352",
-       [](Config& c) { c.model.hidden_size = 128, c.model.num_heads = 8, c.model.num_kv_heads = 4,
-                       c.model.ffn_hidden_size = 352; }},
-      {"b = B = 4 (one micro-batch)", [](Config& c) { c.train.global_batch_size = 4, c.train.micro_batch_size = 4; }},
+       [](Config& c) {
+         c.model.hidden_size = 128, c.model.num_heads = 8, c.model.num_kv_heads = 4,
+         c.model.ffn_hidden_size = 352;
+       }},
+      {"b = B = 4 (one micro-batch)",
+       [](Config& c) { c.train.global_batch_size = 4, c.train.micro_batch_size = 4; }},
       {"T = 32, b = 4, tied embeddings, 3 layers",
-       [](Config& c) { c.model.seq_length = 32, c.train.micro_batch_size = 4, c.model.tie_embeddings = true,
-                       c.model.num_layers = 3; }},
+       [](Config& c) {
+         c.model.seq_length = 32, c.train.micro_batch_size = 4, c.model.tie_embeddings = true,
+         c.model.num_layers = 3;
+       }},
+      {"T = 16, b = 1, h = 256, V = 4096 (update peak)",
+       [](Config& c) {
+         c.model.seq_length = 16, c.train.micro_batch_size = 1, c.model.hidden_size = 256,
+         c.model.ffn_hidden_size = 704, c.model.vocab_size = 4096;
+       }},
+      {"distributed optimizer (DP 1)", [](Config& c) { c.parallel.distributed_optimizer = true; }},
+      {"sequence parallel (TP 1)", [](Config& c) { c.parallel.sequence_parallel = true; }},
   };
   for (const Variation& v : variations) {
     Config config;
@@ -214,26 +237,39 @@ TEST(PlanMemory, Fp64PredictionMatchesTheMeasuredPeak) {
     const double difference = (measured - predicted.total) / measured;
     std::printf("%-42s predicted %12.0f  measured %12.0f  difference %+.3f%%  (peak at %s)\n", v.name,
                 predicted.total, measured, 100 * difference, predicted.stage.peak.name.c_str());
-    EXPECT_LE(std::abs(difference), kMeasuredMargin) << v.name;
+    EXPECT_GE(measured, predicted.total) << v.name << ": the trainer no longer allocates a predicted buffer";
+    EXPECT_LE(difference, kMeasuredMargin) << v.name;
   }
 }
 
+// Keeps the compiler from pairing a new with its delete and eliding both (allowed since C++14).
+void* volatile g_escape = nullptr;
+
 TEST(PlanMemory, AllocationTrackerCountsEveryForm) {
-  const int64_t before = alloc_tracker::live_bytes();
-  alloc_tracker::reset_peak();
-  auto* one = new double(1.0);
-  auto* many = new double[100];
   struct alignas(64) Wide {
     double x[8];
   };
+  constexpr auto kExpected = static_cast<int64_t>(8 + 800 + sizeof(Wide));
+  // Read every counter before asserting: the assertions themselves allocate.
+  const int64_t before = alloc_tracker::live_bytes();
+  alloc_tracker::reset_peak();
+  auto* one = new double(1.0);
+  g_escape = one;
+  auto* many = new double[100];
+  g_escape = many;
   auto* wide = new Wide;
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(wide) % 64, 0u);
-  EXPECT_EQ(alloc_tracker::live_bytes() - before, static_cast<int64_t>(8 + 800 + sizeof(Wide)));
+  g_escape = wide;
+  const int64_t live_with_all = alloc_tracker::live_bytes() - before;
+  const bool aligned = reinterpret_cast<uintptr_t>(wide) % 64 == 0;
   delete wide;
   delete[] many;
   delete one;
-  EXPECT_EQ(alloc_tracker::live_bytes(), before);
-  EXPECT_EQ(alloc_tracker::peak_bytes() - before, static_cast<int64_t>(8 + 800 + sizeof(Wide)));
+  const int64_t live_after = alloc_tracker::live_bytes() - before;
+  const int64_t peak = alloc_tracker::peak_bytes() - before;
+  EXPECT_TRUE(aligned);
+  EXPECT_EQ(live_with_all, kExpected);
+  EXPECT_EQ(live_after, 0);
+  EXPECT_EQ(peak, kExpected);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "data/packing.h"
@@ -32,15 +33,12 @@ inline Config tiny_config() {
   return c;
 }
 
-// The whole model on this process: tp = 1, one pipeline stage.
-inline const TensorParallelRegion& single_rank_region() {
-  static SingleRankGroup group{"tp"};
-  static const TensorParallelRegion region(group, false);
-  return region;
-}
-
+// The whole model on this process: tp = 1, one pipeline stage. The region lives as long as the test.
 inline Transformer whole_model(const Config& c, const ParamTable& table, Backend& backend) {
-  return Transformer(c.model, c.data.document_masking, table, backend, single_rank_region(),
+  static SingleRankGroup group{"tp"};
+  static std::vector<std::unique_ptr<TensorParallelRegion>> regions;
+  regions.push_back(std::make_unique<TensorParallelRegion>(group, false, backend));
+  return Transformer(c.model, c.data.document_masking, table, backend, *regions.back(),
                      StageRange{0, c.model.num_layers, true, true});
 }
 

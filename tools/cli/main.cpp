@@ -13,6 +13,7 @@
 #include "parallel/grid.h"
 #include "parallel/mpi_runtime.h"
 #include "tools/check/check_parallel.h"
+#include "tools/commbench/commbench.h"
 
 namespace {
 
@@ -40,6 +41,9 @@ void add_run_options(CLI::App* command, touchstone::RunOptions& options) {
                     "Print every collective and point-to-point transfer of every rank, and the pipeline "
                     "timeline of every step");
   command->add_option("--timeline", options.timeline_svg, "Write the last step's pipeline timeline as SVG");
+  command->add_flag("--envelope", options.envelope,
+                    "Run the configured precision (bf16 or fp32) and FP64 from the same weights; write the FP64 "
+                    "golden values with the low-precision error and tolerance of every tensor");
 }
 
 touchstone::Config resolve(const ConfigOptions& options) {
@@ -116,6 +120,11 @@ int main(int argc, char** argv) {
       "parallel", "Run the single-rank reference and every parallel layout, compare loss, gradients and updates");
   touchstone::add_check_parallel_options(check_parallel, check_parallel_options);
 
+  touchstone::CommbenchOptions commbench_options;
+  CLI::App* commbench = app.add_subcommand(
+      "commbench", "Check and time every collective over a sweep of message sizes (nccl-tests style)");
+  touchstone::add_commbench_options(commbench, commbench_options);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
@@ -144,6 +153,7 @@ int main(int argc, char** argv) {
 
   touchstone::MpiRuntime mpi(&argc, &argv);
   try {
+    if (commbench->parsed()) return touchstone::run_commbench(commbench_options, mpi);
     return run(config_options, run_options, mpi);
   } catch (const InputError& e) {
     std::cerr << "touchstone: error: " << e.what() << std::endl;

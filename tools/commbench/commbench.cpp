@@ -162,16 +162,43 @@ std::string format_measurement(const Measurement& m) {
   return text;
 }
 
+// The row layout: five fixed columns, then time, algbw, busbw, #wrong for out-of-place and in-place.
+std::string fixed_columns(const char* size, const char* count, const char* type, const char* redop,
+                          const char* root) {
+  char text[96];
+  std::snprintf(text, sizeof(text), "%12s  %12s  %8s  %6s  %6s", size, count, type, redop, root);
+  return text;
+}
+
+std::string measured_columns(const char* time, const char* algbw, const char* busbw, const char* wrong) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "  %7s  %6s  %6s  %6s", time, algbw, busbw, wrong);
+  return text;
+}
+
+// A header line: '#' over the first column, trailing blanks dropped.
+std::string header_line(std::string line) {
+  line[0] = '#';
+  line.erase(line.find_last_not_of(' ') + 1);
+  return line + "\n";
+}
+
+// nccl-tests' header, so that readers (and scripts) of its output find the same columns.
 void print_header(std::ostream& out, const OpInfo& info) {
+  const std::string block(measured_columns("", "", "", "").size(), ' ');
+  auto centered = [&block](const std::string& label) {
+    std::string text = block;
+    text.replace((block.size() - label.size()) / 2 + 1, label.size(), label);
+    return text;
+  };
   out << "#\n# " << info.name << "\n"
-      << "#                                                        out-of-place                       "
-         "in-place\n"
-      << "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   "
-         "algbw"
-         "   busbw  #wrong\n"
-      << "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)  "
-         "(GB/s)"
-         "  (GB/s)\n";
+      << header_line(fixed_columns("", "", "", "", "") + centered("out-of-place") + centered("in-place"))
+      << header_line(fixed_columns("size", "count", "type", "redop", "root") +
+                     measured_columns("time", "algbw", "busbw", "#wrong") +
+                     measured_columns("time", "algbw", "busbw", "#wrong"))
+      << header_line(fixed_columns("(B)", "(elements)", "", "", "") +
+                     measured_columns("(us)", "(GB/s)", "(GB/s)", "") +
+                     measured_columns("(us)", "(GB/s)", "(GB/s)", ""));
 }
 
 void print_row(std::ostream& out, const Row& row) {

@@ -19,8 +19,8 @@ std::atomic<int64_t> g_live{0};
 std::atomic<int64_t> g_peak{0};
 
 void count_allocation(size_t size) {
-  const int64_t live = g_live.fetch_add(static_cast<int64_t>(size), std::memory_order_relaxed) +
-                       static_cast<int64_t>(size);
+  const int64_t live =
+      g_live.fetch_add(static_cast<int64_t>(size), std::memory_order_relaxed) + static_cast<int64_t>(size);
   int64_t peak = g_peak.load(std::memory_order_relaxed);
   while (live > peak && !g_peak.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
   }
@@ -95,8 +95,12 @@ void operator delete(void* p, size_t) noexcept { at::deallocate(p, 0); }
 void operator delete[](void* p, size_t) noexcept { at::deallocate(p, 0); }
 void operator delete(void* p, const std::nothrow_t&) noexcept { at::deallocate(p, 0); }
 void operator delete[](void* p, const std::nothrow_t&) noexcept { at::deallocate(p, 0); }
-void operator delete(void* p, std::align_val_t align) noexcept { at::deallocate(p, static_cast<size_t>(align)); }
-void operator delete[](void* p, std::align_val_t align) noexcept { at::deallocate(p, static_cast<size_t>(align)); }
+void operator delete(void* p, std::align_val_t align) noexcept {
+  at::deallocate(p, static_cast<size_t>(align));
+}
+void operator delete[](void* p, std::align_val_t align) noexcept {
+  at::deallocate(p, static_cast<size_t>(align));
+}
 void operator delete(void* p, size_t, std::align_val_t align) noexcept {
   at::deallocate(p, static_cast<size_t>(align));
 }

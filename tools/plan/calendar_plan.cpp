@@ -22,7 +22,8 @@ std::chrono::sys_days parse_date(const std::string& text) {
   if (text.size() != 10 || std::sscanf(text.c_str(), "%4d-%2u-%2u%c", &year, &month, &day, &tail) != 3) {
     throw InputError("--start-date: \"" + text + "\" is not a date of the form YYYY-MM-DD");
   }
-  const std::chrono::year_month_day date{std::chrono::year{year}, std::chrono::month{month}, std::chrono::day{day}};
+  const std::chrono::year_month_day date{std::chrono::year{year}, std::chrono::month{month},
+                                         std::chrono::day{day}};
   if (!date.ok()) throw InputError("--start-date: \"" + text + "\" is not a valid date");
   return std::chrono::sys_days{date};
 }
@@ -48,12 +49,14 @@ ThroughputKind parse_throughput_kind(const std::string& name) {
 
 double parse_efficiency(const std::string& text) {
   const bool percent_sign = !text.empty() && text.back() == '%';
-  const double value = parse_quantity(percent_sign ? text.substr(0, text.size() - 1) : text, "--calendar-efficiency");
+  const double value =
+      parse_quantity(percent_sign ? text.substr(0, text.size() - 1) : text, "--calendar-efficiency");
   return percent_sign ? value / 100.0 : value;
 }
 
 CalendarPlan plan_calendar(const CalendarInput& in) {
-  if (!(in.throughput > 0)) throw InputError("--throughput: must be > 0 tokens/s, got " + scientific(in.throughput));
+  if (!(in.throughput > 0))
+    throw InputError("--throughput: must be > 0 tokens/s, got " + scientific(in.throughput));
   if (!(in.tokens > 0)) throw InputError("--tokens: must be > 0, got " + scientific(in.tokens));
   if (in.tokens_done < 0) throw InputError("--tokens-done: must be >= 0, got " + scientific(in.tokens_done));
   if (in.tokens_done > in.tokens) {
@@ -61,8 +64,9 @@ CalendarPlan plan_calendar(const CalendarInput& in) {
                      short_quantity(in.tokens));
   }
   if (in.kind == ThroughputKind::kWallClock && in.calendar_efficiency) {
-    throw InputError("--calendar-efficiency cannot be applied to a --throughput-kind wall-clock throughput: it "
-                     "already includes the losses, and discounting it again would count them twice");
+    throw InputError(
+        "--calendar-efficiency cannot be applied to a --throughput-kind wall-clock throughput: it "
+        "already includes the losses, and discounting it again would count them twice");
   }
   if (in.calendar_efficiency && !(*in.calendar_efficiency > 0 && *in.calendar_efficiency <= 1)) {
     throw InputError("--calendar-efficiency: must be in (0, 1] (e.g. 0.9 or 90%), got " +
@@ -86,9 +90,9 @@ CalendarPlan plan_calendar(const CalendarInput& in) {
 }
 
 void print_calendar(const CalendarInput& in, const CalendarPlan& plan, std::ostream& out) {
-  out << "Tokens:              " << short_quantity(in.tokens) << " to train, " << short_quantity(in.tokens_done)
-      << " done, " << short_quantity(plan.remaining_tokens) << " remaining (" << grouped(plan.remaining_tokens)
-      << ")\n";
+  out << "Tokens:              " << short_quantity(in.tokens) << " to train, "
+      << short_quantity(in.tokens_done) << " done, " << short_quantity(plan.remaining_tokens)
+      << " remaining (" << grouped(plan.remaining_tokens) << ")\n";
   out << "Throughput:          " << short_quantity(in.throughput) << " non-padding tokens/s, measured over "
       << (in.kind == ThroughputKind::kCompute ? "training time only (compute)"
                                               : "whole wall-clock time (losses included)")

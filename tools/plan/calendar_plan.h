@@ -31,7 +31,7 @@ struct CalendarPlan {
   std::optional<double> compute_days;  // unknown for a wall-clock throughput
   double efficiency = 1.0;             // the factor applied (1 for a wall-clock throughput)
   double calendar_days = 0;
-  std::string start, end;              // "YYYY-MM-DD HH:MM UTC"; empty without a start date
+  std::string start, end;  // "YYYY-MM-DD HH:MM UTC"; empty without a start date
 };
 
 // Throws InputError for a non-positive throughput or token count, more tokens done than planned, an

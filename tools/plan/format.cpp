@@ -1,6 +1,7 @@
 // Formatting and parsing of planner quantities.
 #include "tools/plan/format.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -21,15 +22,15 @@ std::string fixed(double value, int decimals) {
 
 std::string gigabytes(double bytes) { return fixed(bytes / 1e9, 2); }
 
-std::string scientific(double value) {
+std::string scientific(double value, int max_digits) {
   if (value == 0.0) return "0";
   if (std::abs(value) < 1e4) {
     char text[64];
-    std::snprintf(text, sizeof text, "%.6g", value);
+    std::snprintf(text, sizeof text, "%.*g", std::min(max_digits, 6), value);
     return text;
   }
   char text[64];
-  for (int precision = 1; precision <= 17; ++precision) {
+  for (int precision = 1; precision <= max_digits; ++precision) {
     std::snprintf(text, sizeof text, "%.*e", precision - 1, value);
     if (std::strtod(text, nullptr) == value) break;
   }

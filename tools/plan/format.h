@@ -13,9 +13,9 @@ std::string fixed(double value, int decimals);
 // Bytes as decimal gigabytes (1 GB = 1e9 bytes) with two decimals.
 std::string gigabytes(double bytes);
 
-// The shortest exact-enough scientific form without '+' or leading exponent zeros: 7.8125e9, 5e11.
-// Values below 1e4 print as plain numbers (they read better: 512, 0.5).
-std::string scientific(double value);
+// The shortest scientific form that reads back as `value` (at most `max_digits` significant digits),
+// without '+' or leading exponent zeros: 7.8125e9, 5e11. Values below 1e4 print as plain numbers.
+std::string scientific(double value, int max_digits = 17);
 
 // A non-negative count with thousands separators, rounded to the nearest integer: 180,000.
 std::string grouped(double value);

@@ -22,7 +22,7 @@ class Ledger {
   int alloc(double elements, const std::string& what) {
     sizes_.push_back(elements * kBytes);
     live_ += sizes_.back();
-    if (live_ > peak_.bytes) peak_ = {where_ + ": " + what, live_};
+    if (live_ > peak_.bytes) peak_ = {context_ + where_ + ": " + what, live_};
     return static_cast<int>(sizes_.size()) - 1;
   }
   void release(int handle) {
@@ -34,6 +34,8 @@ class Ledger {
   }
   double bytes(int handle) const { return sizes_[static_cast<size_t>(handle)]; }
   double live() const { return live_; }
+  // Where allocations happen: the micro-batch (or step phase), then the part of the model.
+  void context(const std::string& context) { context_ = context.empty() ? "" : context + ", "; }
   void at(std::string where) { where_ = std::move(where); }
   const NamedBytes& peak() const { return peak_; }
 
@@ -41,7 +43,7 @@ class Ledger {
   std::vector<double> sizes_;
   double live_ = 0;
   NamedBytes peak_;
-  std::string where_;
+  std::string context_, where_;
 };
 
 struct Dims {
@@ -98,6 +100,7 @@ void attention_forward(Ledger& l, const Dims& d, Keeper k) {
   k.keep(d.N * d.kv_heads * d.D, "k");
   k.keep(d.N * d.kv_heads * d.D, "v");
   k.keep(d.windows * d.heads * d.T * d.T, "probs");
+  l.release(l.alloc(d.T, "softmax row (inside the attention kernel)"));
   k.keep(d.N * d.heads * d.D, "attn");
   const int proj_partial = l.alloc(d.N * d.H, "proj_partial");
   const int proj = reduce(l, d, proj_partial, "proj");
@@ -204,7 +207,8 @@ int backward(Ledger& l, const Dims& d, const Fp64Rank& r, bool first_stage, bool
 double largest_tensor(const Fp64Rank& r, bool first_stage, bool last_stage) {
   const ModelShape& m = r.shape;
   const auto t = static_cast<double>(r.tp), h = static_cast<double>(m.hidden), f = static_cast<double>(m.ffn);
-  const auto a = static_cast<double>(m.heads), k = static_cast<double>(m.kv_heads), dh = static_cast<double>(m.head_dim());
+  const auto a = static_cast<double>(m.heads), k = static_cast<double>(m.kv_heads),
+             dh = static_cast<double>(m.head_dim());
   double largest = std::max({(a + 2 * k) * dh * h, a * dh * h, 2 * f * h, f * h}) / t;
   if (first_stage || last_stage) largest = std::max(largest, static_cast<double>(m.vocab) * h / t);
   return largest;
@@ -217,6 +221,10 @@ Fp64StepReplay replay_fp64_step(const Fp64Rank& r) {
   const Dims d = dims_of(r);
   const bool first_stage = r.stage == 0, last_stage = r.stage == r.pp - 1;
   Ledger l;
+  // oracle/train_step.cpp: the passes read a copy of the weights (the compute copy, rounded to BF16 in
+  // BF16 mode), alive until the step returns.
+  l.at("step start");
+  const int compute_weights = l.alloc(r.params, "compute copy of the weights");
   // parallel/pipeline/executor.cpp, 1F1B: w warm-up forwards, then forward/backward pairs, then w
   // backwards. Received inputs live through their forward; received gradients through their backward;
   // input gradients until the step's sends complete; the last stage copies each micro-batch's token
@@ -225,14 +233,18 @@ Fp64StepReplay replay_fp64_step(const Fp64Rank& r) {
   std::vector<std::vector<int>> acts(static_cast<size_t>(m));
   std::vector<int> d_inputs, token_records;
   const auto run_forward = [&](int64_t j) {
-    l.at("forward of micro-batch " + std::to_string(j));
+    l.context("micro-batch " + std::to_string(j));
+    l.at("forward");
     const int input = first_stage ? -1 : l.alloc(d.Nl * d.H, "received activation");
+    const double before = l.live();
     acts[static_cast<size_t>(j)] = forward(l, d, r, first_stage, last_stage, j == 0 ? &replay : nullptr);
-    if (j == 0) replay.stored_per_micro_batch = l.live() - (first_stage ? 0 : l.bytes(input));
+    if (j == 0) replay.stored_per_micro_batch = l.live() - before;
     if (input >= 0) l.release(input);
     if (last_stage) token_records.push_back(l.alloc(d.N, "token-loss record"));
   };
   const auto run_backward = [&](int64_t j) {
+    l.context("micro-batch " + std::to_string(j));
+    l.at("backward");
     const int d_output = last_stage ? -1 : l.alloc(d.Nl * d.H, "received gradient");
     const int d_input = backward(l, d, r, first_stage, last_stage);
     l.release(acts[static_cast<size_t>(j)]);
@@ -249,14 +261,18 @@ Fp64StepReplay replay_fp64_step(const Fp64Rank& r) {
 
   // oracle/train_step.cpp: world rank 0 (stage 0) assembles every token loss of the global batch;
   // the last stage's tp rank 0 concatenates its own first.
+  l.context("");
   l.at("token-loss gather");
-  const double local_tokens = static_cast<double>(m) * d.N, global_tokens = local_tokens * static_cast<double>(r.dp);
+  const double local_tokens = static_cast<double>(m) * d.N,
+               global_tokens = local_tokens * static_cast<double>(r.dp);
   std::vector<int> gather_buffers;
-  if (last_stage) gather_buffers.push_back(l.alloc(local_tokens, "token losses of this rank"));
   int all = -1;
-  if (first_stage) {
-    all = l.alloc(global_tokens, "token losses of the global batch");
-    l.release(l.alloc(local_tokens, "token losses of one dp rank"));
+  if (r.collect_outputs) {
+    if (last_stage) gather_buffers.push_back(l.alloc(local_tokens, "token losses of this rank"));
+    if (first_stage) {
+      all = l.alloc(global_tokens, "token losses of the global batch");
+      l.release(l.alloc(local_tokens, "token losses of one dp rank"));
+    }
   }
   l.release(gather_buffers);
 
@@ -274,11 +290,12 @@ Fp64StepReplay replay_fp64_step(const Fp64Rank& r) {
     update.push_back(l.alloc(flat, "flat parameters"));
     l.release(l.alloc(std::min(chunk, largest_tensor(r, first_stage, last_stage)), "scaled gradient"));
     update.push_back(l.alloc(flat, "gathered parameters"));
-    update.push_back(l.alloc(flat, "gathered gradient"));
+    if (r.collect_outputs) update.push_back(l.alloc(flat, "gathered gradient"));
   }
   l.release(update);
   if (all >= 0) l.release(all);
   l.release(token_records);
+  l.release(compute_weights);
   replay.peak = l.peak();
   return replay;
 }
@@ -286,8 +303,8 @@ Fp64StepReplay replay_fp64_step(const Fp64Rank& r) {
 MemoryPlanInput plan_input_from_config(const Config& c) {
   MemoryPlanInput in;
   const ModelConfig& m = c.model;
-  in.shape = ModelShape{m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.ffn_hidden_size,
-                        m.vocab_size, m.seq_length, m.tie_embeddings};
+  in.shape = ModelShape{m.num_layers,      m.hidden_size, m.num_heads,  m.num_kv_heads,
+                        m.ffn_hidden_size, m.vocab_size,  m.seq_length, m.tie_embeddings};
   in.recipe = find_recipe("fp64");
   in.distributed_optimizer = c.parallel.distributed_optimizer;
   in.tp = c.parallel.tp;
@@ -298,6 +315,7 @@ MemoryPlanInput plan_input_from_config(const Config& c) {
   in.global_batch = c.train.global_batch_size;
   in.sequence_parallel = c.parallel.sequence_parallel;
   in.activations = ActivationModel::kTouchstoneFp64;
+  in.trainer_precision = c.precision;
   return in;
 }
 

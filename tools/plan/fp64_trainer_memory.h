@@ -24,6 +24,9 @@ struct Fp64Rank {
   int64_t tp = 1, pp = 1, dp = 1, stage = 0;
   int64_t first_layer = 0, layers = 0;
   bool sequence_parallel = false, distributed_optimizer = false;
+  // Trainer::step's collect_outputs (its default, and golden runs): world rank 0 assembles the token
+  // losses of the global batch, and the distributed optimizer gathers the whole summed gradient.
+  bool collect_outputs = true;
   double params = 0;  // parameters this rank holds
 };
 

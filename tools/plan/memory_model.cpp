@@ -15,8 +15,10 @@ const std::vector<Recipe>& recipes() {
       {"bf16", "bf16 weights 2 + fp32 grads 4; fp32 master weights 4 + Adam m 4 + v 4", 2, 4, 4, 0, 8},
       {"fp16", "fp16 weights 2 + fp16 grads 2; fp32 master weights 4 + fp32 master grads 4 + Adam m 4 + v 4",
        2, 2, 4, 4, 8},
-      {"fp32", "fp32 weights 4 + fp32 grads 4 (the weights are the master copy); Adam m 4 + v 4", 4, 4, 0, 0, 8},
-      {"fp64", "fp64 weights 8 + fp64 grads 8 (the weights are the master copy); Adam m 8 + v 8", 8, 8, 0, 0, 16},
+      {"fp32", "fp32 weights 4 + fp32 grads 4 (the weights are the master copy); Adam m 4 + v 4", 4, 4, 0, 0,
+       8},
+      {"fp64", "fp64 weights 8 + fp64 grads 8 (the weights are the master copy); Adam m 8 + v 8", 8, 8, 0, 0,
+       16},
   };
   return kRecipes;
 }
@@ -105,11 +107,13 @@ double sbh(const ModelShape& m, int64_t micro_batch) {
 }  // namespace
 
 double megatron_layer_activation_bytes(const ModelShape& m, int64_t micro_batch, int64_t tp,
-                                       bool sequence_parallel, Recompute recompute) {
+                                       bool sequence_parallel, Recompute recompute, bool flash_attention) {
   const double t = static_cast<double>(tp), base = sbh(m, micro_batch);
   // The attention-score term 5as/h: softmax output (2 bytes), dropout mask (1) and dropout output (2)
   // for each of the a x s x s scores, per unit of sbh.
-  const double scores = 5.0 * static_cast<double>(m.heads) * static_cast<double>(m.seq) / static_cast<double>(m.hidden);
+  const double scores = flash_attention ? 0.0
+                                        : 5.0 * static_cast<double>(m.heads) * static_cast<double>(m.seq) /
+                                              static_cast<double>(m.hidden);
   switch (recompute) {
     case Recompute::kFull:
       return sequence_parallel ? 2.0 * base / t : 2.0 * base;
@@ -136,11 +140,13 @@ double megatron_head_activation_bytes(const ModelShape& m, int64_t micro_batch, 
 }
 
 double megatron_recompute_working_bytes(const ModelShape& m, int64_t micro_batch, int64_t tp,
-                                        bool sequence_parallel, Recompute recompute) {
+                                        bool sequence_parallel, Recompute recompute, bool flash_attention) {
   switch (recompute) {
     case Recompute::kFull:
-      return megatron_layer_activation_bytes(m, micro_batch, tp, sequence_parallel, Recompute::kNone);
+      return megatron_layer_activation_bytes(m, micro_batch, tp, sequence_parallel, Recompute::kNone,
+                                             flash_attention);
     case Recompute::kSelective:
+      if (flash_attention) return 0.0;  // nothing left to recompute: the scores are never stored
       return 5.0 * static_cast<double>(m.heads) * static_cast<double>(m.seq) * static_cast<double>(m.seq) *
              static_cast<double>(micro_batch) / static_cast<double>(tp);
     case Recompute::kNone:

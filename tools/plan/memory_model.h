@@ -17,7 +17,7 @@ namespace touchstone::plan {
 struct Recipe {
   std::string name;
   std::string description;
-  double weights = 0, grads = 0;                         // held whole on every data-parallel rank
+  double weights = 0, grads = 0;                             // held whole on every data-parallel rank
   double master_weights = 0, master_grads = 0, moments = 0;  // sharded by the distributed optimizer
   double replicated() const { return weights + grads; }
   double shardable() const { return master_weights + master_grads + moments; }
@@ -67,8 +67,10 @@ std::string to_string(Recompute recompute);
 //   + sequence parallelism:   sbh/t (34 + 5as/h)
 //   selective recomputation:  sbh(10 + 24/t), with sequence parallelism 34 sbh/t
 //   full recomputation:       2 sbh (the layer input only), with sequence parallelism 2 sbh/t
+// With flash attention the a x s x s scores are never stored: the 5as/h term is dropped (the softmax
+// statistics it keeps instead, 4 bytes x a x s x b / t, are below 0.2% of 34 sbh/t and left out).
 double megatron_layer_activation_bytes(const ModelShape& m, int64_t micro_batch, int64_t tp,
-                                       bool sequence_parallel, Recompute recompute);
+                                       bool sequence_parallel, Recompute recompute, bool flash_attention);
 // Section 4.3: the first stage keeps the embedding dropout mask for each in-flight micro-batch (sbh/t
 // bytes with sequence parallelism, sbh without).
 double megatron_embedding_activation_bytes(const ModelShape& m, int64_t micro_batch, int64_t tp,
@@ -79,9 +81,10 @@ double megatron_embedding_activation_bytes(const ModelShape& m, int64_t micro_ba
 double megatron_head_activation_bytes(const ModelShape& m, int64_t micro_batch, int64_t tp,
                                       bool sequence_parallel, int64_t padded_vocab);
 // What recomputation itself needs while one layer's backward runs: the full activations of that layer
-// (full recomputation) or its attention scores (selective); 0 without recomputation.
+// (full recomputation) or its attention scores (selective, without flash attention); 0 without
+// recomputation.
 double megatron_recompute_working_bytes(const ModelShape& m, int64_t micro_batch, int64_t tp,
-                                        bool sequence_parallel, Recompute recompute);
+                                        bool sequence_parallel, Recompute recompute, bool flash_attention);
 
 // Micro-batches whose activations stage `stage` (0-based) of `pp` holds at once under 1F1B with `m`
 // micro-batches per replica: min(pp - stage, m). m = 0 means unknown (taken as large).

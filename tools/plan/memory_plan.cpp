@@ -39,17 +39,19 @@ void validate(const MemoryPlanInput& in) {
   require(in.total_params >= 0, "--params: must be > 0");
   require(m.known() || in.total_params > 0,
           "give --params or the model's shape (--layers, --hidden, --heads, --ffn, --vocab), or --config");
-  require(m.known() || in.activations == ActivationModel::kNone,
-          "--activations needs the model's shape (--layers, --hidden, --heads, --ffn, --vocab, --seq-length)");
+  require(
+      m.known() || in.activations == ActivationModel::kNone,
+      "--activations needs the model's shape (--layers, --hidden, --heads, --ffn, --vocab, --seq-length)");
   require(m.known() || in.stage_layers.empty(), "--stage-layers needs --layers");
   if (m.known()) {
     require(m.kv_heads >= 1 && m.ffn >= 1 && m.vocab >= 1, "--kv-heads, --ffn and --vocab must be >= 1");
-    require(m.hidden % m.heads == 0, "--heads (" + str(m.heads) + ") must divide --hidden (" + str(m.hidden) + ")");
+    require(m.hidden % m.heads == 0,
+            "--heads (" + str(m.heads) + ") must divide --hidden (" + str(m.hidden) + ")");
     require(m.heads % m.kv_heads == 0,
             "--kv-heads (" + str(m.kv_heads) + ") must divide --heads (" + str(m.heads) + ")");
     require(m.heads % in.tp == 0 && m.kv_heads % in.tp == 0,
-            "--tp (" + str(in.tp) + ") must divide --heads (" + str(m.heads) + ") and --kv-heads (" + str(m.kv_heads) +
-                "): tensor parallelism splits whole query groups");
+            "--tp (" + str(in.tp) + ") must divide --heads (" + str(m.heads) + ") and --kv-heads (" +
+                str(m.kv_heads) + "): tensor parallelism splits whole query groups");
     require(m.ffn % in.tp == 0, "--tp (" + str(in.tp) + ") must divide --ffn (" + str(m.ffn) + ")");
     require(in.pp <= m.layers, "--pp " + str(in.pp) + " is larger than --layers " + str(m.layers) +
                                    ": every pipeline stage needs at least one layer");
@@ -58,11 +60,13 @@ void validate(const MemoryPlanInput& in) {
                                          ") unless --stage-layers lists the layers of each stage");
     } else {
       require(static_cast<int64_t>(in.stage_layers.size()) == in.pp,
-              "--stage-layers has " + str(static_cast<int64_t>(in.stage_layers.size())) + " entries but --pp is " +
-                  str(in.pp));
-      for (int64_t layers : in.stage_layers) require(layers >= 1, "--stage-layers: every stage needs a layer");
+              "--stage-layers has " + str(static_cast<int64_t>(in.stage_layers.size())) +
+                  " entries but --pp is " + str(in.pp));
+      for (int64_t layers : in.stage_layers)
+        require(layers >= 1, "--stage-layers: every stage needs a layer");
       const int64_t sum = std::accumulate(in.stage_layers.begin(), in.stage_layers.end(), int64_t{0});
-      require(sum == m.layers, "--stage-layers adds up to " + str(sum) + " layers, not --layers " + str(m.layers));
+      require(sum == m.layers,
+              "--stage-layers adds up to " + str(sum) + " layers, not --layers " + str(m.layers));
     }
     if (in.activations != ActivationModel::kNone) {
       require(m.seq >= 1, "--seq-length: must be >= 1 to compute activations");
@@ -70,6 +74,14 @@ void validate(const MemoryPlanInput& in) {
               "--sequence-parallel: --tp (" + str(in.tp) + ") must divide the micro-batch's tokens (" +
                   str(m.seq * in.micro_batch) + ")");
     }
+    require(!in.flash_attention || in.activations == ActivationModel::kMegatron16Bit,
+            "--flash-attention applies to --activations megatron-16bit only (Touchstone's trainer stores the "
+            "attention probabilities)");
+    require(in.trainer_precision == "fp64" || in.activations != ActivationModel::kTouchstoneFp64,
+            "--activations touchstone-fp64 replays the trainer in precision \"fp64\", not \"" +
+                in.trainer_precision + "\" (its emulation modes add conversion buffers)");
+    require(in.recompute == Recompute::kNone || in.activations != ActivationModel::kTouchstoneFp64,
+            "--recompute: Touchstone's trainer does not recompute activations");
     require(in.vocab_multiple == 1 || in.activations != ActivationModel::kTouchstoneFp64,
             "--vocab-multiple: Touchstone's trainer does not pad the vocabulary");
     require(in.activations != ActivationModel::kTouchstoneFp64 || m.vocab % in.tp == 0,
@@ -78,8 +90,8 @@ void validate(const MemoryPlanInput& in) {
   if (in.global_batch > 0) {
     for (int64_t dp : in.dps) {
       require(in.global_batch % (dp * in.micro_batch) == 0,
-              "--global-batch " + str(in.global_batch) + " is not divisible by DP " + str(dp) + " x --micro-batch " +
-                  str(in.micro_batch) + " = " + str(dp * in.micro_batch));
+              "--global-batch " + str(in.global_batch) + " is not divisible by DP " + str(dp) +
+                  " x --micro-batch " + str(in.micro_batch) + " = " + str(dp * in.micro_batch));
     }
   }
 }
@@ -100,12 +112,16 @@ void add_megatron_activations(const MemoryPlanInput& in, StageMemory& s) {
   const ModelShape& m = in.shape;
   const int64_t vocab = padded_vocab(m.vocab, in.vocab_multiple, in.tp);
   double per_micro_batch = static_cast<double>(s.layers) *
-                           megatron_layer_activation_bytes(m, in.micro_batch, in.tp, in.sequence_parallel, in.recompute);
-  if (s.first) per_micro_batch += megatron_embedding_activation_bytes(m, in.micro_batch, in.tp, in.sequence_parallel);
-  if (s.last) per_micro_batch += megatron_head_activation_bytes(m, in.micro_batch, in.tp, in.sequence_parallel, vocab);
+                           megatron_layer_activation_bytes(m, in.micro_batch, in.tp, in.sequence_parallel,
+                                                           in.recompute, in.flash_attention);
+  if (s.first)
+    per_micro_batch += megatron_embedding_activation_bytes(m, in.micro_batch, in.tp, in.sequence_parallel);
+  if (s.last)
+    per_micro_batch += megatron_head_activation_bytes(m, in.micro_batch, in.tp, in.sequence_parallel, vocab);
   s.activations = static_cast<double>(s.in_flight) * per_micro_batch;
-  const double working = megatron_recompute_working_bytes(m, in.micro_batch, in.tp, in.sequence_parallel, in.recompute);
-  s.peak = {working > 0 ? "backward, recomputing one layer" : "backward of the last in-flight micro-batch",
+  const double working = megatron_recompute_working_bytes(m, in.micro_batch, in.tp, in.sequence_parallel,
+                                                          in.recompute, in.flash_attention);
+  s.peak = {working > 0 ? "backward, recomputing one layer" : "all in-flight micro-batches stored (1F1B)",
             s.activations + working};
 }
 
@@ -158,7 +174,8 @@ LayoutPlan plan_layout(const MemoryPlanInput& in, int64_t dp) {
     s.state = model_state(params, in.recipe, in.distributed_optimizer, dp);
     s.in_flight = in_flight_micro_batches(stage, in.pp, plan.micro_batches);
     if (in.activations == ActivationModel::kMegatron16Bit) add_megatron_activations(in, s);
-    if (in.activations == ActivationModel::kTouchstoneFp64) add_fp64_activations(in, dp, plan.micro_batches, s);
+    if (in.activations == ActivationModel::kTouchstoneFp64)
+      add_fp64_activations(in, dp, plan.micro_batches, s);
     plan.stages.push_back(s);
   }
   return plan;

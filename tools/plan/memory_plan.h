@@ -22,8 +22,8 @@ enum class ActivationModel {
 ActivationModel parse_activation_model(const std::string& name);
 
 struct MemoryPlanInput {
-  ModelShape shape;        // shape.known() false: only total_params is known
-  double total_params = 0; // > 0: the parameter count to plan with (overrides the shape's own count)
+  ModelShape shape;         // shape.known() false: only total_params is known
+  double total_params = 0;  // > 0: the parameter count to plan with (overrides the shape's own count)
   Recipe recipe;
   bool distributed_optimizer = false;
   int64_t tp = 1, pp = 1;
@@ -33,9 +33,11 @@ struct MemoryPlanInput {
   int64_t global_batch = 0;           // sequences per update; 0: unknown (1F1B then holds pp - stage)
   bool sequence_parallel = false;
   Recompute recompute = Recompute::kNone;
+  bool flash_attention = false;  // 16-bit model: attention scores never stored
   ActivationModel activations = ActivationModel::kNone;
-  int64_t vocab_multiple = 1;  // pad the vocabulary to a multiple of this x tp (Megatron: 128)
-  double gpu_memory_gb = 0;    // > 0: flag stages that do not fit
+  std::string trainer_precision = "fp64";  // a Touchstone config's precision (--config)
+  int64_t vocab_multiple = 1;              // pad the vocabulary to a multiple of this x tp (Megatron: 128)
+  double gpu_memory_gb = 0;                // > 0: flag stages that do not fit
 };
 
 // Throws InputError for an impossible layout (PP larger than the layers, DP not dividing the batch, a
@@ -51,10 +53,10 @@ struct NamedBytes {
 struct StageMemory {
   int64_t stage = 0, first_layer = 0, layers = 0;
   bool first = false, last = false;
-  ModelState state;          // weights, grads, master weights, optimizer moments
-  int64_t in_flight = 0;     // micro-batches whose activations are held at once (1F1B)
-  double activations = 0;    // bytes stored for the backward pass, all in-flight micro-batches
-  NamedBytes peak;           // the step's largest live bytes beyond the model state, and when
+  ModelState state;        // weights, grads, master weights, optimizer moments
+  int64_t in_flight = 0;   // micro-batches whose activations are held at once (1F1B)
+  double activations = 0;  // bytes stored for the backward pass, all in-flight micro-batches
+  NamedBytes peak;         // the step's largest live bytes beyond the model state, and when
   std::vector<NamedBytes> stored_per_layer;  // FP64 trainer: one layer's stored tensors (breakdown)
   std::vector<NamedBytes> stored_head;       // FP64 trainer: the stage output and head tensors
   double total() const { return state.total() + peak.bytes; }

@@ -10,13 +10,35 @@ namespace touchstone::plan {
 
 namespace {
 
+// Decimal units: GB for real models, MB or kB for the small configs the trainer runs.
+struct Unit {
+  const char* name;
+  double scale;
+  std::string operator()(double bytes) const { return fixed(bytes / scale, 2); }
+};
+
+Unit unit_for(double largest_bytes) {
+  if (largest_bytes >= 1e9) return {"GB", 1e9};
+  if (largest_bytes >= 1e6) return {"MB", 1e6};
+  return {"kB", 1e3};
+}
+
+// Parameter counts: exact below ten million, scientific above.
+std::string count(double value) { return value < 1e7 ? grouped(value) : scientific(value, 5); }
+
+std::string rtrim(std::string text) {
+  while (!text.empty() && (text.back() == ' ' || text.back() == '\n')) text.pop_back();
+  return text + "\n";
+}
+
 std::string activation_description(const MemoryPlanInput& in) {
   switch (in.activations) {
     case ActivationModel::kNone:
       return "not computed (no layer shapes)";
     case ActivationModel::kMegatron16Bit:
       return "16-bit, Korthikanti et al. 2022, recomputation " + to_string(in.recompute) +
-             (in.sequence_parallel ? ", sequence parallel" : "");
+             (in.sequence_parallel ? ", sequence parallel" : "") +
+             (in.flash_attention ? ", flash attention" : "");
     case ActivationModel::kTouchstoneFp64:
       return "Touchstone's FP64 trainer, replayed allocation by allocation" +
              std::string(in.sequence_parallel ? ", sequence parallel" : "");
@@ -24,49 +46,63 @@ std::string activation_description(const MemoryPlanInput& in) {
   return "";
 }
 
+// "  -60.63  DOES NOT FIT" or "   21.41  fits"; empty without --gpu-memory-gb.
 std::string fit_column(const MemoryPlanInput& in, double bytes) {
   if (in.gpu_memory_gb <= 0) return "";
   const double free_gb = in.gpu_memory_gb - bytes / 1e9;
-  return fixed(free_gb, 2) + (free_gb < 0 ? "  DOES NOT FIT" : "");
+  char text[64];
+  std::snprintf(text, sizeof text, "%8s  %-12s", fixed(free_gb, 2).c_str(),
+                free_gb < 0 ? "DOES NOT FIT" : "fits");
+  return text;
 }
 
-void print_state_table(const MemoryPlanInput& in, const std::vector<LayoutPlan>& plans, std::ostream& out) {
-  out << "\nModel state per GPU of the largest stage (GB = 1e9 bytes; before activations, communication "
-         "buffers and uneven stages):\n";
+std::string fit_header(const MemoryPlanInput& in) {
+  if (in.gpu_memory_gb <= 0) return "";
+  char text[64];
+  std::snprintf(text, sizeof text, "%8s  %-12s", "free",
+                ("of " + fixed(in.gpu_memory_gb, 0) + " GB").c_str());
+  return text;
+}
+
+void print_state_table(const MemoryPlanInput& in, const std::vector<LayoutPlan>& plans, const Unit& u,
+                       std::ostream& out) {
+  out << "\nModel state per GPU of the largest stage (" << u.name << " = " << scientific(u.scale)
+      << " bytes; before activations, communication buffers and uneven stages):\n";
   char line[256];
-  std::snprintf(line, sizeof line, "%6s %12s %9s %9s %9s %9s %9s %s\n", "DP", "bytes/param", "weights", "grads",
-                "master", "moments", "total", in.gpu_memory_gb > 0 ? ("  free of " + fixed(in.gpu_memory_gb, 0) + " GB").c_str() : "");
-  out << line;
+  std::snprintf(line, sizeof line, "%6s %12s %9s %9s %9s %9s %9s %s\n", "DP", "bytes/param", "weights",
+                "grads", "master", "moments", "total", fit_header(in).c_str());
+  out << rtrim(line);
   for (const LayoutPlan& plan : plans) {
     const ModelState& s = plan.largest().state;
-    std::snprintf(line, sizeof line, "%6lld %12s %9s %9s %9s %9s %9s  %s\n", static_cast<long long>(plan.dp),
-                  fixed(s.bytes_per_param(), 3).c_str(), gigabytes(s.weights).c_str(), gigabytes(s.grads).c_str(),
-                  gigabytes(s.master_weights + s.master_grads).c_str(), gigabytes(s.moments).c_str(),
-                  gigabytes(s.total()).c_str(), fit_column(in, s.total()).c_str());
-    out << line;
+    std::snprintf(line, sizeof line, "%6lld %12s %9s %9s %9s %9s %9s %s\n", static_cast<long long>(plan.dp),
+                  fixed(s.bytes_per_param(), 3).c_str(), u(s.weights).c_str(), u(s.grads).c_str(),
+                  u(s.master_weights + s.master_grads).c_str(), u(s.moments).c_str(), u(s.total()).c_str(),
+                  fit_column(in, s.total()).c_str());
+    out << rtrim(line);
   }
   for (size_t i = 1; i < plans.size(); ++i) {
     const double saved = plans[0].largest().state.total() - plans[i].largest().state.total();
-    out << "DP " << plans[i].dp << (saved >= 0 ? " leaves " : " takes ") << gigabytes(std::abs(saved))
-        << " GB per GPU " << (saved >= 0 ? "more" : "less") << " room than DP " << plans[0].dp << ".\n";
+    out << "DP " << plans[i].dp << (saved >= 0 ? " leaves " : " takes ") << u(std::abs(saved)) << " "
+        << u.name << " per GPU " << (saved >= 0 ? "more" : "less") << " room than DP " << plans[0].dp
+        << ".\n";
   }
 }
 
-void print_stage_table(const MemoryPlanInput& in, const LayoutPlan& plan, std::ostream& out) {
-  out << "\nDP " << plan.dp << ": per GPU of each stage, GB";
+void print_stage_table(const MemoryPlanInput& in, const LayoutPlan& plan, const Unit& u, std::ostream& out) {
+  out << "\nDP " << plan.dp << ": per GPU of each stage, " << u.name;
   if (plan.micro_batches > 0) out << " (" << plan.micro_batches << " micro-batches per replica per update)";
   out << ":\n";
   char line[512];
-  std::snprintf(line, sizeof line, "%6s %7s %11s %9s %7s %12s %9s %9s  %-14s %s\n", "stage", "layers", "params",
-                "state", "flight", "activations", "peak", "total", in.gpu_memory_gb > 0 ? "free" : "", "peak at");
-  out << line;
+  std::snprintf(line, sizeof line, "%6s %7s %11s %9s %7s %12s %9s %9s %s  %s\n", "stage", "layers", "params",
+                "state", "flight", "activations", "peak", "total", fit_header(in).c_str(), "peak at");
+  out << rtrim(line);
   for (const StageMemory& s : plan.stages) {
-    std::snprintf(line, sizeof line, "%6lld %7lld %11s %9s %7lld %12s %9s %9s  %-14s %s\n",
-                  static_cast<long long>(s.stage), static_cast<long long>(s.layers), scientific(s.state.params).c_str(),
-                  gigabytes(s.state.total()).c_str(), static_cast<long long>(s.in_flight),
-                  gigabytes(s.activations).c_str(), gigabytes(s.peak.bytes).c_str(), gigabytes(s.total()).c_str(),
-                  fit_column(in, s.total()).c_str(), s.peak.name.c_str());
-    out << line;
+    std::snprintf(line, sizeof line, "%6lld %7lld %11s %9s %7lld %12s %9s %9s %s  %s\n",
+                  static_cast<long long>(s.stage), static_cast<long long>(s.layers),
+                  count(s.state.params).c_str(), u(s.state.total()).c_str(),
+                  static_cast<long long>(s.in_flight), u(s.activations).c_str(), u(s.peak.bytes).c_str(),
+                  u(s.total()).c_str(), fit_column(in, s.total()).c_str(), s.peak.name.c_str());
+    out << rtrim(line);
   }
 }
 
@@ -86,7 +122,7 @@ void print_memory_plan(const MemoryPlanInput& in, std::ostream& out) {
   std::vector<LayoutPlan> plans;
   for (int64_t dp : in.dps) plans.push_back(plan_layout(in, dp));
   const double params = in.total_params > 0 ? in.total_params : total_params(in.shape);
-  out << "Memory plan: " << scientific(params) << " parameters" << (in.total_params > 0 ? " (given)" : "")
+  out << "Memory plan: " << count(params) << " parameters" << (in.total_params > 0 ? " (given)" : "")
       << ", TP " << in.tp << " x PP " << in.pp << ", recipe " << in.recipe.name << ", distributed optimizer "
       << (in.distributed_optimizer ? "on" : "off") << "\n";
   out << "  recipe " << in.recipe.name << ": " << in.recipe.description << "\n";
@@ -97,15 +133,18 @@ void print_memory_plan(const MemoryPlanInput& in, std::ostream& out) {
   }
   out << "\n";
   if (in.total_params > 0) {
-    out << "  parameters per GPU: " << scientific(plans[0].stages[0].state.params) << " = " << scientific(params)
+    out << "  parameters per GPU: " << count(plans[0].stages[0].state.params) << " = " << count(params)
         << " / (TP " << in.tp << " x PP " << in.pp << "), every stage alike\n";
   } else {
-    out << "  parameters per GPU: " << scientific(plans[0].largest().state.params) << " on the largest stage\n";
+    out << "  parameters per GPU: " << count(plans[0].largest().state.params) << " on the largest stage\n";
   }
   out << "  activations: " << activation_description(in) << "\n";
-  print_state_table(in, plans, out);
+  double largest = 0;
+  for (const LayoutPlan& plan : plans) largest = std::max(largest, plan.largest().total());
+  const Unit unit = unit_for(largest);
+  print_state_table(in, plans, unit, out);
   if (in.shape.known()) {
-    for (const LayoutPlan& plan : plans) print_stage_table(in, plan, out);
+    for (const LayoutPlan& plan : plans) print_stage_table(in, plan, unit, out);
   } else {
     out << "Per-stage activations need the layer shapes (--layers, --hidden, --heads, --ffn, --vocab, "
            "--seq-length).\n";
@@ -114,9 +153,10 @@ void print_memory_plan(const MemoryPlanInput& in, std::ostream& out) {
   for (const LayoutPlan& plan : plans) {
     for (const StageMemory& s : plan.stages) {
       if (s.total() / 1e9 <= in.gpu_memory_gb) continue;
-      out << "DOES NOT FIT: DP " << plan.dp << ", stage " << s.stage << " needs " << gigabytes(s.total())
-          << " GB of " << fixed(in.gpu_memory_gb, 0) << " GB\n";
-      if (!in.shape.known()) break;  // every stage alike
+      out << "DOES NOT FIT: DP " << plan.dp
+          << (in.shape.known() ? ", stage " + std::to_string(s.stage) : ", every stage") << " needs "
+          << gigabytes(s.total()) << " GB of " << fixed(in.gpu_memory_gb, 0) << " GB\n";
+      if (!in.shape.known()) break;
     }
   }
 }

@@ -2,7 +2,6 @@
 #include "tools/plan/plan_cli.h"
 
 #include <CLI/CLI.hpp>
-
 #include <filesystem>
 #include <fstream>
 #include <ostream>
@@ -23,7 +22,8 @@ struct MemoryOptions {
   std::string config_path, params, recipe = "bf16", activations = "auto", recompute = "none";
   std::vector<std::string> overrides;
   int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0, seq = 0;
-  bool tied = false, distributed_optimizer = false, sequence_parallel = false, breakdown = false;
+  bool tied = false, distributed_optimizer = false, sequence_parallel = false, flash_attention = false;
+  bool breakdown = false;
   int64_t tp = 1, pp = 1, micro_batch = 1, global_batch = 0, vocab_multiple = 1;
   std::vector<int64_t> dps{1}, stage_layers;
   double gpu_memory_gb = 0;
@@ -63,23 +63,28 @@ class PlanCommandImpl final : public PlanCommand {
 PlanCommandImpl::PlanCommandImpl(CLI::App& app) {
   plan_ = app.add_subcommand("plan", "Plan memory, scaling and calendar time of a large run (no GPU needed)");
   plan_->require_subcommand(1);
-  memory_ = plan_->add_subcommand("memory", "Per-GPU memory of every pipeline stage: model state by precision "
-                                            "recipe, activations, peak (docs/planning.md)");
+  memory_ = plan_->add_subcommand("memory",
+                                  "Per-GPU memory of every pipeline stage: model state by precision "
+                                  "recipe, activations, peak (docs/planning.md)");
   add_memory_options();
 
-  scaling_ = plan_->add_subcommand("scaling", "Scaling table (tokens/s, speedup, efficiency, bubble) of measured "
-                                              "runs from a CSV, with comparability warnings");
+  scaling_ = plan_->add_subcommand("scaling",
+                                   "Scaling table (tokens/s, speedup, efficiency, bubble) of measured "
+                                   "runs from a CSV, with comparability warnings");
   scaling_->add_option("--csv", s_.csv_path, std::string("Runs, one per row; header: ") + kScalingCsvHeader)
       ->required();
-  scaling_->add_option("--svg", s_.svg_path, "Also write a chart of tokens/s and efficiency against GPUs (SVG)");
+  scaling_->add_option("--svg", s_.svg_path,
+                       "Also write a chart of tokens/s and efficiency against GPUs (SVG)");
 
-  calendar_ = plan_->add_subcommand("calendar", "Pure compute days, calendar days and end date of the remaining "
-                                                "tokens");
+  calendar_ = plan_->add_subcommand("calendar",
+                                    "Pure compute days, calendar days and end date of the remaining "
+                                    "tokens");
   calendar_->add_option("--tokens", c_.tokens, "Tokens of the main run (e.g. 10T or 1e13)")->required();
   calendar_->add_option("--throughput", c_.throughput, "Non-padding tokens/s (e.g. 1.6M)")->required();
-  calendar_->add_option("--throughput-kind", c_.kind,
-                        "compute: measured over training time only; wall-clock: over whole wall-clock time, "
-                        "losses included (never discounted again)")
+  calendar_
+      ->add_option("--throughput-kind", c_.kind,
+                   "compute: measured over training time only; wall-clock: over whole wall-clock time, "
+                   "losses included (never discounted again)")
       ->required();
   calendar_->add_option("--calendar-efficiency", c_.efficiency,
                         "Share of wall-clock time spent training, e.g. 0.9 or 90% (compute throughput only)");
@@ -89,9 +94,12 @@ PlanCommandImpl::PlanCommandImpl(CLI::App& app) {
 
 void PlanCommandImpl::add_memory_options() {
   CLI::App* c = memory_;
-  c->add_option("--config", m_.config_path, "A Touchstone JSON config: shapes, batch and layout from it (fp64)");
-  c->add_option("--set", m_.overrides, "Override one config key: --set section.key=value (repeatable)");
-  c->add_option("--params", m_.params, "Total parameters (e.g. 500e9 or 500B); stages then hold equal shares");
+  c->add_option("--config", m_.config_path,
+                "A Touchstone JSON config: shapes, batch and layout from it (fp64)");
+  c->add_option("--set", m_.overrides, "Override one config key: --set section.key=value (repeatable)")
+      ->allow_extra_args(false);
+  c->add_option("--params", m_.params,
+                "Total parameters (e.g. 500e9 or 500B); stages then hold equal shares");
   c->add_option("--layers", m_.layers, "Decoder layers");
   c->add_option("--hidden", m_.hidden, "Hidden size h");
   c->add_option("--heads", m_.heads, "Attention heads a");
@@ -102,23 +110,33 @@ void PlanCommandImpl::add_memory_options() {
   c->add_flag("--tied-embeddings", m_.tied, "The output layer is the embedding");
   c->add_option("--tp", m_.tp, "Tensor-parallel size")->capture_default_str();
   c->add_option("--pp", m_.pp, "Pipeline-parallel size")->capture_default_str();
-  c->add_option("--dp", m_.dps, "Data-parallel size, or several: --dp 1,8,80")->delimiter(',')->capture_default_str();
+  c->add_option("--dp", m_.dps, "Data-parallel size, or several: --dp 1,8,80")
+      ->delimiter(',')
+      ->allow_extra_args(false)
+      ->capture_default_str();
   c->add_option("--stage-layers", m_.stage_layers, "Layers of each stage, e.g. 11,13,13,11 (default: equal)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->allow_extra_args(false);
   c->add_option("--micro-batch", m_.micro_batch, "Sequences per micro-batch b")->capture_default_str();
   c->add_option("--global-batch", m_.global_batch, "Sequences per update (for the micro-batch count m)");
   c->add_option("--recipe", m_.recipe, "Precision recipe: bf16, fp16, fp32, fp64")->capture_default_str();
-  c->add_flag("--distributed-optimizer", m_.distributed_optimizer, "Shard master weights and moments over DP");
+  c->add_flag("--distributed-optimizer", m_.distributed_optimizer,
+              "Shard master weights and moments over DP");
   c->add_flag("--sequence-parallel", m_.sequence_parallel, "Sequence parallelism (Megatron-LM)");
-  c->add_option("--recompute", m_.recompute, "Activation recomputation: none, selective, full")->capture_default_str();
+  c->add_flag("--flash-attention", m_.flash_attention, "16-bit model: attention scores are never stored");
+  c->add_option("--recompute", m_.recompute, "Activation recomputation: none, selective, full")
+      ->capture_default_str();
   c->add_option("--activations", m_.activations,
                 "megatron-16bit, touchstone-fp64, none; auto: touchstone-fp64 for --recipe fp64, else "
                 "megatron-16bit (none without shapes)")
       ->capture_default_str();
-  c->add_option("--vocab-multiple", m_.vocab_multiple, "Pad the vocabulary to a multiple of this x TP (Megatron: 128)")
+  c->add_option("--vocab-multiple", m_.vocab_multiple,
+                "Pad the vocabulary to a multiple of this x TP (Megatron: 128)")
       ->capture_default_str();
-  c->add_option("--gpu-memory-gb", m_.gpu_memory_gb, "GPU memory in GB (1e9 bytes): flag stages that do not fit");
-  c->add_flag("--breakdown", m_.breakdown, "Touchstone FP64 trainer: list stored tensors and the peak moment");
+  c->add_option("--gpu-memory-gb", m_.gpu_memory_gb,
+                "GPU memory in GB (1e9 bytes): flag stages that do not fit");
+  c->add_flag("--breakdown", m_.breakdown,
+              "Touchstone FP64 trainer: list stored tensors and the peak moment");
 }
 
 MemoryPlanInput PlanCommandImpl::memory_input() const {
@@ -126,7 +144,8 @@ MemoryPlanInput PlanCommandImpl::memory_input() const {
   in.recipe = find_recipe(m_.recipe);
   if (!m_.config_path.empty() || !m_.overrides.empty()) {
     const nlohmann::json file = m_.config_path.empty() ? nlohmann::json() : read_config_file(m_.config_path);
-    const Config config = resolve_config(file, m_.overrides, m_.config_path.empty() ? "config" : m_.config_path);
+    const Config config =
+        resolve_config(file, m_.overrides, m_.config_path.empty() ? "config" : m_.config_path);
     validate_config(config, static_cast<int>(config.parallel.tp * config.parallel.pp * config.parallel.dp));
     in = plan_input_from_config(config);
     if (given("--recipe")) in.recipe = find_recipe(m_.recipe);
@@ -145,7 +164,8 @@ MemoryPlanInput PlanCommandImpl::memory_input() const {
     throw InputError("--ffn and --vocab are needed with --layers, --hidden and --heads");
   }
   if (given("--params")) in.total_params = parse_quantity(m_.params, "--params");
-  if (given("--params") && !(in.total_params > 0)) throw InputError("--params: must be > 0, got " + m_.params);
+  if (given("--params") && !(in.total_params > 0))
+    throw InputError("--params: must be > 0, got " + m_.params);
   if (given("--tp")) in.tp = m_.tp;
   if (given("--pp")) in.pp = m_.pp;
   if (given("--dp")) in.dps = m_.dps;
@@ -155,10 +175,11 @@ MemoryPlanInput PlanCommandImpl::memory_input() const {
   if (given("--distributed-optimizer")) in.distributed_optimizer = true;
   if (given("--sequence-parallel")) in.sequence_parallel = true;
   in.recompute = parse_recompute(m_.recompute);
+  in.flash_attention = m_.flash_attention;
   in.vocab_multiple = m_.vocab_multiple;
   in.gpu_memory_gb = m_.gpu_memory_gb;
   if (m_.activations == "auto") {
-    in.activations = !s.known()                ? ActivationModel::kNone
+    in.activations = !s.known()                 ? ActivationModel::kNone
                      : in.recipe.name == "fp64" ? ActivationModel::kTouchstoneFp64
                                                 : ActivationModel::kMegatron16Bit;
   } else {
@@ -217,6 +238,8 @@ int PlanCommandImpl::run(std::ostream& out) const {
 
 }  // namespace
 
-std::unique_ptr<PlanCommand> add_plan_commands(CLI::App& app) { return std::make_unique<PlanCommandImpl>(app); }
+std::unique_ptr<PlanCommand> add_plan_commands(CLI::App& app) {
+  return std::make_unique<PlanCommandImpl>(app);
+}
 
 }  // namespace touchstone::plan

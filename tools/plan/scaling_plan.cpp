@@ -30,7 +30,8 @@ std::vector<std::string> split_fields(const std::string& line) {
 
 class RowReader {
  public:
-  RowReader(const std::string& where, const std::vector<std::string>& names, const std::vector<std::string>& fields)
+  RowReader(const std::string& where, const std::vector<std::string>& names,
+            const std::vector<std::string>& fields)
       : where_(where), names_(names), fields_(fields) {}
 
   int64_t integer(size_t column, int64_t minimum) const {
@@ -56,7 +57,8 @@ class RowReader {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used == 0 || used != text.size() || !std::isfinite(value)) fail(column, "\"" + text + "\" is not a number");
+    if (used == 0 || used != text.size() || !std::isfinite(value))
+      fail(column, "\"" + text + "\" is not a number");
     if (value < 0) fail(column, text + " must be >= 0");
     return value;
   }
@@ -82,8 +84,8 @@ class RowReader {
 ScalingRun parse_row(const std::string& where, int64_t line, const std::vector<std::string>& names,
                      const std::vector<std::string>& fields) {
   if (fields.size() != names.size()) {
-    throw InputError(where + ": expected " + std::to_string(names.size()) + " comma-separated fields, found " +
-                     std::to_string(fields.size()));
+    throw InputError(where + ": expected " + std::to_string(names.size()) +
+                     " comma-separated fields, found " + std::to_string(fields.size()));
   }
   const RowReader r(where, names, fields);
   ScalingRun run;
@@ -101,9 +103,9 @@ ScalingRun parse_row(const std::string& where, int64_t line, const std::vector<s
   run.checkpoint_in_window = r.flag(10);
   run.warmup_excluded = r.flag(11);
   if (run.gpus != run.tp * run.pp * run.dp) {
-    throw InputError(where + ": gpus " + std::to_string(run.gpus) + " is not tp x pp x dp = " +
-                     std::to_string(run.tp) + " x " + std::to_string(run.pp) + " x " + std::to_string(run.dp) +
-                     " = " + std::to_string(run.tp * run.pp * run.dp));
+    throw InputError(where + ": gpus " + std::to_string(run.gpus) +
+                     " is not tp x pp x dp = " + std::to_string(run.tp) + " x " + std::to_string(run.pp) +
+                     " x " + std::to_string(run.dp) + " = " + std::to_string(run.tp * run.pp * run.dp));
   }
   if (run.global_batch % (run.dp * run.micro_batch) != 0) {
     throw InputError(where + ": global_batch " + std::to_string(run.global_batch) +
@@ -172,7 +174,8 @@ std::string describe_groups(const std::vector<ScalingRow>& rows, Key key) {
   }
   if (order.size() < 2) return "";
   std::string text;
-  for (const std::string& value : order) text += (text.empty() ? "" : "; ") + value + " at " + gpu_list(groups[value]);
+  for (const std::string& value : order)
+    text += (text.empty() ? "" : "; ") + value + " at " + gpu_list(groups[value]);
   return text;
 }
 
@@ -185,11 +188,13 @@ std::vector<std::string> comparability_warnings(const std::vector<ScalingRow>& r
     if (row.run.checkpoint_in_window) with_checkpoint.push_back(&row);
   }
   if (!cold.empty() && cold.size() < rows.size()) {
-    warnings.push_back("cold start mixed with steady state: the windows of " + gpu_list(cold) +
-                       " include start-up (warmup_excluded = 0), the others do not; compare steady-state windows");
+    warnings.push_back(
+        "cold start mixed with steady state: the windows of " + gpu_list(cold) +
+        " include start-up (warmup_excluded = 0), the others do not; compare steady-state windows");
   } else if (!cold.empty()) {
-    warnings.push_back("no window excludes start-up (warmup_excluded = 0 everywhere): these are not steady-state "
-                       "throughputs");
+    warnings.push_back(
+        "no window excludes start-up (warmup_excluded = 0 everywhere): these are not steady-state "
+        "throughputs");
   }
   if (!with_checkpoint.empty() && with_checkpoint.size() < rows.size()) {
     warnings.push_back("checkpoint saves fall inside the window of " + gpu_list(with_checkpoint) +
@@ -201,7 +206,8 @@ std::vector<std::string> comparability_warnings(const std::vector<ScalingRow>& r
     warnings.push_back("different global batch (" + batches +
                        "): micro-batches per replica, bubble and convergence all change with it");
   }
-  const std::string updates = describe_groups(rows, [](const ScalingRow& r) { return std::to_string(r.run.updates); });
+  const std::string updates =
+      describe_groups(rows, [](const ScalingRow& r) { return std::to_string(r.run.updates); });
   if (!updates.empty()) {
     warnings.push_back("different windows: they cover different numbers of updates (" + updates +
                        "); measure the same update range in every run");
@@ -216,7 +222,8 @@ std::vector<std::string> comparability_warnings(const std::vector<ScalingRow>& r
       if (std::abs(per_update_a - per_update_b) > 0.01 * std::max(per_update_a, per_update_b)) {
         warnings.push_back("tokens per update differ between " + std::to_string(a.run.gpus) + " and " +
                            std::to_string(b.run.gpus) + " GPUs (" + grouped(per_update_a) + " vs " +
-                           grouped(per_update_b) + ") at the same global batch: different data or padding counted");
+                           grouped(per_update_b) +
+                           ") at the same global batch: different data or padding counted");
       }
     }
   }
@@ -253,20 +260,22 @@ void print_scaling_table(const ScalingTable& table, std::ostream& out) {
   out << "Scaling against the smallest run (" << reference.run.gpus << " GPUs, line " << reference.run.line
       << "); m = micro-batches per replica per update, bubble = (pp - 1) / (m + pp - 1) of 1F1B\n\n";
   char line[512];
-  std::snprintf(line, sizeof line, "%6s %3s %3s %4s %7s %3s %5s  %-17s %7s %15s %12s %8s %10s %7s %4s\n", "GPUs", "TP",
-                "PP", "DP", "batch", "mbs", "m", "window (s)", "updates", "tokens", "tokens/s", "speedup",
-                "efficiency", "bubble", "ckpt");
+  std::snprintf(line, sizeof line, "%6s %3s %3s %4s %7s %3s %5s  %-17s %7s %15s %12s %8s %10s %7s %4s\n",
+                "GPUs", "TP", "PP", "DP", "batch", "mbs", "m", "window (s)", "updates", "tokens", "tokens/s",
+                "speedup", "efficiency", "bubble", "ckpt");
   out << line;
   for (const ScalingRow& row : table.rows) {
     const ScalingRun& r = row.run;
     const std::string window = fixed(r.window_start_s, 1) + "-" + fixed(r.window_end_s, 1);
-    std::snprintf(line, sizeof line, "%6lld %3lld %3lld %4lld %7lld %3lld %5lld  %-17s %7lld %15s %12s %8s %10s %7s %4s\n",
+    std::snprintf(line, sizeof line,
+                  "%6lld %3lld %3lld %4lld %7lld %3lld %5lld  %-17s %7lld %15s %12s %8s %10s %7s %4s\n",
                   static_cast<long long>(r.gpus), static_cast<long long>(r.tp), static_cast<long long>(r.pp),
                   static_cast<long long>(r.dp), static_cast<long long>(r.global_batch),
-                  static_cast<long long>(r.micro_batch), static_cast<long long>(row.micro_batches), window.c_str(),
-                  static_cast<long long>(r.updates), grouped(r.tokens).c_str(), grouped(row.tokens_per_s).c_str(),
-                  (fixed(row.speedup, 2) + "x").c_str(), percent(row.efficiency, 0).c_str(),
-                  percent(row.bubble, 1).c_str(), r.checkpoint_in_window ? "yes" : "no");
+                  static_cast<long long>(r.micro_batch), static_cast<long long>(row.micro_batches),
+                  window.c_str(), static_cast<long long>(r.updates), grouped(r.tokens).c_str(),
+                  grouped(row.tokens_per_s).c_str(), (fixed(row.speedup, 2) + "x").c_str(),
+                  percent(row.efficiency, 0).c_str(), percent(row.bubble, 1).c_str(),
+                  r.checkpoint_in_window ? "yes" : "no");
     out << line;
   }
   out << "\nScaling efficiency = speedup / GPU ratio; speedup = tokens/s over the " << reference.run.gpus

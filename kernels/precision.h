@@ -1,0 +1,41 @@
+// Number formats and the rounding between them. Storage is always double; a value "in" FP32 or BF16
+// is a double that the format represents exactly, produced by the rounding functions below. Which
+// operator rounds where is a property of the backend (kernels/backend.h, Precision), documented in
+// docs/precision.md.
+#pragma once
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+namespace touchstone {
+
+enum class Precision {
+  kFp64,  // everything in double: the reference
+  kFp32,  // everything in float
+  kBf16,  // mixed precision as production runs it: BF16 weights and activations, FP32 accumulation,
+          // FP32 softmax / norm statistics / cross entropy, FP32 main gradients, master weights, Adam
+};
+Precision parse_precision(const std::string& name);
+std::string precision_name(Precision precision);
+
+// FP32 -> BF16, round to nearest, ties to even; NaN stays NaN (quiet), overflow goes to infinity.
+// Returns the upper 16 bits of the BF16 value's FP32 encoding.
+inline uint16_t bf16_bits_from_float(float value) {
+  const auto bits = std::bit_cast<uint32_t>(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // NaN, quiet
+  const uint32_t lsb = (bits >> 16) & 1u;
+  return static_cast<uint16_t>((bits + 0x7fffu + lsb) >> 16);
+}
+
+inline float float_from_bf16_bits(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+
+// double -> FP32 -> BF16: rounds twice, as production does when an FP32 result is stored in BF16.
+inline double round_to_bf16(double value) {
+  return static_cast<double>(float_from_bf16_bits(bf16_bits_from_float(static_cast<float>(value))));
+}
+
+inline double round_to_fp32(double value) { return static_cast<double>(static_cast<float>(value)); }
+
+}  // namespace touchstone

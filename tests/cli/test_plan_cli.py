@@ -1,0 +1,147 @@
+"""Command line of `touchstone plan memory | scaling | calendar`: the acceptance numbers exactly as
+printed, the scaling example shipped in docs/examples, the chart file, and bad input as a one-line
+error with exit status 2.
+
+Usage: test_plan_cli.py PATH_TO_TOUCHSTONE   (standard library only)
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+import xml.dom.minidom
+
+TOUCHSTONE = None
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "examples")
+ACCEPTANCE_CSV = os.path.join(EXAMPLES, "scaling_acceptance.csv")
+HEADER = ("gpus,tp,pp,dp,global_batch,micro_batch,window_start_s,window_end_s,updates,tokens,"
+          "checkpoint_in_window,warmup_excluded")
+
+
+def run(*args):
+    return subprocess.run([TOUCHSTONE, "plan", *args], capture_output=True, text=True, timeout=120)
+
+
+class PlanCli(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def ok(self, *args):
+        result = run(*args)
+        self.assertEqual(result.returncode, 0, result.stderr + result.stdout)
+        return result.stdout
+
+    def assert_refused(self, args, message):
+        result = run(*args)
+        self.assertEqual(result.returncode, 2, result.stderr + result.stdout)
+        lines = result.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, result.stderr)
+        self.assertIn(message, lines[0])
+
+    def write(self, name, text):
+        path = os.path.join(self.dir.name, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    # ---- memory ----
+    def test_memory_acceptance(self):
+        out = self.ok("memory", "--params", "500e9", "--tp", "8", "--pp", "8", "--dp", "1,8,80", "--recipe", "bf16",
+                      "--distributed-optimizer", "--gpu-memory-gb", "80")
+        self.assertIn("parameters per GPU: 7.8125e9", out)
+        rows = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()[:2] in ("1 ", "8 ", "80")}
+        self.assertEqual(rows["1"][6], "140.63")
+        self.assertEqual(rows["8"][6], "58.59")
+        self.assertEqual(rows["80"][6], "48.05")
+        self.assertIn("DOES NOT FIT", " ".join(rows["1"]))
+        self.assertNotIn("DOES NOT FIT", " ".join(rows["8"]))
+        self.assertIn("DP 8 leaves 82.03 GB per GPU more room than DP 1.", out)
+        self.assertIn("6 + 12/DP", out)
+
+    def test_memory_recipes(self):
+        for recipe, plain in (("bf16", "18"), ("fp16", "20"), ("fp32", "16"), ("fp64", "32")):
+            out = self.ok("memory", "--params", "1e9", "--recipe", recipe)
+            self.assertIn("bytes per parameter: " + plain, out)
+
+    def test_memory_stages_with_shapes(self):
+        out = self.ok("memory", "--layers", "8", "--hidden", "1024", "--heads", "16", "--ffn", "4096", "--vocab",
+                      "32000", "--seq-length", "2048", "--tp", "2", "--pp", "4", "--dp", "2", "--global-batch", "64",
+                      "--sequence-parallel", "--recompute", "selective", "--gpu-memory-gb", "1")
+        self.assertIn("32 micro-batches per replica per update", out)
+        self.assertIn("DOES NOT FIT: DP 2, stage 0", out)
+
+    def test_memory_fp64_trainer_from_config(self):
+        out = self.ok("memory", "--set", "train.steps=1", "--breakdown")
+        self.assertIn("Touchstone's FP64 trainer", out)
+        self.assertIn("probs: 262,144", out)
+        self.assertRegex(out, r"Peak: model state 4,007,936 \+ [0-9,]+ at micro-batch 3, backward")
+
+    def test_memory_errors(self):
+        shape = ["--layers", "4", "--hidden", "64", "--heads", "4", "--ffn", "176", "--vocab", "256",
+                 "--seq-length", "64"]
+        self.assert_refused(["memory", *shape, "--pp", "8"], "--pp 8 is larger than --layers 4")
+        self.assert_refused(["memory", *shape, "--dp", "3", "--global-batch", "8"],
+                            "--global-batch 8 is not divisible by DP 3 x --micro-batch 1 = 3")
+        self.assert_refused(["memory", "--params", "-5"], "--params: must be > 0")
+        self.assert_refused(["memory", "--params", "1e9", "--recipe", "int4"], "unknown recipe \"int4\"")
+        self.assert_refused(["memory"], "give --params or the model's shape")
+
+    # ---- scaling ----
+    def test_scaling_acceptance_example(self):
+        svg = os.path.join(self.dir.name, "scaling.svg")
+        out = self.ok("scaling", "--csv", ACCEPTANCE_CSV, "--svg", svg)
+        rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["512"], ["1024"], ["2560"], ["5120"])]
+        self.assertEqual([r[3] for r in rows], ["8", "16", "40", "80"])
+        self.assertEqual([r[6] for r in rows], ["240", "120", "48", "24"])
+        self.assertEqual(rows[0][10], "180,000")
+        self.assertEqual(rows[1][10], "320,000")
+        self.assertEqual(rows[1][11], "1.78x")
+        self.assertEqual(rows[1][12], "89%")
+        self.assertNotIn("warning", out)
+        document = xml.dom.minidom.parse(svg)  # well-formed, self-contained
+        self.assertEqual(document.documentElement.tagName, "svg")
+        with open(svg) as f:
+            text = f.read()
+        self.assertNotIn("href", text)
+        self.assertIn("89%", text)
+
+    def test_scaling_warnings(self):
+        out = self.ok("scaling", "--csv", os.path.join(EXAMPLES, "scaling_not_comparable.csv"))
+        warnings = [line for line in out.splitlines() if line.startswith("warning: ")]
+        self.assertEqual(len(warnings), 4, out)
+        self.assertIn("cold start mixed with steady state", out)
+        self.assertIn("checkpoint saves fall inside the window of 2560 GPUs only", out)
+
+    def test_scaling_errors(self):
+        bad_row = self.write("runs.csv", HEADER + "\n512,8,8,8,1920,1,1800,3512,20,308160000,0,1\n1024,8,8,16,1920,1,x,2463,20,1,0,1\n")
+        self.assert_refused(["scaling", "--csv", bad_row], "runs.csv:3: column window_start_s: \"x\" is not a number")
+        not_dividing = self.write("batch.csv", HEADER + "\n448,8,8,7,1920,1,1500,2463,20,308160000,0,1\n")
+        self.assert_refused(["scaling", "--csv", not_dividing], "batch.csv:2: global_batch 1920 is not divisible by dp")
+        self.assert_refused(["scaling", "--csv", os.path.join(self.dir.name, "missing.csv")], "cannot open")
+        self.assert_refused(["scaling", "--csv", ACCEPTANCE_CSV, "--svg", os.path.join(self.dir.name, "no", "x.svg")],
+                            "does not exist")
+
+    # ---- calendar ----
+    def test_calendar_acceptance(self):
+        out = self.ok("calendar", "--tokens", "10T", "--throughput", "1.6M", "--throughput-kind", "compute",
+                      "--calendar-efficiency", "90%", "--start-date", "2025-01-06")
+        self.assertIn("Pure compute:        72.34 days", out)
+        self.assertIn("Calendar time:       80.38 days", out)
+        self.assertIn("End:                 2025-03-27 09:00 UTC", out)
+        self.assertIn("Trial runs are billed separately", out)
+
+    def test_calendar_errors(self):
+        self.assert_refused(["calendar", "--tokens", "10T", "--throughput", "-1.6M", "--throughput-kind", "compute"],
+                            "--throughput: must be > 0")
+        self.assert_refused(["calendar", "--tokens", "10T", "--throughput", "1.6M", "--throughput-kind",
+                             "wall-clock", "--calendar-efficiency", "0.9"], "count them twice")
+        self.assert_refused(["calendar", "--tokens", "10Q", "--throughput", "1.6M", "--throughput-kind", "compute"],
+                            "unknown suffix")
+
+
+if __name__ == "__main__":
+    TOUCHSTONE = os.path.abspath(sys.argv.pop(1))
+    unittest.main()

@@ -1,0 +1,143 @@
+// `touchstone plan scaling`: the stage-4 acceptance numbers, the bubble, the comparability warnings,
+// CSV errors naming the line, and the number formatting the acceptance digits depend on.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "model/errors.h"
+#include "tools/plan/format.h"
+#include "tools/plan/scaling_plan.h"
+
+namespace touchstone::plan {
+namespace {
+
+const std::string kHeader = std::string(kScalingCsvHeader) + "\n";
+
+// The rows of docs/examples/scaling_acceptance.csv.
+const std::string kAcceptance = kHeader +
+                                "512,8,8,8,1920,1,1800.0,3512.0,20,308160000,0,1\n"
+                                "1024,8,8,16,1920,1,1500.0,2463.0,20,308160000,0,1\n"
+                                "2560,8,8,40,1920,1,1200.0,1616.0,20,308160000,0,1\n"
+                                "5120,8,8,80,1920,1,1200.0,1430.0,20,308160000,0,1\n";
+
+TEST(PlanScaling, Stage4AcceptanceNumbers) {
+  const ScalingTable table = scaling_table(parse_scaling_csv(kAcceptance, "runs.csv"));
+  ASSERT_EQ(table.rows.size(), 4u);
+  std::vector<int64_t> dp, micro_batches;
+  for (const ScalingRow& row : table.rows) {
+    dp.push_back(row.run.dp);
+    micro_batches.push_back(row.micro_batches);
+  }
+  EXPECT_EQ(dp, (std::vector<int64_t>{8, 16, 40, 80}));
+  EXPECT_EQ(micro_batches, (std::vector<int64_t>{240, 120, 48, 24}));
+  EXPECT_EQ(grouped(table.rows[0].tokens_per_s), "180,000");
+  EXPECT_EQ(grouped(table.rows[1].tokens_per_s), "320,000");
+  EXPECT_EQ(fixed(table.rows[1].speedup, 2) + "x", "1.78x");
+  EXPECT_EQ(percent(table.rows[1].efficiency, 0), "89%");
+  EXPECT_DOUBLE_EQ(table.rows[0].bubble, 7.0 / 247.0);  // (p - 1) / (m + p - 1)
+  EXPECT_DOUBLE_EQ(table.rows[3].bubble, 7.0 / 31.0);
+  EXPECT_TRUE(table.warnings.empty());
+  std::ostringstream out;
+  print_scaling_table(table, out);
+  for (const char* text : {"180,000", "320,000", "1.78x", "89%", " 240 ", " 120 ", " 48 ", " 24 "}) {
+    EXPECT_NE(out.str().find(text), std::string::npos) << text;
+  }
+  const std::string svg = scaling_chart_svg(table);
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("89%"), std::string::npos);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+}
+
+TEST(PlanScaling, ReferenceIsTheSmallestRunWhateverTheOrder) {
+  const std::string reversed = kHeader +
+                               "1024,8,8,16,1920,1,1500.0,2463.0,20,308160000,0,1\n"
+                               "512,8,8,8,1920,1,1800.0,3512.0,20,308160000,0,1\n";
+  const ScalingTable table = scaling_table(parse_scaling_csv(reversed, "runs.csv"));
+  EXPECT_EQ(table.rows[0].run.gpus, 512);
+  EXPECT_EQ(table.rows[0].run.line, 3);
+  EXPECT_EQ(percent(table.rows[1].efficiency, 0), "89%");
+}
+
+std::vector<std::string> warnings_of(const std::string& rows) {
+  return scaling_table(parse_scaling_csv(kHeader + rows, "runs.csv")).warnings;
+}
+
+bool has(const std::vector<std::string>& warnings, const std::string& text) {
+  for (const std::string& w : warnings) {
+    if (w.find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
+TEST(PlanScaling, WarnsWhenWindowsAreNotComparable) {
+  const std::string base = "512,8,8,8,1920,1,1800,3512,20,308160000,0,1\n";
+  EXPECT_TRUE(has(warnings_of(base + "1024,8,8,16,1920,1,0,1130,20,308160000,0,0\n"),
+                  "cold start mixed with steady state: the windows of 1024 GPUs"));
+  EXPECT_TRUE(has(
+      warnings_of("512,8,8,8,1920,1,0,1800,20,308160000,0,0\n1024,8,8,16,1920,1,0,900,20,308160000,0,0\n"),
+      "no window excludes start-up"));
+  EXPECT_TRUE(has(warnings_of(base + "1024,8,8,16,1920,1,1500,2500,20,308160000,1,1\n"),
+                  "checkpoint saves fall inside the window of 1024 GPUs only"));
+  EXPECT_TRUE(
+      has(warnings_of(base + "1024,8,8,16,960,1,1500,2463,40,308160000,0,1\n"), "different global batch"));
+  EXPECT_TRUE(
+      has(warnings_of(base + "1024,8,8,16,1920,1,1500,3426,40,616320000,0,1\n"), "different windows"));
+  EXPECT_TRUE(
+      has(warnings_of(base + "1024,8,8,16,1920,1,1500,2463,20,300000000,0,1\n"), "tokens per update differ"));
+  EXPECT_TRUE(has(warnings_of(base), "only one run"));
+}
+
+std::string error_of(const std::string& text) {
+  try {
+    parse_scaling_csv(text, "runs.csv");
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(PlanScaling, MalformedRowsNameTheLine) {
+  const std::string ok = "512,8,8,8,1920,1,1800,3512,20,308160000,0,1\n";
+  EXPECT_EQ(error_of(kHeader + ok + "1024,8,8,x,1920,1,1500,2463,20,308160000,0,1\n"),
+            "runs.csv:3: column dp: \"x\" is not an integer");
+  EXPECT_EQ(error_of(kHeader + "# comment\n\n" + ok + "1024,8,8,16,1920\n"),
+            "runs.csv:5: expected 12 comma-separated fields, found 5");
+  EXPECT_EQ(error_of(kHeader + "1000,8,8,16,1920,1,1500,2463,20,308160000,0,1\n"),
+            "runs.csv:2: gpus 1000 is not tp x pp x dp = 8 x 8 x 16 = 1024");
+  EXPECT_EQ(error_of(kHeader + "448,8,8,7,1920,1,1500,2463,20,308160000,0,1\n"),
+            "runs.csv:2: global_batch 1920 is not divisible by dp x micro_batch = 7 x 1 = 7");
+  EXPECT_EQ(error_of(kHeader + "512,8,8,8,1920,1,1800,1800,20,308160000,0,1\n"),
+            "runs.csv:2: window_end_s 1800 is not after window_start_s 1800");
+  EXPECT_EQ(error_of(kHeader + "512,8,8,8,1920,1,1800,3512,20,308160000,maybe,1\n"),
+            "runs.csv:2: column checkpoint_in_window: \"maybe\" is not 0/1, true/false or yes/no");
+  EXPECT_EQ(error_of(kHeader + "512,8,8,8,1920,1,-5,3512,20,308160000,0,1\n"),
+            "runs.csv:2: column window_start_s: -5 must be >= 0");
+  EXPECT_NE(error_of("gpus,tp\n" + ok).find("runs.csv:1: the header must be exactly gpus,tp,pp,dp"),
+            std::string::npos);
+  EXPECT_EQ(error_of(kHeader), "runs.csv: no runs after the header");
+}
+
+TEST(PlanFormat, RoundsHalfAwayFromZeroAndPrintsCompactly) {
+  EXPECT_EQ(fixed(140.625, 2), "140.63");  // printf's round-half-even would print 140.62
+  EXPECT_EQ(fixed(58.59375, 2), "58.59");
+  EXPECT_EQ(fixed(48.046875, 2), "48.05");
+  EXPECT_EQ(fixed(-0.001, 2), "0.00");
+  EXPECT_EQ(gigabytes(140.625e9), "140.63");
+  EXPECT_EQ(scientific(7.8125e9), "7.8125e9");
+  EXPECT_EQ(scientific(500e9), "5e11");
+  EXPECT_EQ(scientific(512), "512");
+  EXPECT_EQ(grouped(1339826.09), "1,339,826");
+  EXPECT_EQ(grouped(999), "999");
+  EXPECT_EQ(percent(0.8888, 0), "89%");
+  EXPECT_EQ(short_quantity(1.6e6), "1.6M");
+  EXPECT_EQ(short_quantity(1e13), "10T");
+  EXPECT_EQ(parse_quantity("10T", "--tokens"), 1e13);
+  EXPECT_EQ(parse_quantity("1.6M", "--throughput"), 1.6e6);
+  EXPECT_EQ(parse_quantity("500e9", "--params"), 500e9);
+  EXPECT_EQ(parse_quantity("500B", "--params"), 500e9);
+  EXPECT_THROW(parse_quantity("10X", "--tokens"), InputError);
+  EXPECT_THROW(parse_quantity("many", "--tokens"), InputError);
+}
+
+}  // namespace
+}  // namespace touchstone::plan

@@ -1,0 +1,199 @@
+// The diff walk: which datasets to compare, in which order, and the comparison of each.
+#include "tools/diff/diff.h"
+
+#include <algorithm>
+#include <set>
+
+#include "model/errors.h"
+#include "tools/diff/signatures.h"
+
+namespace touchstone::diff {
+
+namespace {
+
+struct Item {
+  Item(std::string p, std::string g, std::string n, int id = -1, bool ext = false)
+      : path(std::move(p)), group(std::move(g)), name(std::move(n)), param(id), extension(ext) {}
+  std::string path, group, name;
+  int param;
+  bool extension;  // a Touchstone extension: listed only when the candidate has its group
+};
+
+std::vector<Item> items_of_step(const ParamTable& table, int64_t step) {
+  std::vector<Item> items;
+  const std::vector<int> order = params_in_flow_order(table);
+  auto tensors = [&](const std::string& prefix, const std::string& group, bool extension) {
+    for (int id : order) items.emplace_back(prefix + "/" + table[id].name, group, table[id].name, id, extension);
+  };
+  if (step == 0) {
+    tensors("params/init", "init", false);
+    return items;
+  }
+  const std::string s = "steps/" + std::to_string(step);
+  for (const char* scalar : {"loss", "num_loss_tokens"}) items.emplace_back(s + "/" + scalar, scalar, scalar);
+  items.emplace_back(s + "/token_losses", "token_losses", "token_losses", -1, true);
+  tensors(s + "/grads", "grads", false);
+  for (const char* scalar : {"grad_norm", "lr"}) items.emplace_back(s + "/" + scalar, scalar, scalar);
+  tensors(s + "/params", "params", false);
+  tensors(s + "/optimizer/exp_avg", "exp_avg", true);
+  tensors(s + "/optimizer/exp_avg_sq", "exp_avg_sq", true);
+  return items;
+}
+
+// The step a candidate path belongs to: 0 for params/init, s for steps/<s>/..., -1 otherwise.
+int64_t step_of(const std::string& path) {
+  if (path.rfind("params/init/", 0) == 0) return 0;
+  if (path.rfind("steps/", 0) != 0) return -1;
+  const size_t slash = path.find('/', 6);
+  try {
+    return slash == std::string::npos ? -1 : std::stoll(path.substr(6, slash - 6));
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+bool same_shape(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  auto scalar = [](const std::vector<int64_t>& s) { return s.empty() || s == std::vector<int64_t>{1}; };
+  return a == b || (scalar(a) && scalar(b));
+}
+
+Entry compare_item(const Golden& golden, const Candidate& candidate, const ToleranceModel& tolerances,
+                   const Item& item, int64_t step) {
+  Entry e;
+  e.path = item.path;
+  e.step = step;
+  e.group = item.group;
+  e.name = item.name;
+  e.param = item.param;
+  if (item.param >= 0) {
+    e.layer = golden.table()[item.param].layer;
+    e.kind = kind_name(golden.table()[item.param].kind);
+  }
+  const Recorded reference = golden.read(item.path);
+  e.integer = reference.dtype.rfind("int", 0) == 0 || reference.dtype.rfind("uint", 0) == 0;
+  e.tolerance = tolerances.for_path(item.path, e.integer);
+  const auto found = candidate.tensors.find(item.path);
+  if (found == candidate.tensors.end()) {
+    e.reason = "missing in the candidate";
+    return e;
+  }
+  const Recorded& c = found->second;
+  if (!same_shape(c.shape, reference.shape)) {
+    e.status = Status::kFail;
+    e.reason = "shape " + shape_text(c.shape) + ", the golden tensor is " + shape_text(reference.shape);
+    return e;
+  }
+  e.metrics = compare_values(reference, c, e.tolerance);
+  e.status = passes(e.metrics, e.tolerance) ? Status::kPass : Status::kFail;
+  if (e.metrics.non_finite > 0) {
+    e.reason = std::to_string(e.metrics.non_finite) + " non-finite candidate value(s), the first at " +
+               shape_text(e.metrics.first_non_finite);
+  }
+  return e;
+}
+
+}  // namespace
+
+std::vector<int> params_in_flow_order(const ParamTable& table) {
+  std::vector<int> order;
+  if (table.output() != table.embedding()) order.push_back(table.output());
+  order.push_back(table.final_norm());
+  const auto layers = std::count_if(table.specs().begin(), table.specs().end(),
+                                    [](const ParamSpec& p) { return p.kind == ParamKind::kInputNorm; });
+  for (int64_t l = layers; l-- > 0;) {
+    const LayerParamIds& ids = table.layer(l);
+    for (int id : {ids.fc2, ids.fc1, ids.pre_mlp_norm, ids.proj, ids.qkv, ids.input_norm}) order.push_back(id);
+  }
+  order.push_back(table.embedding());
+  return order;
+}
+
+std::string kind_name(ParamKind kind) {
+  switch (kind) {
+    case ParamKind::kEmbedding: return "embedding";
+    case ParamKind::kInputNorm: return "input_norm";
+    case ParamKind::kQkv: return "qkv";
+    case ParamKind::kProj: return "proj";
+    case ParamKind::kPreMlpNorm: return "pre_mlp_norm";
+    case ParamKind::kFc1: return "fc1";
+    case ParamKind::kFc2: return "fc2";
+    case ParamKind::kFinalNorm: return "final_norm";
+    case ParamKind::kOutput: return "output";
+  }
+  return "other";
+}
+
+int DiffResult::count(Status status) const {
+  return static_cast<int>(std::count_if(entries.begin(), entries.end(), [&](const Entry& e) { return e.status == status; }));
+}
+
+DiffResult run_analysis(const std::string& golden_path, const std::string& candidate_path,
+                        const AnalysisOptions& options) {
+  const Golden golden(golden_path);
+  const ToleranceModel tolerances(golden.reader(), options.tolerance);
+  const Candidate candidate = load_candidate(candidate_path, options.candidate, golden);
+  DiffResult result;
+  result.golden_path = golden_path;
+  result.candidate_path = candidate_path;
+  result.candidate_format = candidate.format;
+  result.candidate_generator = candidate.generator;
+  result.golden_precision = golden.precision();
+  result.tolerance_kind = tolerances.kind();
+  result.tolerance_model = tolerances.model_json();
+  result.tolerance_text = tolerances.describe();
+  result.tolerance_override = options.tolerance;
+  result.num_layers = golden.config().model.num_layers;
+  result.notes = candidate.notes;
+
+  std::set<int64_t> steps;
+  for (const auto& [path, tensor] : candidate.tensors) {
+    const int64_t s = step_of(path);
+    if (s >= 0 && (!options.step || *options.step == s)) steps.insert(s);
+  }
+  if (options.step && *options.step > 0 &&
+      std::find(golden.steps().begin(), golden.steps().end(), *options.step) == golden.steps().end()) {
+    throw InputError(golden_path + ": step " + std::to_string(*options.step) + " is not recorded");
+  }
+  std::set<std::string> used;
+  for (int64_t s : steps) {
+    if (s > 0 && std::find(golden.steps().begin(), golden.steps().end(), s) == golden.steps().end()) {
+      result.notes.push_back("candidate step " + std::to_string(s) + " is not recorded in the golden file: not compared");
+      continue;
+    }
+    for (const Item& item : items_of_step(golden.table(), s)) {
+      if (!golden.has(item.path)) continue;
+      if (item.extension) {
+        const std::string prefix = item.param < 0 ? item.path : item.path.substr(0, item.path.rfind('/') + 1);
+        const auto next = candidate.tensors.lower_bound(prefix);
+        if (next == candidate.tensors.end() || next->first.rfind(prefix, 0) != 0) continue;
+      }
+      used.insert(item.path);
+      result.entries.push_back(compare_item(golden, candidate, tolerances, item, s));
+    }
+  }
+  for (const auto& [path, tensor] : candidate.tensors) {
+    const int64_t s = step_of(path);
+    if (!used.count(path) && steps.count(s) && s >= 0) {
+      result.notes.push_back("candidate dataset " + path + " has no counterpart in the golden schema: ignored");
+    }
+  }
+  const int compared = static_cast<int>(result.entries.size()) - result.count(Status::kNotCompared);
+  if (compared == 0) {
+    throw InputError(candidate_path + ": holds nothing to compare with " + golden_path +
+                     " (neither the loss nor any tensor of a recorded step" +
+                     (options.step ? " " + std::to_string(*options.step) : std::string()) + ")");
+  }
+  for (size_t i = 0; i < result.entries.size(); ++i) {
+    if (result.entries[i].status == Status::kFail) {
+      result.first_failure = static_cast<int>(i);
+      break;
+    }
+  }
+  if (result.first_failure >= 0) {
+    SignatureOptions signature_options{options.tp_sizes, options.recompute};
+    result.verdicts = find_signatures(golden, tolerances, candidate.tensors, result, signature_options);
+  }
+  return result;
+}
+
+}  // namespace touchstone::diff

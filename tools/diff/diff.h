@@ -1,0 +1,74 @@
+// touchstone diff: a candidate (another trainer's loss, gradients and parameters after the same steps
+// on the same batches from the same initial weights) compared with a golden file tensor by tensor, in
+// data-flow order, with the first failing tensor and the error signatures that match (verdicts).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tools/diff/candidate.h"
+#include "tools/diff/metrics.h"
+#include "tools/diff/tolerance.h"
+
+namespace touchstone::diff {
+
+enum class Status { kPass, kFail, kNotCompared };
+
+// One dataset of the golden schema, in the order the diff walks them.
+struct Entry {
+  std::string path;   // "steps/1/grads/output_layer.weight"
+  int64_t step = 0;   // 0 for the initial parameters
+  std::string group;  // "init", "loss", "num_loss_tokens", "token_losses", "grads", "grad_norm", "lr",
+                      // "params", "exp_avg", "exp_avg_sq"
+  std::string name;   // the parameter name, or the group for a scalar
+  int param = -1;     // parameter table id; -1 for datasets that are not parameters
+  int64_t layer = -1;  // decoder layer of the parameter; -1 outside the layers
+  std::string kind;    // kind_name() of the parameter; empty for other datasets
+  bool integer = false;
+  Status status = Status::kNotCompared;
+  std::string reason;  // why it failed or was not compared (empty when metrics decide)
+  Tolerance tolerance;
+  TensorMetrics metrics;
+};
+
+struct Verdict {
+  std::string signature;  // "loss_normalization", "token_count", "gradient_scale", "one_layer", "tp_shard", ...
+  std::string message;    // one line for the reports
+};
+
+struct AnalysisOptions {
+  CandidateOptions candidate;
+  std::optional<int64_t> step;     // only this step (0: the initial parameters)
+  std::optional<double> tolerance;  // command-line override of every tolerance
+  std::vector<int> tp_sizes;       // tensor-parallel sizes to test the one-shard signature with
+  bool recompute = true;           // evaluate the golden batch under other rules for the verdicts
+};
+
+struct DiffResult {
+  std::string golden_path, candidate_path, candidate_format, candidate_generator, golden_precision;
+  std::string tolerance_kind, tolerance_model, tolerance_text;
+  std::optional<double> tolerance_override;
+  int64_t num_layers = 0;
+  std::vector<Entry> entries;  // data-flow order, steps ascending
+  int first_failure = -1;      // index into entries
+  std::vector<Verdict> verdicts;
+  std::vector<std::string> notes;
+
+  int count(Status status) const;
+  int exit_status() const { return count(Status::kFail) > 0 ? 1 : 0; }
+};
+
+// Throws InputError for unreadable or inconsistent inputs, or a candidate with nothing to compare.
+DiffResult run_analysis(const std::string& golden_path, const std::string& candidate_path,
+                        const AnalysisOptions& options);
+
+// The parameter table ids in data-flow order of the backward pass: output layer, final norm, layers
+// L-1 .. 0 (fc2, fc1, pre-MLP norm, proj, qkv, input norm), embedding.
+std::vector<int> params_in_flow_order(const ParamTable& table);
+
+// Short names for charts and tables: "qkv", "fc1", "embedding", ...
+std::string kind_name(ParamKind kind);
+
+}  // namespace touchstone::diff

@@ -1,0 +1,44 @@
+// Per-tensor error metrics of a candidate against the golden tensor, and the pass rule.
+//
+// Errors are normalised by the golden tensor as a whole (its L2 norm, its largest magnitude), never
+// element by element, so that cancellation in small elements does not count as error. Cosine
+// similarity is reported but not used to decide: 1 - cos only grows like the square of the error.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tools/diff/recorded.h"
+#include "tools/diff/tolerance.h"
+
+namespace touchstone::diff {
+
+struct TensorMetrics {
+  int64_t numel = 0;
+  double max_abs_error = 0.0;       // max |c - g|
+  double max_abs_golden = 0.0;      // max |g|
+  double max_abs_normalized = 0.0;  // max |c - g| / max |g| (max |c - g| when g is all zeros)
+  double relative_l2 = 0.0;         // ||c - g|| / ||g|| (||c - g|| when g is all zeros)
+  double cosine = 1.0;              // c.g / (||c|| ||g||); 1 when both are zero, 0 when one is
+  int64_t over_tolerance = 0;       // elements with |c - g| > tol.max_abs_normalized * max |g|
+  std::vector<int64_t> worst_index;  // multi-index of the largest |c - g| (empty for a scalar)
+  double worst_golden = 0.0, worst_candidate = 0.0;
+  bool has_ulp = false;  // both sides stored in the same floating-point type (float64 or float32)
+  uint64_t max_ulp = 0;  // the largest distance in units in the last place of that type
+  int64_t non_finite = 0;  // NaN or infinite candidate elements (they fail the tensor)
+  std::vector<int64_t> first_non_finite;
+};
+
+// Compares tensors of the same shape (the caller checks shapes) against `tol`.
+TensorMetrics compare_values(const Recorded& golden, const Recorded& candidate, const Tolerance& tol);
+
+bool passes(const TensorMetrics& metrics, const Tolerance& tol);
+
+// Distance in representable values of `type` ("float64" or "float32") between two values stored in it.
+uint64_t ulp_distance(double a, double b, const std::string& type);
+
+// Row-major flat index -> multi-index.
+std::vector<int64_t> unravel(int64_t flat, const std::vector<int64_t>& shape);
+
+}  // namespace touchstone::diff

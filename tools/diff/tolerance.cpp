@@ -1,0 +1,74 @@
+// Reading the tolerance model of a golden file and resolving the tolerance of each dataset.
+#include "tools/diff/tolerance.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "model/errors.h"
+
+namespace touchstone::diff {
+
+namespace {
+
+std::string number_text(double value) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "%.3g", value);
+  return buffer;
+}
+
+double positive_number(const nlohmann::json& json, const std::string& key, const std::string& where) {
+  if (!json.contains(key) || !json[key].is_number()) throw InputError(where + ": \"" + key + "\" must be a number");
+  const double value = json[key].get<double>();
+  if (!std::isfinite(value) || value < 0) throw InputError(where + ": \"" + key + "\" must be >= 0");
+  return value;
+}
+
+}  // namespace
+
+ToleranceModel::ToleranceModel(const h5::H5Reader& golden, std::optional<double> override_value)
+    : golden_(golden), override_(override_value) {
+  if (override_ && (!std::isfinite(*override_) || *override_ < 0)) {
+    throw InputError("--tolerance must be a finite number >= 0");
+  }
+  from_file_ = golden.has_attribute("/", "tolerance_model");
+  json_ = from_file_ ? golden.string_attribute("/", "tolerance_model")
+                     : nlohmann::json{{"kind", "fp64"}, {"relative_l2", kFp64Tolerance}}.dump();
+  const std::string where = golden.path() + ": attribute tolerance_model";
+  nlohmann::json model;
+  try {
+    model = nlohmann::json::parse(json_);
+  } catch (const nlohmann::json::exception&) {
+    throw InputError(where + " is not valid JSON");
+  }
+  if (!model.is_object()) throw InputError(where + " must be a JSON object");
+  kind_ = model.contains("kind") && model["kind"].is_string() ? model["kind"].get<std::string>() : "unnamed";
+  default_.relative_l2 = positive_number(model, "relative_l2", where);
+  default_.max_abs_normalized =
+      model.contains("max_abs_normalized") ? positive_number(model, "max_abs_normalized", where) : default_.relative_l2;
+}
+
+Tolerance ToleranceModel::for_path(const std::string& path, bool integer) const {
+  if (integer) return Tolerance{0.0, 0.0};
+  if (override_) return Tolerance{*override_, *override_};
+  const std::string envelope = "/envelope/tolerance/" + path;
+  if (!golden_.exists(envelope)) return default_;
+  const std::vector<double> values = golden_.read_f64(envelope);
+  if (values.size() != 2 || !std::isfinite(values[0]) || !std::isfinite(values[1]) || values[0] < 0 ||
+      values[1] < 0) {
+    throw InputError(golden_.path() + ": " + envelope + " must hold two finite tolerances >= 0");
+  }
+  return Tolerance{values[0], values[1]};
+}
+
+std::string ToleranceModel::describe() const {
+  std::string text = kind_ + " (relative L2 " + number_text(default_.relative_l2) + ", max-abs/max|ref| " +
+                     number_text(default_.max_abs_normalized) + ")";
+  if (!from_file_) text += ", the FP64 default: the golden file records no tolerance_model";
+  if (golden_.exists("/envelope/tolerance")) text += ", per-tensor envelope tolerances";
+  if (override_) text += "; OVERRIDDEN on the command line: " + number_text(*override_) + " for every tensor";
+  return text;
+}
+
+}  // namespace touchstone::diff
