@@ -12,5 +12,7 @@ ctest --test-dir build --output-on-failure -j"$jobs"
 
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTOUCHSTONE_SANITIZE=ON
 cmake --build build-sanitize -j"$jobs"
+# The exhaustive BF16 rounding test (all 2^32 FP32 patterns, integer arithmetic only) ran in the Release
+# build above; under the sanitizers it alone would take many minutes.
 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  ctest --test-dir build-sanitize --output-on-failure -j"$jobs" -L "unit|cli"
+  ctest --test-dir build-sanitize --output-on-failure -j"$jobs" -L "unit|cli" -E "Bf16Rounding"

@@ -49,10 +49,11 @@ class PlanCli(unittest.TestCase):
 
     # ---- memory ----
     def test_memory_acceptance(self):
-        out = self.ok("memory", "--params", "500e9", "--tp", "8", "--pp", "8", "--dp", "1,8,80", "--recipe", "bf16",
-                      "--distributed-optimizer", "--gpu-memory-gb", "80")
+        out = self.ok("memory", "--params", "500e9", "--tp", "8", "--pp", "8", "--dp", "1,8,80",
+                      "--recipe", "bf16", "--distributed-optimizer", "--gpu-memory-gb", "80")
         self.assertIn("parameters per GPU: 7.8125e9", out)
-        rows = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()[:2] in ("1 ", "8 ", "80")}
+        rows = {line.split()[0]: line.split() for line in out.splitlines()
+                if line.strip()[:2] in ("1 ", "8 ", "80")}
         self.assertEqual(rows["1"][6], "140.63")
         self.assertEqual(rows["8"][6], "58.59")
         self.assertEqual(rows["80"][6], "48.05")
@@ -67,9 +68,10 @@ class PlanCli(unittest.TestCase):
             self.assertIn("bytes per parameter: " + plain, out)
 
     def test_memory_stages_with_shapes(self):
-        out = self.ok("memory", "--layers", "8", "--hidden", "1024", "--heads", "16", "--ffn", "4096", "--vocab",
-                      "32000", "--seq-length", "2048", "--tp", "2", "--pp", "4", "--dp", "2", "--global-batch", "64",
-                      "--sequence-parallel", "--recompute", "selective", "--gpu-memory-gb", "1")
+        out = self.ok("memory", "--layers", "8", "--hidden", "1024", "--heads", "16", "--ffn", "4096",
+                      "--vocab", "32000", "--seq-length", "2048", "--tp", "2", "--pp", "4", "--dp", "2",
+                      "--global-batch", "64", "--sequence-parallel", "--recompute", "selective",
+                      "--gpu-memory-gb", "1")
         self.assertIn("32 micro-batches per replica per update", out)
         self.assertIn("DOES NOT FIT: DP 2, stage 0", out)
 
@@ -93,7 +95,8 @@ class PlanCli(unittest.TestCase):
     def test_scaling_acceptance_example(self):
         svg = os.path.join(self.dir.name, "scaling.svg")
         out = self.ok("scaling", "--csv", ACCEPTANCE_CSV, "--svg", svg)
-        rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["512"], ["1024"], ["2560"], ["5120"])]
+        rows = [line.split() for line in out.splitlines()
+                if line.split()[:1] in (["512"], ["1024"], ["2560"], ["5120"])]
         self.assertEqual([r[3] for r in rows], ["8", "16", "40", "80"])
         self.assertEqual([r[6] for r in rows], ["240", "120", "48", "24"])
         self.assertEqual(rows[0][10], "180,000")
@@ -116,13 +119,16 @@ class PlanCli(unittest.TestCase):
         self.assertIn("checkpoint saves fall inside the window of 2560 GPUs only", out)
 
     def test_scaling_errors(self):
-        bad_row = self.write("runs.csv", HEADER + "\n512,8,8,8,1920,1,1800,3512,20,308160000,0,1\n1024,8,8,16,1920,1,x,2463,20,1,0,1\n")
-        self.assert_refused(["scaling", "--csv", bad_row], "runs.csv:3: column window_start_s: \"x\" is not a number")
+        bad_row = self.write("runs.csv", HEADER + "\n512,8,8,8,1920,1,1800,3512,20,308160000,0,1\n"
+                             "1024,8,8,16,1920,1,x,2463,20,1,0,1\n")
+        self.assert_refused(["scaling", "--csv", bad_row],
+                            "runs.csv:3: column window_start_s: \"x\" is not a number")
         not_dividing = self.write("batch.csv", HEADER + "\n448,8,8,7,1920,1,1500,2463,20,308160000,0,1\n")
-        self.assert_refused(["scaling", "--csv", not_dividing], "batch.csv:2: global_batch 1920 is not divisible by dp")
+        self.assert_refused(["scaling", "--csv", not_dividing],
+                            "batch.csv:2: global_batch 1920 is not divisible by dp")
         self.assert_refused(["scaling", "--csv", os.path.join(self.dir.name, "missing.csv")], "cannot open")
-        self.assert_refused(["scaling", "--csv", ACCEPTANCE_CSV, "--svg", os.path.join(self.dir.name, "no", "x.svg")],
-                            "does not exist")
+        missing_dir = os.path.join(self.dir.name, "no", "x.svg")
+        self.assert_refused(["scaling", "--csv", ACCEPTANCE_CSV, "--svg", missing_dir], "does not exist")
 
     # ---- calendar ----
     def test_calendar_acceptance(self):
@@ -134,12 +140,12 @@ class PlanCli(unittest.TestCase):
         self.assertIn("Trial runs are billed separately", out)
 
     def test_calendar_errors(self):
-        self.assert_refused(["calendar", "--tokens", "10T", "--throughput", "-1.6M", "--throughput-kind", "compute"],
-                            "--throughput: must be > 0")
+        self.assert_refused(["calendar", "--tokens", "10T", "--throughput", "-1.6M", "--throughput-kind",
+                             "compute"], "--throughput: must be > 0")
         self.assert_refused(["calendar", "--tokens", "10T", "--throughput", "1.6M", "--throughput-kind",
                              "wall-clock", "--calendar-efficiency", "0.9"], "count them twice")
-        self.assert_refused(["calendar", "--tokens", "10Q", "--throughput", "1.6M", "--throughput-kind", "compute"],
-                            "unknown suffix")
+        self.assert_refused(["calendar", "--tokens", "10Q", "--throughput", "1.6M", "--throughput-kind",
+                             "compute"], "unknown suffix")
 
 
 if __name__ == "__main__":

@@ -71,12 +71,18 @@ Entry compare_item(const Golden& golden, const Candidate& candidate, const Toler
   }
   const Recorded reference = golden.read(item.path);
   e.integer = reference.dtype.rfind("int", 0) == 0 || reference.dtype.rfind("uint", 0) == 0;
-  e.tolerance = tolerances.for_path(item.path, e.integer);
   const auto found = candidate.tensors.find(item.path);
   if (found == candidate.tensors.end()) {
     e.reason = "missing in the candidate";
     return e;
   }
+  const std::optional<Tolerance> tolerance = tolerances.for_path(item.path, e.integer);
+  if (!tolerance) {
+    e.reason = "the golden file records no tolerance for it (tolerance model " + tolerances.kind() +
+               "); --tolerance compares it";
+    return e;
+  }
+  e.tolerance = *tolerance;
   const Recorded& c = found->second;
   if (!same_shape(c.shape, reference.shape)) {
     e.status = Status::kFail;
@@ -178,6 +184,13 @@ DiffResult run_analysis(const std::string& golden_path, const std::string& candi
     }
   }
   const int compared = static_cast<int>(result.entries.size()) - result.count(Status::kNotCompared);
+  const bool untolerated = std::any_of(result.entries.begin(), result.entries.end(), [](const Entry& e) {
+    return e.reason.rfind("the golden file records no tolerance", 0) == 0;
+  });
+  if (compared == 0 && untolerated) {
+    throw InputError(golden_path + ": records no tolerance for any dataset the candidate holds (tolerance model " +
+                     tolerances.kind() + "); give one with --tolerance");
+  }
   if (compared == 0) {
     throw InputError(candidate_path + ": holds nothing to compare with " + golden_path +
                      " (neither the loss nor any tensor of a recorded step" +

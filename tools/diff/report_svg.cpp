@@ -88,7 +88,11 @@ std::string error_chart_svg(const DiffResult& r, int64_t step, const std::string
   svg += "<path d=\"" + path + "\" fill=\"none\" stroke=\"#d62728\" stroke-width=\"1.5\" stroke-dasharray=\"6 4\"/>\n";
 
   double legend_y = kTop + 8;
+  int series_index = 0;
   for (const Series& s : kSeries) {
+    // Kinds are drawn side by side within a slot, so that equal errors do not hide each other.
+    const double shift = (static_cast<double>(series_index++) - 4.0) * 3.0;
+    auto SX = [&](const Entry& e) { return X(x_slot(e)) + shift; };
     std::vector<const Entry*> series;
     for (const Entry* e : points) {
       if (e->kind == s.kind) series.push_back(e);
@@ -96,11 +100,11 @@ std::string error_chart_svg(const DiffResult& r, int64_t step, const std::string
     if (series.empty()) continue;
     std::sort(series.begin(), series.end(), [&](const Entry* a, const Entry* b) { return x_slot(*a) < x_slot(*b); });
     std::string line;
-    for (const Entry* e : series) line += (line.empty() ? "M" : " L") + f(X(x_slot(*e))) + " " + f(Y(e->metrics.relative_l2));
+    for (const Entry* e : series) line += (line.empty() ? "M" : " L") + f(SX(*e)) + " " + f(Y(e->metrics.relative_l2));
     svg += "<path d=\"" + line + "\" fill=\"none\" stroke=\"" + s.colour + "\" stroke-width=\"1.5\"/>\n";
     for (const Entry* e : series) {
       const bool fail = e->status == Status::kFail;
-      svg += "<circle cx=\"" + f(X(x_slot(*e))) + "\" cy=\"" + f(Y(e->metrics.relative_l2)) + "\" r=\"" +
+      svg += "<circle cx=\"" + f(SX(*e)) + "\" cy=\"" + f(Y(e->metrics.relative_l2)) + "\" r=\"" +
              (fail ? "5" : "3.5") + "\" fill=\"" + s.colour + "\"" +
              (fail ? " stroke=\"#d62728\" stroke-width=\"2\"" : "") + "><title>" + e->path + ": " +
              number(e->metrics.relative_l2) + (fail ? " (FAIL)" : "") + "</title></circle>\n";

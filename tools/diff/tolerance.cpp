@@ -44,12 +44,15 @@ ToleranceModel::ToleranceModel(const h5::H5Reader& golden, std::optional<double>
   }
   if (!model.is_object()) throw InputError(where + " must be a JSON object");
   kind_ = model.contains("kind") && model["kind"].is_string() ? model["kind"].get<std::string>() : "unnamed";
-  default_.relative_l2 = positive_number(model, "relative_l2", where);
-  default_.max_abs_normalized =
-      model.contains("max_abs_normalized") ? positive_number(model, "max_abs_normalized", where) : default_.relative_l2;
+  if (model.contains("relative_l2")) {
+    const double relative = positive_number(model, "relative_l2", where);
+    default_ = Tolerance{relative, model.contains("max_abs_normalized")
+                                       ? positive_number(model, "max_abs_normalized", where)
+                                       : relative};
+  }
 }
 
-Tolerance ToleranceModel::for_path(const std::string& path, bool integer) const {
+std::optional<Tolerance> ToleranceModel::for_path(const std::string& path, bool integer) const {
   if (integer) return Tolerance{0.0, 0.0};
   if (override_) return Tolerance{*override_, *override_};
   const std::string envelope = "/envelope/tolerance/" + path;
@@ -63,8 +66,9 @@ Tolerance ToleranceModel::for_path(const std::string& path, bool integer) const 
 }
 
 std::string ToleranceModel::describe() const {
-  std::string text = kind_ + " (relative L2 " + number_text(default_.relative_l2) + ", max-abs/max|ref| " +
-                     number_text(default_.max_abs_normalized) + ")";
+  std::string text = kind_ + (default_ ? " (relative L2 " + number_text(default_->relative_l2) +
+                                             ", max-abs/max|ref| " + number_text(default_->max_abs_normalized) + ")"
+                                       : std::string(" (no default tolerance)"));
   if (!from_file_) text += ", the FP64 default: the golden file records no tolerance_model";
   if (golden_.exists("/envelope/tolerance")) text += ", per-tensor envelope tolerances";
   if (override_) text += "; OVERRIDDEN on the command line: " + number_text(*override_) + " for every tensor";

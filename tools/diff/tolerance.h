@@ -2,10 +2,12 @@
 // overrides under /envelope/tolerance/<path>, and an optional command-line override.
 //
 // tolerance_model: {"kind": "fp64", "relative_l2": 1e-10} for FP64 golden files. Keys: "kind" (a
-// name, shown in reports), "relative_l2" (required), "max_abs_normalized" (optional, defaults to
+// name, shown in reports), "relative_l2" (the default for every dataset; optional: an envelope model
+// such as {"kind": "envelope", ...} has none), "max_abs_normalized" (optional, defaults to
 // relative_l2). /envelope/tolerance/<path> is float64 [2]: {relative-L2 tolerance, max-abs error
-// normalised by max|golden| tolerance} for the recorded dataset <path>. A golden file without the
-// attribute is read with the FP64 model. docs/diffing.md describes both.
+// normalised by max|golden| tolerance} for the recorded dataset <path> and overrides the default. A
+// dataset with neither has no tolerance and is not compared (unless --tolerance is given). A golden
+// file without the attribute is read with the FP64 model. docs/diffing.md describes both.
 #pragma once
 
 #include <optional>
@@ -30,9 +32,9 @@ class ToleranceModel {
   // Reads the model from the golden file; throws InputError for malformed JSON or values.
   ToleranceModel(const h5::H5Reader& golden, std::optional<double> override_value);
 
-  // The tolerance for a dataset path such as "steps/1/grads/output_layer.weight". Integer datasets
-  // (the loss-token count) must match exactly whatever the model says.
-  Tolerance for_path(const std::string& path, bool integer) const;
+  // The tolerance for a dataset path such as "steps/1/grads/output_layer.weight"; none when the golden
+  // file records none for it. Integer datasets (the loss-token count) must match exactly.
+  std::optional<Tolerance> for_path(const std::string& path, bool integer) const;
 
   const std::string& kind() const { return kind_; }
   const std::string& model_json() const { return json_; }  // as recorded, or the FP64 default
@@ -45,7 +47,7 @@ class ToleranceModel {
   const h5::H5Reader& golden_;
   std::string kind_, json_;
   bool from_file_ = false;
-  Tolerance default_;
+  std::optional<Tolerance> default_;
   std::optional<double> override_;
 };
 

@@ -100,8 +100,8 @@ void attention_forward(Ledger& l, const Dims& d, Keeper k) {
   k.keep(d.N * d.kv_heads * d.D, "k");
   k.keep(d.N * d.kv_heads * d.D, "v");
   k.keep(d.windows * d.heads * d.T * d.T, "probs");
-  l.release(l.alloc(d.T, "softmax row (inside the attention kernel)"));
   k.keep(d.N * d.heads * d.D, "attn");
+  l.release(l.alloc(d.T, "softmax row (inside the attention kernel)"));
   const int proj_partial = l.alloc(d.N * d.H, "proj_partial");
   const int proj = reduce(l, d, proj_partial, "proj");
   l.release({h_local, qkv, proj_partial, proj});

@@ -26,8 +26,65 @@ std::string str(int64_t value) { return std::to_string(value); }
 
 }  // namespace
 
-void validate(const MemoryPlanInput& in) {
+namespace {
+
+void validate_shape(const MemoryPlanInput& in) {
   const ModelShape& m = in.shape;
+  require(m.kv_heads >= 1 && m.ffn >= 1 && m.vocab >= 1, "--kv-heads, --ffn and --vocab must be >= 1");
+  require(m.hidden % m.heads == 0,
+          "--heads (" + str(m.heads) + ") must divide --hidden (" + str(m.hidden) + ")");
+  require(m.heads % m.kv_heads == 0,
+          "--kv-heads (" + str(m.kv_heads) + ") must divide --heads (" + str(m.heads) + ")");
+  require(m.heads % in.tp == 0 && m.kv_heads % in.tp == 0,
+          "--tp (" + str(in.tp) + ") must divide --heads (" + str(m.heads) + ") and --kv-heads (" +
+              str(m.kv_heads) + "): tensor parallelism splits whole query groups");
+  require(m.ffn % in.tp == 0, "--tp (" + str(in.tp) + ") must divide --ffn (" + str(m.ffn) + ")");
+}
+
+// The trainer's rule (model/config.cpp): equal stages unless every stage's layers are listed.
+void validate_stages(const MemoryPlanInput& in) {
+  const int64_t layers = in.shape.layers;
+  require(in.pp <= layers, "--pp " + str(in.pp) + " is larger than --layers " + str(layers) +
+                               ": every pipeline stage needs at least one layer");
+  if (in.stage_layers.empty()) {
+    require(layers % in.pp == 0, "--pp (" + str(in.pp) + ") must divide --layers (" + str(layers) +
+                                     ") unless --stage-layers lists the layers of each stage");
+    return;
+  }
+  const auto entries = static_cast<int64_t>(in.stage_layers.size());
+  require(entries == in.pp, "--stage-layers has " + str(entries) + " entries but --pp is " + str(in.pp));
+  for (int64_t stage : in.stage_layers) require(stage >= 1, "--stage-layers: every stage needs a layer");
+  const int64_t sum = std::accumulate(in.stage_layers.begin(), in.stage_layers.end(), int64_t{0});
+  require(sum == layers, "--stage-layers adds up to " + str(sum) + " layers, not --layers " + str(layers));
+}
+
+void validate_activations(const MemoryPlanInput& in) {
+  const ModelShape& m = in.shape;
+  const bool fp64 = in.activations == ActivationModel::kTouchstoneFp64;
+  if (in.activations != ActivationModel::kNone) {
+    require(m.seq >= 1, "--seq-length: must be >= 1 to compute activations");
+    require(!in.sequence_parallel || (m.seq * in.micro_batch) % in.tp == 0,
+            "--sequence-parallel: --tp (" + str(in.tp) + ") must divide the micro-batch's tokens (" +
+                str(m.seq * in.micro_batch) + ")");
+  }
+  require(!in.flash_attention || in.activations == ActivationModel::kMegatron16Bit,
+          "--flash-attention applies to --activations megatron-16bit only (Touchstone's trainer stores the "
+          "attention probabilities)");
+  if (!fp64) return;
+  require(in.trainer_precision == "fp64",
+          "--activations touchstone-fp64 replays the trainer in precision "
+          "\"fp64\", not \"" +
+              in.trainer_precision + "\" (its emulation modes add conversion buffers)");
+  require(in.recompute == Recompute::kNone,
+          "--recompute: Touchstone's trainer does not recompute activations");
+  require(in.vocab_multiple == 1, "--vocab-multiple: Touchstone's trainer does not pad the vocabulary");
+  require(m.vocab % in.tp == 0,
+          "--tp (" + str(in.tp) + ") must divide --vocab (" + str(m.vocab) + ") for Touchstone's trainer");
+}
+
+}  // namespace
+
+void validate(const MemoryPlanInput& in) {
   require(in.tp >= 1, "--tp: must be >= 1, got " + str(in.tp));
   require(in.pp >= 1, "--pp: must be >= 1, got " + str(in.pp));
   require(!in.dps.empty(), "--dp: give at least one data-parallel size");
@@ -37,55 +94,17 @@ void validate(const MemoryPlanInput& in) {
   require(in.gpu_memory_gb >= 0, "--gpu-memory-gb: must be > 0");
   require(in.vocab_multiple >= 1, "--vocab-multiple: must be >= 1, got " + str(in.vocab_multiple));
   require(in.total_params >= 0, "--params: must be > 0");
-  require(m.known() || in.total_params > 0,
+  const bool shaped = in.shape.known();
+  require(shaped || in.total_params > 0,
           "give --params or the model's shape (--layers, --hidden, --heads, --ffn, --vocab), or --config");
   require(
-      m.known() || in.activations == ActivationModel::kNone,
+      shaped || in.activations == ActivationModel::kNone,
       "--activations needs the model's shape (--layers, --hidden, --heads, --ffn, --vocab, --seq-length)");
-  require(m.known() || in.stage_layers.empty(), "--stage-layers needs --layers");
-  if (m.known()) {
-    require(m.kv_heads >= 1 && m.ffn >= 1 && m.vocab >= 1, "--kv-heads, --ffn and --vocab must be >= 1");
-    require(m.hidden % m.heads == 0,
-            "--heads (" + str(m.heads) + ") must divide --hidden (" + str(m.hidden) + ")");
-    require(m.heads % m.kv_heads == 0,
-            "--kv-heads (" + str(m.kv_heads) + ") must divide --heads (" + str(m.heads) + ")");
-    require(m.heads % in.tp == 0 && m.kv_heads % in.tp == 0,
-            "--tp (" + str(in.tp) + ") must divide --heads (" + str(m.heads) + ") and --kv-heads (" +
-                str(m.kv_heads) + "): tensor parallelism splits whole query groups");
-    require(m.ffn % in.tp == 0, "--tp (" + str(in.tp) + ") must divide --ffn (" + str(m.ffn) + ")");
-    require(in.pp <= m.layers, "--pp " + str(in.pp) + " is larger than --layers " + str(m.layers) +
-                                   ": every pipeline stage needs at least one layer");
-    if (in.stage_layers.empty()) {
-      require(m.layers % in.pp == 0, "--pp (" + str(in.pp) + ") must divide --layers (" + str(m.layers) +
-                                         ") unless --stage-layers lists the layers of each stage");
-    } else {
-      require(static_cast<int64_t>(in.stage_layers.size()) == in.pp,
-              "--stage-layers has " + str(static_cast<int64_t>(in.stage_layers.size())) +
-                  " entries but --pp is " + str(in.pp));
-      for (int64_t layers : in.stage_layers)
-        require(layers >= 1, "--stage-layers: every stage needs a layer");
-      const int64_t sum = std::accumulate(in.stage_layers.begin(), in.stage_layers.end(), int64_t{0});
-      require(sum == m.layers,
-              "--stage-layers adds up to " + str(sum) + " layers, not --layers " + str(m.layers));
-    }
-    if (in.activations != ActivationModel::kNone) {
-      require(m.seq >= 1, "--seq-length: must be >= 1 to compute activations");
-      require(!in.sequence_parallel || (m.seq * in.micro_batch) % in.tp == 0,
-              "--sequence-parallel: --tp (" + str(in.tp) + ") must divide the micro-batch's tokens (" +
-                  str(m.seq * in.micro_batch) + ")");
-    }
-    require(!in.flash_attention || in.activations == ActivationModel::kMegatron16Bit,
-            "--flash-attention applies to --activations megatron-16bit only (Touchstone's trainer stores the "
-            "attention probabilities)");
-    require(in.trainer_precision == "fp64" || in.activations != ActivationModel::kTouchstoneFp64,
-            "--activations touchstone-fp64 replays the trainer in precision \"fp64\", not \"" +
-                in.trainer_precision + "\" (its emulation modes add conversion buffers)");
-    require(in.recompute == Recompute::kNone || in.activations != ActivationModel::kTouchstoneFp64,
-            "--recompute: Touchstone's trainer does not recompute activations");
-    require(in.vocab_multiple == 1 || in.activations != ActivationModel::kTouchstoneFp64,
-            "--vocab-multiple: Touchstone's trainer does not pad the vocabulary");
-    require(in.activations != ActivationModel::kTouchstoneFp64 || m.vocab % in.tp == 0,
-            "--tp (" + str(in.tp) + ") must divide --vocab (" + str(m.vocab) + ") for Touchstone's trainer");
+  require(shaped || in.stage_layers.empty(), "--stage-layers needs --layers");
+  if (shaped) {
+    validate_shape(in);
+    validate_stages(in);
+    validate_activations(in);
   }
   if (in.global_batch > 0) {
     for (int64_t dp : in.dps) {
