@@ -15,6 +15,7 @@ cpu::RoundTo activation_format(Precision p) {
 }  // namespace
 
 void CpuBackend::round(TensorRole role, double* x, int64_t n) {
+  if (precision() == Precision::kFp64) return;
   for (int64_t i = 0; i < n; ++i) {
     x[i] = role == TensorRole::kState ? rounding_.state(x[i])
            : role == TensorRole::kComputeWeight ? rounding_.weight(x[i])

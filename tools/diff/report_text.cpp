@@ -31,6 +31,12 @@ bool whole_group_missing(const std::vector<Entry>& entries, size_t i, size_t& en
   return all && end - i > 1;
 }
 
+// Huge distances (a value against zero, or across signs) are shown in powers of ten to keep the column.
+std::string ulp_text(const TensorMetrics& m) {
+  if (!m.has_ulp) return "-";
+  return m.max_ulp < 100000000 ? std::to_string(m.max_ulp) : number(static_cast<double>(m.max_ulp), 2);
+}
+
 }  // namespace
 
 std::string status_text(Status status) {
@@ -88,7 +94,7 @@ void print_table(const DiffResult& r, std::ostream& out, bool colour) {
                     first ? ">" : " ", static_cast<long long>(e.step), short_path(e).c_str(),
                     number(m.relative_l2, 2).c_str(), number(m.max_abs_normalized, 2).c_str(),
                     number(m.max_abs_error, 2).c_str(), m.cosine, static_cast<long long>(m.over_tolerance),
-                    m.has_ulp ? std::to_string(m.max_ulp).c_str() : "-", first ? c.bold : "", colour_on,
+                    ulp_text(m).c_str(), first ? c.bold : "", colour_on,
                     (status_text(e.status) + (first ? "  <- first failure" : "")).c_str());
     } else {
       std::snprintf(line, sizeof(line), "%s %4lld  %-58s %s%s%s: %s\n", first ? ">" : " ",

@@ -184,7 +184,8 @@ Candidate load_shards(const std::string& directory, const Golden& golden) {
       }
       if (by_copy.count(1) && grads && !layout.summed_tied_grads) {
         for (size_t i = 0; i < by_copy[0].values.size(); ++i) by_copy[0].values[i] += by_copy[1].values[i];
-      } else if (!by_copy.count(1) && grads && tied && layout.pp > 1 && !layout.summed_tied_grads) {
+      } else if (id == table.embedding() && !by_copy.count(1) && grads && tied && layout.pp > 1 &&
+                 !layout.summed_tied_grads) {
         throw InputError(directory + ": " + path + ": the last stage's part of the tied embedding gradient "
                          "(output_layer.weight) is missing; it is needed with tied_embedding_grads \"partial\"");
       }
