@@ -147,12 +147,16 @@ StepRecord Trainer::step(const GlobalBatch& batch, bool collect_outputs) {
   std::vector<MicroBatch> micro_batches;
   for (int64_t start : starts) micro_batches.push_back(batch.micro_batch(start, mbs));
   record.grads = plan_.zeros();
-  // The weights the passes use: the BF16 copy of the FP32 master weights in BF16 mode.
-  ParamTensors compute_weights = params_;
-  for (auto& t : compute_weights.tensors) backend_.round(TensorRole::kComputeWeight, t.data(), static_cast<int64_t>(t.size()));
+  // The weights the passes use: the BF16 copy of the FP32 master weights in BF16 mode (in FP32 and FP64
+  // mode the weights themselves, without a copy).
+  ParamTensors bf16_copy;
+  if (backend_.options().precision == Precision::kBf16) {
+    bf16_copy = params_;
+    for (auto& t : bf16_copy.tensors) backend_.round(TensorRole::kComputeWeight, t.data(), static_cast<int64_t>(t.size()));
+  }
   timeline_.reset_origin();
   const PipelineResult run = run_pipeline(
-      config_.parallel.schedule, model_, compute_weights, micro_batches,
+      config_.parallel.schedule, model_, bf16_copy.tensors.empty() ? params_ : bf16_copy, micro_batches,
       loss_weights(batch, starts, mbs, loss_tokens, parse_loss_normalization(config_.train.loss_normalization)),
       context_, record.step, true, record.grads, &timeline_);
 

@@ -14,6 +14,7 @@
 #include "parallel/mpi_runtime.h"
 #include "tools/check/check_parallel.h"
 #include "tools/commbench/commbench.h"
+#include "tools/plan/plan_cli.h"
 
 namespace {
 
@@ -125,6 +126,8 @@ int main(int argc, char** argv) {
       "commbench", "Check and time every collective over a sweep of message sizes (nccl-tests style)");
   touchstone::add_commbench_options(commbench, commbench_options);
 
+  const std::unique_ptr<touchstone::plan::PlanCommand> plan = touchstone::plan::add_plan_commands(app);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
@@ -141,6 +144,7 @@ int main(int argc, char** argv) {
       std::cout << touchstone::to_json(config).dump(2) << std::endl;
       return 0;
     }
+    if (plan->parsed()) return plan->run(std::cout);  // arithmetic only: no MPI
     // Launches its own MPI jobs, so it must not be an MPI process itself.
     if (check_parallel->parsed()) return touchstone::run_check_parallel(check_parallel_options);
   } catch (const InputError& e) {

@@ -33,6 +33,7 @@ struct TensorMetrics {
 // Compares tensors of the same shape (the caller checks shapes) against `tol`.
 TensorMetrics compare_values(const Recorded& golden, const Recorded& candidate, const Tolerance& tol);
 
+// `tol` must be the tolerance the metrics were computed with (it sets over_tolerance).
 bool passes(const TensorMetrics& metrics, const Tolerance& tol);
 
 // Distance in representable values of `type` ("float64" or "float32") between two values stored in it.

@@ -20,12 +20,13 @@ std::string index_text(const std::vector<int64_t>& index) {
   return text + "]";
 }
 
-// Whether every entry of (step, group) from `i` on is missing in the candidate; `end` is past the group.
-bool whole_group_missing(const std::vector<Entry>& entries, size_t i, size_t& end) {
+// Whether every entry of (step, group) from `i` on is not compared for the same reason; `end` is past
+// the group.
+bool whole_group_not_compared(const std::vector<Entry>& entries, size_t i, size_t& end) {
   end = i;
   bool all = true;
   while (end < entries.size() && entries[end].step == entries[i].step && entries[end].group == entries[i].group) {
-    all = all && entries[end].status == Status::kNotCompared;
+    all = all && entries[end].status == Status::kNotCompared && entries[end].reason == entries[i].reason;
     ++end;
   }
   return all && end - i > 1;
@@ -77,10 +78,10 @@ void print_table(const DiffResult& r, std::ostream& out, bool colour) {
   for (size_t i = 0; i < r.entries.size(); ++i) {
     const Entry& e = r.entries[i];
     size_t end = i;
-    if (e.status == Status::kNotCompared && whole_group_missing(r.entries, i, end)) {
+    if (e.status == Status::kNotCompared && whole_group_not_compared(r.entries, i, end)) {
       const std::string what = (e.step == 0 ? "init" : e.group) + "/* (" + std::to_string(end - i) + " tensors)";
-      std::snprintf(line, sizeof(line), "  %4lld  %-58s %s%s: missing in the candidate%s\n",
-                    static_cast<long long>(e.step), what.c_str(), c.yellow, "not compared", c.reset);
+      std::snprintf(line, sizeof(line), "  %4lld  %-58s %snot compared: %s%s\n", static_cast<long long>(e.step),
+                    what.c_str(), c.yellow, e.reason.c_str(), c.reset);
       out << line;
       i = end - 1;
       continue;

@@ -234,7 +234,10 @@ def train_step(model, optimizer, batch, step, config, bugs, dtype):
     loss, token_losses = 0.0, []
     for j in range(num_micro):  # gradient accumulation, as a production loop does it
         rows = slice(j * mbs, (j + 1) * mbs)
-        logits = model(batch["tokens"][rows], positions[rows], allowed[rows])
+        # BF16 as mixed precision: FP32 master weights and gradients, BF16 matrix products (autocast),
+        # the cross entropy on FP32 logits.
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            logits = model(batch["tokens"][rows], positions[rows], allowed[rows])
         per_token = F.cross_entropy(logits.float().flatten(0, 1) if dtype == torch.bfloat16 else logits.flatten(0, 1),
                                     targets[rows].flatten(), ignore_index=-100, reduction="none")
         count = int((targets[rows] != -100).sum())
@@ -290,7 +293,7 @@ def main():
         batches = [{key: torch.from_numpy(golden["batch"][key][s].astype(np.int64))
                     for key in ("tokens", "targets", "position_ids", "document_ids")} for s in range(steps)]
 
-    model = Llama(config["model"], "separate" if "qkv_wrong_grouping" in args.inject else "grouped").to(dtype)
+    model = Llama(config["model"], "separate" if "qkv_wrong_grouping" in args.inject else "grouped").to(store)
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(init[name])  # a KeyError here means the model's names are not the contract's

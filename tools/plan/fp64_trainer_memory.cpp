@@ -221,10 +221,8 @@ Fp64StepReplay replay_fp64_step(const Fp64Rank& r) {
   const Dims d = dims_of(r);
   const bool first_stage = r.stage == 0, last_stage = r.stage == r.pp - 1;
   Ledger l;
-  // oracle/train_step.cpp: the passes read a copy of the weights (the compute copy, rounded to BF16 in
-  // BF16 mode), alive until the step returns.
+  // oracle/train_step.cpp: in FP64 the passes read the weights themselves (only BF16 makes a copy).
   l.at("step start");
-  const int compute_weights = l.alloc(r.params, "compute copy of the weights");
   // parallel/pipeline/executor.cpp, 1F1B: w warm-up forwards, then forward/backward pairs, then w
   // backwards. Received inputs live through their forward; received gradients through their backward;
   // input gradients until the step's sends complete; the last stage copies each micro-batch's token
@@ -295,7 +293,6 @@ Fp64StepReplay replay_fp64_step(const Fp64Rank& r) {
   l.release(update);
   if (all >= 0) l.release(all);
   l.release(token_records);
-  l.release(compute_weights);
   replay.peak = l.peak();
   return replay;
 }

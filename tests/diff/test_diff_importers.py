@@ -1,0 +1,266 @@
+"""Candidates from other trainers' files: Megatron-LM gradient and parameter dumps through
+tools/import_megatron_dump.py, and safetensors files with Hugging Face Llama names, both written here
+(torch.save of Megatron's dict layout; safetensors by the small writer below, as the safetensors
+package is not a dependency), including malformed and truncated ones.
+
+Usage: test_diff_importers.py PATH_TO_TOUCHSTONE PATH_TO_SOURCE_TREE
+"""
+
+import json
+import os
+import struct
+import tempfile
+import unittest
+
+import h5py
+import numpy as np
+import torch
+
+import diff_common as common
+import megatron_layout
+
+SHARDABLE = {"model__num_heads": 8, "model__num_kv_heads": 4, "train__global_batch_size": 8,
+             "train__micro_batch_size": 2, "train__steps": 1}
+TE_NAMES = {"input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
+            "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight"}
+
+
+def write_megatron_dump(golden, directory, tp, stage_layers, group="steps/1/grads", tied=False, dtype=torch.float64,
+                        te_names=True, extra=None):
+    """mp_rank_TT[_PPP].pth files as Megatron-LM's --save-wgrads-interval writes them: per-rank shards,
+    stage-local layer numbers, a tied embedding's gradient summed on both stages."""
+    pp = len(stage_layers)
+    states = {(t, p): {} for t in range(tp) for p in range(pp)}
+    with h5py.File(golden, "r") as g:
+        for name, dataset in g[group].items():
+            for stage, local in megatron_layout.placements(name, stage_layers, tied):
+                match = megatron_layout.LAYER.match(local)
+                if te_names and match and match.group(2) in TE_NAMES:
+                    local = f"decoder.layers.{match.group(1)}.{TE_NAMES[match.group(2)]}"
+                for t in range(tp):
+                    array = np.ascontiguousarray(megatron_layout.shard(name, dataset[()], tp, t))
+                    states[(t, stage)]["module." + local if t % 2 else local] = torch.from_numpy(array).to(dtype)
+    os.makedirs(directory, exist_ok=True)
+    for (t, p), state in states.items():
+        name = f"mp_rank_{t:02d}.pth" if pp == 1 else f"mp_rank_{t:02d}_{p:03d}.pth"
+        torch.save({"model_chunk0": state, **(extra or {})}, os.path.join(directory, name))
+    return directory
+
+
+def bfloat16_bytes(array):
+    bits = np.ascontiguousarray(array, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2").tobytes()  # round to nearest even
+
+
+ENCODERS = {"F64": lambda a: a.astype("<f8").tobytes(), "F32": lambda a: a.astype("<f4").tobytes(),
+            "F16": lambda a: a.astype("<f2").tobytes(), "BF16": bfloat16_bytes}
+
+
+def write_safetensors(path, tensors, dtype="F64", header_patch=None, cut=0):
+    """The safetensors layout: u64 little-endian header size, JSON header, raw little-endian data."""
+    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, array in tensors.items():
+        data = ENCODERS[dtype](np.asarray(array))
+        header[name] = {"dtype": dtype, "shape": list(np.shape(array)), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    if header_patch:
+        header_patch(header)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    content = struct.pack("<Q", len(text)) + text + b"".join(blobs)
+    with open(path, "wb") as f:
+        f.write(content[:len(content) - cut])
+    return path
+
+
+def hf_tensors(golden, group, tied=False):
+    """The golden tensors of `group` under Hugging Face Llama names and layouts."""
+    with h5py.File(golden, "r") as g:
+        m = json.loads(g.attrs["config"])["model"]
+        NH, NKV, H, F = m["num_heads"], m["num_kv_heads"], m["hidden_size"], m["ffn_hidden_size"]
+        D, G = H // NH, NH // NKV
+        out = {}
+        for name, dataset in g[group].items():
+            t = dataset[()]
+            match = megatron_layout.LAYER.match(name)
+            if not match:
+                out[{"embedding.word_embeddings.weight": "model.embed_tokens.weight", "output_layer.weight": "lm_head.weight",
+                     "decoder.final_layernorm.weight": "model.norm.weight"}[name]] = t
+                continue
+            prefix, suffix = f"model.layers.{match.group(1)}.", match.group(2)
+            if suffix == "self_attention.linear_qkv.weight":
+                blocks = t.reshape(NKV, G + 2, D, H)
+                out[prefix + "self_attn.q_proj.weight"] = blocks[:, :G].reshape(NH * D, H)
+                out[prefix + "self_attn.k_proj.weight"] = blocks[:, G].reshape(NKV * D, H)
+                out[prefix + "self_attn.v_proj.weight"] = blocks[:, G + 1].reshape(NKV * D, H)
+            elif suffix == "mlp.linear_fc1.weight":
+                out[prefix + "mlp.gate_proj.weight"], out[prefix + "mlp.up_proj.weight"] = t[:F], t[F:]
+            else:
+                out[prefix + {"input_layernorm.weight": "input_layernorm.weight",
+                              "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
+                              "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
+                              "mlp.linear_fc2.weight": "mlp.down_proj.weight"}[suffix]] = t
+        if tied:
+            out["lm_head.weight"] = out["model.embed_tokens.weight"]
+        return out
+
+
+class Importers(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.scratch = tempfile.TemporaryDirectory()
+        cls.golden = common.make_golden(os.path.join(cls.scratch.name, "golden.h5"), **SHARDABLE)
+        cls.tied = common.make_golden(os.path.join(cls.scratch.name, "tied.h5"), model__tie_embeddings=True, **SHARDABLE)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.scratch.cleanup()
+
+    def path(self, *parts):
+        return os.path.join(self.scratch.name, *parts)
+
+    def import_dump(self, dump, out, *args):
+        script = os.path.join(common.SOURCE, "tools", "import_megatron_dump.py")
+        return common.run([common.PYTHON, script, dump, "--out", out, *args])
+
+    def assert_passes(self, golden, candidate, *args, exact=True):
+        status, output, report = common.diff(golden, candidate, *args)
+        self.assertEqual(status, 0, output)
+        self.assertTrue(all(t["status"] != "fail" for t in report["tensors"]), output)
+        if exact:
+            self.assertEqual(max(t["metrics"]["relative_l2"] for t in common.compared(report)), 0.0, output)
+        return report
+
+    # ---- Megatron-LM dumps ----
+    def test_megatron_gradient_dump(self):
+        for tp, stages in ((2, [1, 2]), (4, [3]), (1, [2, 1])):
+            with self.subTest(tp=tp, stage_layers=stages):
+                name = f"tp{tp}_{'_'.join(map(str, stages))}"
+                dump = write_megatron_dump(self.golden, self.path(name, "wgrads", "iter_0000001"), tp, stages)
+                result = self.import_dump(dump, self.path(name, "shards"))
+                self.assertEqual(result.returncode, 0, result.stderr)
+                report = self.assert_passes(self.golden, self.path(name, "shards"))
+                grads = [t for t in common.compared(report) if t["group"] == "grads"]
+                self.assertEqual(len(grads), 2 + 6 * 3 + 1)
+
+    def test_megatron_tied_embedding_and_params_dump(self):
+        dump = write_megatron_dump(self.tied, self.path("tied", "wgrads", "iter_0000001"), 2, [1, 2], tied=True)
+        self.assertEqual(self.import_dump(dump, self.path("tied", "grads")).returncode, 0)
+        self.assert_passes(self.tied, self.path("tied", "grads"))
+        dump = write_megatron_dump(self.tied, self.path("tied", "params", "iter_0000001"), 2, [1, 2],
+                                   group="steps/1/params", tied=True)
+        self.assertEqual(self.import_dump(dump, self.path("tied", "params_shards")).returncode, 0)
+        report = self.assert_passes(self.tied, self.path("tied", "params_shards"))
+        self.assertTrue(all(t["group"] == "params" for t in common.compared(report)))
+
+    def test_megatron_fp32_dump_needs_a_tolerance_for_fp32(self):
+        dump = write_megatron_dump(self.golden, self.path("fp32", "wgrads", "iter_0000001"), 2, [3], dtype=torch.float32)
+        self.assertEqual(self.import_dump(dump, self.path("fp32", "shards")).returncode, 0)
+        status, output, _ = common.diff(self.golden, self.path("fp32", "shards"))
+        self.assertEqual(status, 1, output)
+        self.assert_passes(self.golden, self.path("fp32", "shards"), "--tolerance", "1e-6", exact=False)
+
+    def test_megatron_bad_dumps(self):
+        cases = {
+            "virtual_chunks": dict(extra={"model_chunk1": {}}),
+            "bias": dict(extra=None),
+        }
+        for name, options in cases.items():
+            with self.subTest(case=name):
+                dump = write_megatron_dump(self.golden, self.path("bad_" + name, "wgrads", "iter_0000001"), 2, [3], **options)
+                if name == "bias":
+                    state = torch.load(os.path.join(dump, "mp_rank_00.pth"))
+                    state["model_chunk0"]["decoder.layers.0.mlp.linear_fc1.bias"] = torch.zeros(64)
+                    torch.save(state, os.path.join(dump, "mp_rank_00.pth"))
+                result = self.import_dump(dump, self.path("bad_" + name, "shards"))
+                self.assertEqual(result.returncode, 2, result.stderr)
+        dump = write_megatron_dump(self.golden, self.path("bad_missing", "wgrads", "iter_0000001"), 2, [1, 2])
+        os.remove(os.path.join(dump, "mp_rank_01_001.pth"))
+        self.assertEqual(self.import_dump(dump, self.path("bad_missing", "shards")).returncode, 2)
+        dump = write_megatron_dump(self.golden, self.path("bad_truncated", "wgrads", "iter_0000001"), 1, [3])
+        with open(os.path.join(dump, "mp_rank_00.pth"), "r+b") as f:
+            f.truncate(100)
+        result = self.import_dump(dump, self.path("bad_truncated", "shards"))
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("cannot load", result.stderr)
+        dump = write_megatron_dump(self.golden, self.path("bad_path", "somewhere"), 1, [3])
+        self.assertEqual(self.import_dump(dump, self.path("bad_path", "shards")).returncode, 2)
+
+    # ---- safetensors ----
+    def test_safetensors_gradients_and_parameters(self):
+        grads = write_safetensors(self.path("grads.safetensors"), hf_tensors(self.golden, "steps/1/grads"))
+        report = self.assert_passes(self.golden, grads, "--candidate-kind", "grads", "--step", "1")
+        self.assertEqual({t["group"] for t in common.compared(report)}, {"grads"})
+        self.assertIn("not_compared", {t["status"] for t in report["tensors"]}, "the loss and params are reported")
+        params = write_safetensors(self.path("params.safetensors"), hf_tensors(self.golden, "steps/1/params"), "F32")
+        status, output, _ = common.diff(self.golden, params, "--candidate-kind", "params")
+        self.assertEqual(status, 1, output)
+        self.assert_passes(self.golden, params, "--candidate-kind", "params", "--tolerance", "1e-6", exact=False)
+
+    def test_safetensors_low_precision_initial_weights(self):
+        for dtype, tolerance in (("BF16", "1e-2"), ("F16", "1e-3")):
+            with self.subTest(dtype=dtype):
+                init = write_safetensors(self.path(f"init_{dtype}.safetensors"),
+                                         hf_tensors(self.golden, "params/init"), dtype)
+                report = self.assert_passes(self.golden, init, "--candidate-kind", "params", "--step", "0",
+                                            "--tolerance", tolerance, exact=False)
+                self.assertTrue(all(t["metrics"]["max_ulp"] is None for t in common.compared(report)))
+
+    def test_safetensors_sharded_checkpoint_and_tied_head(self):
+        tensors = hf_tensors(self.tied, "steps/1/grads", tied=True)
+        tensors["model.rotary_emb.inv_freq"] = np.ones(2)
+        names = sorted(tensors)
+        directory = self.path("sharded_checkpoint")
+        os.makedirs(directory)
+        write_safetensors(os.path.join(directory, "model-00001-of-00002.safetensors"), {n: tensors[n] for n in names[:9]})
+        write_safetensors(os.path.join(directory, "model-00002-of-00002.safetensors"), {n: tensors[n] for n in names[9:]})
+        report = self.assert_passes(self.tied, directory, "--candidate-kind", "grads")
+        self.assertTrue(any("lm_head.weight" in note for note in report["notes"]))
+        self.assertTrue(any("model.rotary_emb.inv_freq" in note for note in report["notes"]))
+
+    def test_malformed_safetensors_are_bad_input(self):
+        tensors = hf_tensors(self.golden, "steps/1/grads")
+        q = "model.layers.0.self_attn.q_proj.weight"
+
+        def patch(key, value):
+            return lambda header: header[q].__setitem__(key, value)
+        cases = {
+            "truncated_data": dict(cut=8),
+            "offsets_disagree_with_shape": dict(header_patch=patch("shape", [31, 32])),
+            "unknown_dtype": dict(header_patch=patch("dtype", "F8_E4M3")),
+            "negative_extent": dict(header_patch=patch("shape", [-1, 32])),
+            "offsets_outside": dict(header_patch=patch("data_offsets", [0, 1 << 40])),
+            "entry_without_offsets": dict(header_patch=lambda h: h[q].pop("data_offsets")),
+        }
+        for name, options in cases.items():
+            with self.subTest(case=name):
+                path = write_safetensors(self.path(f"bad_{name}.safetensors"), tensors, **options)
+                self.assert_bad(path, "--candidate-kind", "grads")
+        wrong_shape = dict(tensors)
+        wrong_shape[q] = tensors[q][:-4]
+        self.assert_bad(write_safetensors(self.path("bad_q_shape.safetensors"), wrong_shape), "--candidate-kind", "grads")
+        no_k = {n: t for n, t in tensors.items() if "k_proj" not in n}
+        self.assert_bad(write_safetensors(self.path("bad_no_k.safetensors"), no_k), "--candidate-kind", "grads")
+        good = write_safetensors(self.path("good.safetensors"), tensors)
+        self.assert_bad(good)  # no --candidate-kind
+        raw = {"header_not_json": struct.pack("<Q", 4) + b"{abc", "header_longer_than_file": struct.pack("<Q", 1 << 20) + b"{}",
+               "shorter_than_8_bytes": b"\x01\x02", "header_not_object": struct.pack("<Q", 2) + b"[]",
+               "no_known_tensor": struct.pack("<Q", 2) + b"{}"}
+        for name, content in raw.items():
+            with self.subTest(case=name):
+                path = self.path(f"raw_{name}.safetensors")
+                with open(path, "wb") as f:
+                    f.write(content)
+                self.assert_bad(path, "--candidate-kind", "grads")
+
+    def assert_bad(self, candidate, *args):
+        status, output, report = common.diff(self.golden, candidate, *args)
+        self.assertEqual(status, 2, output)
+        self.assertEqual(len(output.strip().splitlines()), 1, output)
+        self.assertIsNone(report, "no report is written for bad input")
+
+
+if __name__ == "__main__":
+    common.setup_from_argv()
+    unittest.main()
