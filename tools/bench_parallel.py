@@ -77,7 +77,7 @@ def expected(cfg, layout):
     Ls = L // pp  # layers on rank 0's stage (even split)
     first, last = True, pp == 1
     e = {("dp", "all_reduce"): 8, ("world", "all_reduce"): 16}  # loss tokens; loss and grad norm
-    if tp > 1 or True:
+    if True:  # groups of one rank record their (local) calls too, so the formula counts them
         regions = 2 * Ls + (1 if first else 0)  # region exits in the forward (embedding, proj, fc2)
         entries = 2 * Ls + (1 if last else 0)   # region entries in the forward (qkv, fc1, output layer)
         if sp:
@@ -93,6 +93,9 @@ def expected(cfg, layout):
         Nl = N // tp if sp else N
         e[("pp", "send")] = micro * Nl * H * 8
         e[("pp", "recv")] = micro * Nl * H * 8
+        # --trace gathers each stage's timeline to rank 0: a length, then 5 doubles per recorded action
+        # (the last stage records F, B, the activation receive and the gradient send of every micro-batch).
+        e[("world", "recv")] = 8 + micro * 4 * 5 * 8
     flat = padded(params_per_rank(m, tp, Ls, first, last), dp)
     if zero:
         e[("dp", "reduce_scatter")] = flat * 8
