@@ -3,7 +3,9 @@
 
 Both sides run in one invocation of this script, back to back on the same machine, and the ratio
 of their step times is reported. Measuring side by side matters because the machine is noisy:
-absolute step times drift between runs, ratios taken minutes apart are much more stable.
+absolute step times drift from one run to the next, so only ratios measured in one run are
+compared. --rounds R repeats the pair R times, alternating which side goes first, and pools the
+step times.
 
 What is timed, on both sides, is one optimizer update of the config in bench/step_config.json:
 forward and backward of the objective over every micro-batch of the global batch, the global
@@ -28,8 +30,10 @@ use OpenBLAS with its default thread count; the report lists them with the CPU m
 
 Usage (Debian's /usr/bin/python3, which has torch, numpy and h5py), from the repository root:
     /usr/bin/python3 tools/bench_step.py [--touchstone build/tools/touchstone] [--steps N]
-                                         [--micro-batch-size M] [--markdown]
+                                         [--micro-batch-size M] [--rounds R] [--markdown]
+                                         [--torch-threads N] [--config FILE] [--workdir DIR]
 --markdown prints a section to paste into docs/BENCHMARKS.md instead of the plain report.
+Exit status: 0 measured, 1 the two sides disagree, 2 touchstone failed.
 """
 
 import argparse
@@ -48,7 +52,6 @@ sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "python"))
 sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 
 import h5py  # noqa: E402
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import torch_reference as ref  # noqa: E402
@@ -76,7 +79,7 @@ class CheckFailed(Exception):
 # ----------------------------------------------------------------------------------------------
 
 def run_touchstone(binary, args):
-    """Runs the binary with `args`, returning its stdout; fails with its stderr on a non-zero exit."""
+    """Runs the binary with `args` and returns its stdout; raises RuntimeError if it fails."""
     result = subprocess.run([binary] + args, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"{binary} {' '.join(args)} failed with status {result.returncode}:\n"
@@ -94,7 +97,8 @@ def config_args(config_path, micro_batch_size, steps, extra=()):
 
 def time_touchstone(binary, config_path, micro_batch_size, steps):
     """Trains 1 + steps steps; returns (step times of steps 2.., printed losses of all steps)."""
-    output = run_touchstone(binary, ["train"] + config_args(config_path, micro_batch_size, steps + 1))
+    args = ["train"] + config_args(config_path, micro_batch_size, steps + 1)
+    output = run_touchstone(binary, args)
     times, losses = {}, {}
     for line in output.splitlines():
         match = STEP_LINE.match(line)
@@ -155,12 +159,12 @@ def relative_difference(a, b):
 
 
 class TorchRun:
-    """PyTorch's replay of Touchstone's run: parameters and AdamW state carried from step to step."""
+    """PyTorch's replay of Touchstone's run: parameters and AdamW state carried step to step."""
 
     def __init__(self, init_golden, batches_golden, steps):
         with h5py.File(init_golden, "r") as golden:
             self.settings = ref.Settings.from_config(ref.read_config(golden))
-            self.params = ref.read_init_params(golden)
+            self.init_params = ref.read_init_params(golden)
             self.golden_loss = float(golden["steps/1/loss"][()])
             self.golden_grad_norm = float(golden["steps/1/grad_norm"][()])
             first_batch = ref.read_batch(golden, 1)
@@ -169,6 +173,11 @@ class TorchRun:
         for key, value in first_batch.items():
             if not torch.equal(value, self.batches[0][key]):
                 raise CheckFailed(f"batch/{key} of step 1 differs between the two golden files")
+        self.restart()
+
+    def restart(self):
+        """Back to the initial parameters and an empty optimizer state, before step 1."""
+        self.params = self.init_params
         self.state = {}
         self.step = 0
         self.losses = []
@@ -182,6 +191,20 @@ class TorchRun:
         seconds = time.perf_counter() - start
         self.losses.append(loss)
         return seconds, loss, norm
+
+    def warm_up(self):
+        """Restarts and runs step 1, checking its loss and grad norm against the golden file.
+        Returns (seconds, loss, relative loss difference, relative grad norm difference)."""
+        self.restart()
+        seconds, loss, norm = self.run_step()
+        loss_difference = relative_difference(loss, self.golden_loss)
+        norm_difference = relative_difference(norm, self.golden_grad_norm)
+        if loss_difference > RELATIVE_TOLERANCE or norm_difference > RELATIVE_TOLERANCE:
+            raise CheckFailed(f"step-1 loss {loss!r} or grad norm {norm!r} differs from the golden "
+                              f"file ({self.golden_loss!r}, {self.golden_grad_norm!r}): relative "
+                              f"differences {loss_difference:.2e} and {norm_difference:.2e} > "
+                              f"{RELATIVE_TOLERANCE:.0e}")
+        return seconds, loss, loss_difference, norm_difference
 
 
 # ----------------------------------------------------------------------------------------------
@@ -197,7 +220,7 @@ def cpu_model():
 
 
 def openblas_facts(library_path):
-    """(thread count, config string) of the OpenBLAS at `library_path`, as this environment sets it."""
+    """(thread count, config string) of the OpenBLAS at `library_path`, in this environment."""
     try:
         library = ctypes.CDLL(library_path)
         library.openblas_get_config.restype = ctypes.c_char_p
@@ -235,7 +258,8 @@ def machine_facts(binary, torch_threads_set):
         "touchstone": version,
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
-        "torch_threads_source": "set by --torch-threads" if torch_threads_set else "its default here",
+        "torch_threads_source": ("set by --torch-threads" if torch_threads_set
+                                 else "its default here"),
         "torch_interop_threads": torch.get_num_interop_threads(),
         "torch_blas": f"{os.path.realpath(torch_blas) if torch_blas else 'unknown'}",
         "torch_blas_threads": torch_blas_threads,
@@ -259,12 +283,21 @@ def summarize(times, tokens_per_step):
             "all": times}
 
 
+def timing_description(r):
+    rounds = r["rounds"]
+    each = f"1 warm-up + {r['steps']} timed steps per side"
+    if rounds == 1:
+        return each
+    return (f"{rounds} rounds of {each}, alternating which side goes first "
+            f"({rounds * r['steps']} timed steps per side in all)")
+
+
 def plain_report(r):
     s, f = r["settings"], r["facts"]
     lines = [
         f"CPU training step, FP64: {r['config']} with micro_batch_size {s.micro_batch_size} "
         f"({r['micro_batches']} micro-batch(es) of B={r['windows']} windows x T={r['seq']})",
-        f"{r['steps']} timed steps each after 1 warm-up step; tokens/s = B*T / median step time",
+        f"{timing_description(r)}; tokens/s = B*T / median step time",
         "",
         f"{'implementation':<28}{'median s/step':>15}{'min s/step':>12}{'tokens/s':>11}",
     ]
@@ -288,7 +321,8 @@ def plain_report(r):
         f"{f['touchstone']}; BLAS {f['touchstone_blas']} "
         f"({f['touchstone_blas_threads']} threads; {f['touchstone_blas_config']})",
         f"PyTorch {f['torch']}: {f['torch_threads']} intra-op ({f['torch_threads_source']}) / "
-        f"{f['torch_interop_threads']} inter-op threads; BLAS {f['torch_blas']} ({f['torch_blas_threads']} threads; "
+        f"{f['torch_interop_threads']} inter-op threads; BLAS {f['torch_blas']} "
+        f"({f['torch_blas_threads']} threads; "
         f"{f['torch_blas_config']})",
         f"thread environment variables: {f['thread_env']}",
     ]
@@ -303,8 +337,9 @@ def markdown_report(r):
         f"{'es' if r['micro_batches'] > 1 else ''} per step)",
         "",
         f"Measured {datetime.date.today().isoformat()} with `{f['touchstone']}` and PyTorch "
-        f"{f['torch']}; {r['steps']} timed steps each, after one warm-up step. "
-        f"Tokens/s is B x T = {r['windows'] * r['seq']} positions per step over the median step time.",
+        f"{f['torch']}; {timing_description(r)}. "
+        f"Tokens/s is B x T = {r['windows'] * r['seq']} positions per step over the median "
+        f"step time.",
         "",
         "| Implementation | Median s/step | Min s/step | Tokens/s |",
         "|---|---:|---:|---:|",
@@ -317,6 +352,10 @@ def markdown_report(r):
         f"**Ratio Touchstone / PyTorch: {r['ratio_median']:.2f}** (median; {r['ratio_min']:.2f} "
         f"on the minimum). Target: Touchstone's step no slower than PyTorch's (ratio <= 1.00): "
         f"**{'met' if met else 'not met'}**.",
+        "",
+        f"Every timed step, in order (s): Touchstone "
+        f"{', '.join(f'{t:.2f}' for t in r['touchstone']['all'])}; PyTorch "
+        f"{', '.join(f'{t:.2f}' for t in r['torch']['all'])}.",
         "",
         f"Same computation: step-1 loss {r['torch_loss']:.12f} on both sides, relative difference "
         f"{r['loss_difference']:.1e} (grad norm {r['norm_difference']:.1e}); the losses of the "
@@ -359,37 +398,38 @@ def benchmark(args, workdir):
     if windows % settings.micro_batch_size != 0:
         raise CheckFailed("the global batch does not split into whole micro-batches")
 
-    log("PyTorch warm-up step (step 1), checked against the golden file")
-    seconds, torch_loss, torch_norm = run.run_step()
-    loss_difference = relative_difference(torch_loss, run.golden_loss)
-    norm_difference = relative_difference(torch_norm, run.golden_grad_norm)
-    log(f"  {seconds:.3f} s, loss {torch_loss:.15e} (golden {run.golden_loss:.15e}), "
-        f"grad norm relative difference {norm_difference:.1e}")
-    if loss_difference > RELATIVE_TOLERANCE or norm_difference > RELATIVE_TOLERANCE:
-        raise CheckFailed(f"step-1 loss or grad norm differs from the golden file: relative "
-                          f"differences {loss_difference:.2e} and {norm_difference:.2e} > "
-                          f"{RELATIVE_TOLERANCE:.0e}")
+    ts_times, torch_times, printed_difference = [], [], 0.0
+    for round_index in range(args.rounds):
+        log(f"round {round_index + 1}/{args.rounds}: PyTorch warm-up (step 1), checked against "
+            f"the golden file")
+        seconds, torch_loss, loss_difference, norm_difference = run.warm_up()
+        log(f"  {seconds:.3f} s, loss {torch_loss:.15e} (golden {run.golden_loss:.15e}), "
+            f"relative differences: loss {loss_difference:.1e}, grad norm {norm_difference:.1e}")
 
-    log(f"Touchstone: 1 warm-up + {steps} timed steps")
-    ts_times, ts_losses = time_touchstone(binary, config, mbs, steps)
-    log(f"  {', '.join(f'{t:.3f}' for t in ts_times)} s")
+        # Odd rounds time PyTorch first, so that a slow drift of the machine favours neither side.
+        torch_first = round_index % 2 == 1
+        for side in (("torch", "touchstone") if torch_first else ("touchstone", "torch")):
+            if side == "touchstone":
+                log(f"  Touchstone: 1 warm-up + {steps} timed steps")
+                times, ts_losses = time_touchstone(binary, config, mbs, steps)
+                ts_times += times
+            else:
+                log(f"  PyTorch: {steps} timed steps")
+                times = [run.run_step()[0] for _ in range(steps)]
+                torch_times += times
+            log(f"    {', '.join(f'{t:.3f}' for t in times)} s")
 
-    log(f"PyTorch: {steps} timed steps")
-    torch_times = []
-    for _ in range(steps):
-        seconds, _, _ = run.run_step()
-        torch_times.append(seconds)
-        log(f"  {seconds:.3f} s")
-
-    printed_difference = max(abs(a - b) for a, b in zip(ts_losses, run.losses))
-    if printed_difference > PRINTED_LOSS_TOLERANCE:
-        raise CheckFailed(f"losses differ between the sides: Touchstone printed {ts_losses}, "
-                          f"PyTorch computed {run.losses}")
+        difference = max(abs(a - b) for a, b in zip(ts_losses, run.losses))
+        if difference > PRINTED_LOSS_TOLERANCE:
+            raise CheckFailed(f"losses differ between the sides: Touchstone printed {ts_losses}, "
+                              f"PyTorch computed {run.losses}")
+        printed_difference = max(printed_difference, difference)
 
     touchstone = summarize(ts_times, windows * seq)
     pytorch = summarize(torch_times, windows * seq)
     return {
         "config": display_path(config), "settings": settings, "steps": steps,
+        "rounds": args.rounds,
         "windows": windows, "seq": seq, "micro_batches": windows // settings.micro_batch_size,
         "touchstone": touchstone, "torch": pytorch,
         "ratio_median": touchstone["median"] / pytorch["median"],
@@ -411,15 +451,19 @@ def main():
     parser.add_argument("--steps", type=int, default=3, help="timed steps per side (default 3)")
     parser.add_argument("--micro-batch-size", type=int, default=8,
                         help="train.micro_batch_size (default 8: the whole global batch at once)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="repeat the pair of measurements this many times, alternating which "
+                        "side goes first; times are pooled (default 1)")
     parser.add_argument("--torch-threads", type=int,
-                        help="torch.set_num_threads for the PyTorch side (default: torch's default)")
+                        help="torch.set_num_threads for the PyTorch side "
+                        "(default: torch's default)")
     parser.add_argument("--markdown", action="store_true",
                         help="print a section for docs/BENCHMARKS.md")
     parser.add_argument("--workdir", help="keep the golden files here (default: a temporary "
                         "directory, removed afterwards)")
     args = parser.parse_args()
-    if args.steps < 1:
-        parser.error("--steps must be at least 1")
+    if args.steps < 1 or args.rounds < 1:
+        parser.error("--steps and --rounds must be at least 1")
     if args.torch_threads is not None:
         torch.set_num_threads(args.torch_threads)
 

@@ -1,4 +1,4 @@
-"""Helpers shared by the tests of `touchstone diff`: running the binary and the tools, writing small
+"""What the tests of `touchstone diff` share: running the binary and the tools, writing small
 golden files, and reading the JSON report.
 
 Each test script is run as  test_X.py PATH_TO_TOUCHSTONE PATH_TO_SOURCE_TREE  (Debian's /usr/bin/python3

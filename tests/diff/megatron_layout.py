@@ -23,7 +23,9 @@ def shard(name, tensor, tp, rank):
     if name.endswith("linear_fc1.weight"):
         ffn = tensor.shape[0] // 2
         local = ffn // tp
-        return np.concatenate([tensor[rank * local:(rank + 1) * local], tensor[ffn + rank * local:ffn + (rank + 1) * local]])
+        gate = tensor[rank * local:(rank + 1) * local]
+        up = tensor[ffn + rank * local:ffn + (rank + 1) * local]
+        return np.concatenate([gate, up])
     if name.endswith(("linear_proj.weight", "linear_fc2.weight")):
         cols = tensor.shape[1] // tp
         return tensor[:, rank * cols:(rank + 1) * cols]

@@ -26,7 +26,7 @@ TE_NAMES = {"input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weig
 
 
 def write_megatron_dump(golden, directory, tp, stage_layers, group="steps/1/grads", tied=False, dtype=torch.float64,
-                        te_names=True, extra=None):
+                        te_names=True):
     """mp_rank_TT[_PPP].pth files as Megatron-LM's --save-wgrads-interval writes them: per-rank shards,
     stage-local layer numbers, a tied embedding's gradient summed on both stages."""
     pp = len(stage_layers)
@@ -43,7 +43,7 @@ def write_megatron_dump(golden, directory, tp, stage_layers, group="steps/1/grad
     os.makedirs(directory, exist_ok=True)
     for (t, p), state in states.items():
         name = f"mp_rank_{t:02d}.pth" if pp == 1 else f"mp_rank_{t:02d}_{p:03d}.pth"
-        torch.save({"model_chunk0": state, **(extra or {})}, os.path.join(directory, name))
+        torch.save({"model_chunk0": state}, os.path.join(directory, name))
     return directory
 
 
@@ -85,7 +85,8 @@ def hf_tensors(golden, group, tied=False):
             t = dataset[()]
             match = megatron_layout.LAYER.match(name)
             if not match:
-                out[{"embedding.word_embeddings.weight": "model.embed_tokens.weight", "output_layer.weight": "lm_head.weight",
+                out[{"embedding.word_embeddings.weight": "model.embed_tokens.weight",
+                     "output_layer.weight": "lm_head.weight",
                      "decoder.final_layernorm.weight": "model.norm.weight"}[name]] = t
                 continue
             prefix, suffix = f"model.layers.{match.group(1)}.", match.group(2)
@@ -111,7 +112,8 @@ class Importers(unittest.TestCase):
     def setUpClass(cls):
         cls.scratch = tempfile.TemporaryDirectory()
         cls.golden = common.make_golden(os.path.join(cls.scratch.name, "golden.h5"), **SHARDABLE)
-        cls.tied = common.make_golden(os.path.join(cls.scratch.name, "tied.h5"), model__tie_embeddings=True, **SHARDABLE)
+        cls.tied = common.make_golden(os.path.join(cls.scratch.name, "tied.h5"), model__tie_embeddings=True,
+                                      **SHARDABLE)
 
     @classmethod
     def tearDownClass(cls):
@@ -155,37 +157,42 @@ class Importers(unittest.TestCase):
         self.assertTrue(all(t["group"] == "params" for t in common.compared(report)))
 
     def test_megatron_fp32_dump_needs_a_tolerance_for_fp32(self):
-        dump = write_megatron_dump(self.golden, self.path("fp32", "wgrads", "iter_0000001"), 2, [3], dtype=torch.float32)
+        dump = write_megatron_dump(self.golden, self.path("fp32", "wgrads", "iter_0000001"), 2, [3],
+                                   dtype=torch.float32)
         self.assertEqual(self.import_dump(dump, self.path("fp32", "shards")).returncode, 0)
         status, output, _ = common.diff(self.golden, self.path("fp32", "shards"))
         self.assertEqual(status, 1, output)
         self.assert_passes(self.golden, self.path("fp32", "shards"), "--tolerance", "1e-6", exact=False)
 
     def test_megatron_bad_dumps(self):
-        cases = {
-            "virtual_chunks": dict(extra={"model_chunk1": {}}),
-            "bias": dict(extra=None),
-        }
-        for name, options in cases.items():
-            with self.subTest(case=name):
-                dump = write_megatron_dump(self.golden, self.path("bad_" + name, "wgrads", "iter_0000001"), 2, [3], **options)
-                if name == "bias":
-                    state = torch.load(os.path.join(dump, "mp_rank_00.pth"))
-                    state["model_chunk0"]["decoder.layers.0.mlp.linear_fc1.bias"] = torch.zeros(64)
-                    torch.save(state, os.path.join(dump, "mp_rank_00.pth"))
-                result = self.import_dump(dump, self.path("bad_" + name, "shards"))
-                self.assertEqual(result.returncode, 2, result.stderr)
-        dump = write_megatron_dump(self.golden, self.path("bad_missing", "wgrads", "iter_0000001"), 2, [1, 2])
-        os.remove(os.path.join(dump, "mp_rank_01_001.pth"))
-        self.assertEqual(self.import_dump(dump, self.path("bad_missing", "shards")).returncode, 2)
-        dump = write_megatron_dump(self.golden, self.path("bad_truncated", "wgrads", "iter_0000001"), 1, [3])
-        with open(os.path.join(dump, "mp_rank_00.pth"), "r+b") as f:
-            f.truncate(100)
-        result = self.import_dump(dump, self.path("bad_truncated", "shards"))
+        def refused(name, edit):
+            dump = write_megatron_dump(self.golden, self.path(name, "wgrads", "iter_0000001"), 2, [1, 2])
+            edit(dump)
+            result = self.import_dump(dump, self.path(name, "shards"))
+            self.assertEqual(result.returncode, 2, result.stderr)
+            self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
+            return result.stderr
+
+        def rewrite(dump, change):
+            path = os.path.join(dump, "mp_rank_00_000.pth")
+            state = torch.load(path)
+            change(state)
+            torch.save(state, path)
+
+        self.assertIn("virtual pipeline", refused("chunks", lambda d: rewrite(d, lambda s: s.update(model_chunk1={}))))
+        bias = lambda s: s["model_chunk0"].update({"decoder.layers.0.mlp.linear_fc1.bias": torch.zeros(32)})
+        self.assertIn("linear_fc1.bias", refused("bias", lambda d: rewrite(d, bias)))
+        remove = lambda dump: os.remove(os.path.join(dump, "mp_rank_01_001.pth"))
+        self.assertIn("missing rank files", refused("missing", remove))
+
+        def truncate(dump):
+            with open(os.path.join(dump, "mp_rank_00_000.pth"), "r+b") as f:
+                f.truncate(100)
+        self.assertIn("cannot load", refused("truncated", truncate))
+        dump = write_megatron_dump(self.golden, self.path("no_iter", "somewhere"), 1, [3])
+        result = self.import_dump(dump, self.path("no_iter", "shards"))
         self.assertEqual(result.returncode, 2, result.stderr)
-        self.assertIn("cannot load", result.stderr)
-        dump = write_megatron_dump(self.golden, self.path("bad_path", "somewhere"), 1, [3])
-        self.assertEqual(self.import_dump(dump, self.path("bad_path", "shards")).returncode, 2)
+        self.assertIn("--kind and --step", result.stderr)
 
     # ---- safetensors ----
     def test_safetensors_gradients_and_parameters(self):
@@ -213,8 +220,9 @@ class Importers(unittest.TestCase):
         names = sorted(tensors)
         directory = self.path("sharded_checkpoint")
         os.makedirs(directory)
-        write_safetensors(os.path.join(directory, "model-00001-of-00002.safetensors"), {n: tensors[n] for n in names[:9]})
-        write_safetensors(os.path.join(directory, "model-00002-of-00002.safetensors"), {n: tensors[n] for n in names[9:]})
+        for index, part in enumerate((names[:9], names[9:]), start=1):
+            write_safetensors(os.path.join(directory, f"model-0000{index}-of-00002.safetensors"),
+                              {n: tensors[n] for n in part})
         report = self.assert_passes(self.tied, directory, "--candidate-kind", "grads")
         self.assertTrue(any("lm_head.weight" in note for note in report["notes"]))
         self.assertTrue(any("model.rotary_emb.inv_freq" in note for note in report["notes"]))
@@ -239,13 +247,16 @@ class Importers(unittest.TestCase):
                 self.assert_bad(path, "--candidate-kind", "grads")
         wrong_shape = dict(tensors)
         wrong_shape[q] = tensors[q][:-4]
-        self.assert_bad(write_safetensors(self.path("bad_q_shape.safetensors"), wrong_shape), "--candidate-kind", "grads")
+        self.assert_bad(write_safetensors(self.path("bad_q_shape.safetensors"), wrong_shape),
+                        "--candidate-kind", "grads")
         no_k = {n: t for n, t in tensors.items() if "k_proj" not in n}
         self.assert_bad(write_safetensors(self.path("bad_no_k.safetensors"), no_k), "--candidate-kind", "grads")
         good = write_safetensors(self.path("good.safetensors"), tensors)
         self.assert_bad(good)  # no --candidate-kind
-        raw = {"header_not_json": struct.pack("<Q", 4) + b"{abc", "header_longer_than_file": struct.pack("<Q", 1 << 20) + b"{}",
-               "shorter_than_8_bytes": b"\x01\x02", "header_not_object": struct.pack("<Q", 2) + b"[]",
+        raw = {"header_not_json": struct.pack("<Q", 4) + b"{abc",
+               "header_longer_than_file": struct.pack("<Q", 1 << 20) + b"{}",
+               "shorter_than_8_bytes": b"\x01\x02",
+               "header_not_object": struct.pack("<Q", 2) + b"[]",
                "no_known_tensor": struct.pack("<Q", 2) + b"{}"}
         for name, content in raw.items():
             with self.subTest(case=name):

@@ -79,7 +79,8 @@ class Inputs(unittest.TestCase):
         with open(truncated, "r+b") as f:
             f.truncate(os.path.getsize(truncated) // 2)
         only_batch = self.copy("only_batch.h5", lambda f: [f.__delitem__(g) for g in ("params", "steps")])
-        nan_golden = self.copy("nan_golden.h5", lambda f: f["steps/1/grads/output_layer.weight"].__setitem__((0, 0), np.nan))
+        nan_golden = self.copy("nan_golden.h5",
+                               lambda f: f["steps/1/grads/output_layer.weight"].__setitem__((0, 0), np.nan))
         candidate = common.example(self.golden, os.path.join(self.scratch.name, "clean.h5"), "--steps", "1")
         bad_model = self.copy("bad_model.h5", lambda f: f.attrs.__setitem__("tolerance_model", "{\"kind\": 3,"))
         cases = [
@@ -111,8 +112,8 @@ class Inputs(unittest.TestCase):
                          ["steps/1/grads/output_layer.weight"])
         self.assertEqual(report["tolerance"]["kind"], "test")
 
-        envelope_only = self.copy("envelope.h5", lambda f: f.attrs.__setitem__("tolerance_model", "{\"kind\": \"envelope\"}"),
-                                  source=golden)
+        envelope = lambda f: f.attrs.__setitem__("tolerance_model", json.dumps({"kind": "envelope"}))
+        envelope_only = self.copy("envelope.h5", envelope, source=golden)
         status, output, report = common.diff(envelope_only, self.golden, "--step", "0")
         self.assertEqual(status, 2, output)
         self.assertIn("no tolerance", output)
@@ -133,7 +134,8 @@ class Inputs(unittest.TestCase):
         status, output, report = common.diff(self.golden, candidate, "--step", "2")
         self.assertEqual(status, 0, output)
         self.assertEqual({t["step"] for t in report["tensors"]}, {2})
-        nudged = next(t for t in report["tensors"] if t["path"] == "steps/2/grads/decoder.layers.0.mlp.linear_fc1.weight")
+        path = "steps/2/grads/decoder.layers.0.mlp.linear_fc1.weight"
+        nudged = next(t for t in report["tensors"] if t["path"] == path)
         self.assertEqual(nudged["metrics"]["max_ulp"], 3)
         self.assertEqual(nudged["metrics"]["worst_index"], [5, 6])
         status, output, report = common.diff(self.golden, candidate, "--step", "0")

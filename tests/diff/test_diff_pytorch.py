@@ -86,7 +86,8 @@ class PytorchExample(unittest.TestCase):
         self.assert_named(["qkv_wrong_grouping"], "qkv_grouping", "steps/1/loss")
 
     def test_drop_tp_shard(self):
-        report = self.assert_named(["drop_tp_shard"], "tp_shard", "steps/1/grads/decoder.layers.2.mlp.linear_fc1.weight")
+        report = self.assert_named(["drop_tp_shard"], "tp_shard",
+                                   "steps/1/grads/decoder.layers.2.mlp.linear_fc1.weight")
         message = next(v["message"] for v in report["verdicts"] if v["signature"] == "tp_shard")
         self.assertIn("tp rank 1 of 2 (gate rows [32, 64) and up rows [96, 128))", message)
 

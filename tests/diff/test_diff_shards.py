@@ -30,7 +30,8 @@ def write_shards(golden, directory, tp, stage_layers, tied=False, tied_grads="pa
     pp = len(stage_layers)
     os.makedirs(directory, exist_ok=True)
     rng = np.random.default_rng(7)
-    files = {(t, p): h5py.File(os.path.join(directory, f"rank_tp{t}_pp{p}.h5"), "w") for t in range(tp) for p in range(pp)}
+    files = {(t, p): h5py.File(os.path.join(directory, f"rank_tp{t}_pp{p}.h5"), "w")
+             for t in range(tp) for p in range(pp)}
     with h5py.File(golden, "r") as g:
         for group in GROUPS:
             for name, dataset in g[group].items():
@@ -109,7 +110,8 @@ class ShardReassembly(unittest.TestCase):
 
     def test_one_corrupted_shard_is_named(self):
         def zero(group, stage, t, local, array):
-            hit = group == "steps/1/grads" and stage == 0 and t == 1 and local == "decoder.layers.1.self_attention.linear_qkv.weight"
+            hit = (group == "steps/1/grads" and stage == 0 and t == 1
+                   and local == "decoder.layers.1.self_attention.linear_qkv.weight")
             return np.zeros_like(array) if hit else array
         directory = write_shards(self.golden, self.directory("corrupt"), 4, [2, 1], change=zero)
         status, output, report = common.diff(self.golden, directory)
@@ -124,7 +126,8 @@ class ShardReassembly(unittest.TestCase):
             "wrong_shape": dict(change=lambda g, s, t, local, a: a[:-1] if local.endswith("linear_fc2.weight") else a),
             "stage_layers_sum": dict(layout_extra={"stage_layers": [1, 1]}),
             "tie_mismatch": dict(layout_extra={"tie_embeddings": True}),
-            "missing_on_one_rank": dict(change=lambda g, s, t, local, a: None if t == 1 and local.endswith("fc1.weight") else a),
+            "missing_on_one_rank":
+                dict(change=lambda g, s, t, local, a: None if t == 1 and local.endswith("fc1.weight") else a),
             "bad_format": dict(layout_extra={"format_version": 2}),
             "bad_tp": dict(layout_extra={"tp": "two"}),
         }

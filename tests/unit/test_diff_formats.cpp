@@ -1,6 +1,7 @@
 // Tests of the diff's candidate readers below the command line: the safetensors parser (dtypes, and
 // every malformed header or truncated file as an InputError), bf16 and half decoding, the linear_qkv
-// layout conversion and the Hugging Face name mapping.
+// layout conversion, the Hugging Face name mapping, and the HDF5 reader's stored types and optional
+// attributes that the diff relies on.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint/h5_file.h"
 #include "model/errors.h"
 #include "tools/diff/hf_names.h"
 #include "tools/diff/safetensors.h"
@@ -20,7 +22,8 @@ namespace fs = std::filesystem;
 
 // Writes a safetensors file from a header text and raw data bytes.
 std::string write_file(const std::string& name, const std::string& header, const std::string& data) {
-  const fs::path path = fs::temp_directory_path() / ("touchstone_diff_" + std::to_string(getpid()) + "_" + name);
+  const fs::path path =
+      fs::temp_directory_path() / ("touchstone_diff_" + std::to_string(getpid()) + "_" + name);
   std::ofstream out(path, std::ios::binary);
   const uint64_t size = header.size();
   out.write(reinterpret_cast<const char*>(&size), 8);
@@ -36,8 +39,8 @@ std::string bytes(std::initializer_list<T> values) {
 }
 
 TEST(Safetensors, ReadsEveryFloatType) {
-  const std::string data = bytes<double>({1.5, -2}) + bytes<float>({0.25f}) + bytes<uint16_t>({0x3F80, 0xC000}) +
-                           bytes<uint16_t>({0x3C00, 0x0001});
+  const std::string data = bytes<double>({1.5, -2}) + bytes<float>({0.25f}) +
+                           bytes<uint16_t>({0x3F80, 0xC000}) + bytes<uint16_t>({0x3C00, 0x0001});
   const std::string header =
       R"({"__metadata__": {"format": "pt"},
           "a": {"dtype": "F64", "shape": [2], "data_offsets": [0, 16]},
@@ -67,12 +70,12 @@ TEST(Safetensors, MalformedFilesAreInputErrors) {
   const std::vector<std::pair<std::string, std::string>> bad_headers = {
       {"not json", one},
       {"[1, 2]", one},
-      {R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})", one},    // shape needs 8 bytes
-      {R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 8]}})", one},    // past the data
-      {R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}})", one},    // end before begin
-      {R"({"x": {"dtype": "Q4", "shape": [1], "data_offsets": [0, 4]}})", one},     // unknown dtype
-      {R"({"x": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", one},   // negative extent
-      {R"({"x": {"dtype": "F32", "shape": [1]}})", one},                            // no offsets
+      {R"({"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}})", one},   // shape needs 8 bytes
+      {R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 8]}})", one},   // past the data
+      {R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}})", one},   // end before begin
+      {R"({"x": {"dtype": "Q4", "shape": [1], "data_offsets": [0, 4]}})", one},    // unknown dtype
+      {R"({"x": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", one},  // negative extent
+      {R"({"x": {"dtype": "F32", "shape": [1]}})", one},                           // no offsets
       {R"({"x": {"dtype": "F32", "shape": [4611686018427387904, 4], "data_offsets": [0, 4]}})", one},
   };
   int i = 0;
@@ -81,7 +84,8 @@ TEST(Safetensors, MalformedFilesAreInputErrors) {
     EXPECT_THROW(read_safetensors(path), InputError) << header;
   }
   // Header length beyond the file, and a file shorter than the length field.
-  const fs::path truncated = fs::temp_directory_path() / ("touchstone_diff_" + std::to_string(getpid()) + "_short");
+  const fs::path truncated =
+      fs::temp_directory_path() / ("touchstone_diff_" + std::to_string(getpid()) + "_short");
   std::ofstream(truncated, std::ios::binary) << std::string("\xff\x00\x00\x00\x00\x00\x00\x00{}", 10);
   EXPECT_THROW(read_safetensors(truncated.string()), InputError);
   std::ofstream(truncated, std::ios::binary) << "abc";
@@ -118,7 +122,9 @@ TEST(HfNames, ConvertsLlamaNamesAndLayouts) {
   const ModelConfig m = gqa_model();  // H = 4, D = 2, NH = 2, NKV = 1, F = 3
   auto filled = [](std::vector<int64_t> shape, double start) {
     Recorded r{shape, {}, "float32"};
-    for (int64_t i = 0; i < shape[0] * (shape.size() > 1 ? shape[1] : 1); ++i) r.values.push_back(start + static_cast<double>(i));
+    for (int64_t i = 0; i < shape[0] * (shape.size() > 1 ? shape[1] : 1); ++i) {
+      r.values.push_back(start + static_cast<double>(i));
+    }
     return r;
   };
   std::map<std::string, Recorded> hf = {
@@ -153,6 +159,30 @@ TEST(HfNames, ConvertsLlamaNamesAndLayouts) {
   hf["model.layers.0.self_attn.k_proj.weight"] = filled({2, 4}, 0);
   hf["model.layers.7.input_layernorm.weight"] = filled({4}, 0);  // beyond the model
   EXPECT_THROW(hf_to_contract(hf, m, "g", ignored), InputError);
+}
+
+TEST(H5Reader, StoredTypesAndOptionalAttributes) {
+  const std::string path =
+      (fs::temp_directory_path() / ("touchstone_diff_" + std::to_string(getpid()) + "_types.h5")).string();
+  {
+    h5::H5Writer writer(path);
+    const double values[2] = {1.0, 2.0};
+    const int64_t count = 3;
+    writer.write_f64("/a", values, {2});
+    writer.write_f32("/b", values, {2});
+    writer.write_i64("/c", &count, {});
+    writer.set_attribute("/", "kind", std::string("x"));
+    writer.commit();
+  }
+  const h5::H5Reader reader(path);
+  EXPECT_EQ(reader.element_type("/a"), "float64");
+  EXPECT_EQ(reader.element_type("/b"), "float32");
+  EXPECT_EQ(reader.element_type("/c"), "int64");
+  EXPECT_THROW(reader.element_type("/missing"), InputError);
+  EXPECT_TRUE(reader.has_attribute("/", "kind"));
+  EXPECT_FALSE(reader.has_attribute("/", "tolerance_model"));
+  EXPECT_FALSE(reader.has_attribute("/missing", "kind"));
+  fs::remove(path);
 }
 
 }  // namespace

@@ -76,7 +76,8 @@ TEST(DiffMetrics, UlpDistanceOnTheStoredType) {
   EXPECT_EQ(ulp_distance(0.0, -0.0, "float64"), 0u);
 
   const Recorded g = tensor({2}, {1.0, 2.0}, "float32");
-  Recorded c = tensor({2}, {1.0, static_cast<double>(std::nextafter(std::nextafter(2.0f, 3.0f), 3.0f))}, "float32");
+  Recorded c =
+      tensor({2}, {1.0, static_cast<double>(std::nextafter(std::nextafter(2.0f, 3.0f), 3.0f))}, "float32");
   EXPECT_EQ(compare_values(g, c, Tolerance{1, 1}).max_ulp, 2u);
   EXPECT_TRUE(compare_values(g, c, Tolerance{1, 1}).has_ulp);
   c.dtype = "bfloat16";  // different stored types: no ULP distance

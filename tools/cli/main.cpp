@@ -14,6 +14,7 @@
 #include "parallel/mpi_runtime.h"
 #include "tools/check/check_parallel.h"
 #include "tools/commbench/commbench.h"
+#include "tools/diff/diff_cli.h"
 #include "tools/plan/plan_cli.h"
 
 namespace {
@@ -126,6 +127,11 @@ int main(int argc, char** argv) {
       "commbench", "Check and time every collective over a sweep of message sizes (nccl-tests style)");
   touchstone::add_commbench_options(commbench, commbench_options);
 
+  touchstone::DiffOptions diff_options;
+  CLI::App* diff = app.add_subcommand(
+      "diff", "Compare another trainer's loss, gradients and parameters with a golden file, tensor by tensor");
+  touchstone::add_diff_options(diff, diff_options);
+
   const std::unique_ptr<touchstone::plan::PlanCommand> plan = touchstone::plan::add_plan_commands(app);
 
   try {
@@ -147,6 +153,7 @@ int main(int argc, char** argv) {
     if (plan->parsed()) return plan->run(std::cout);  // arithmetic only: no MPI
     // Launches its own MPI jobs, so it must not be an MPI process itself.
     if (check_parallel->parsed()) return touchstone::run_check_parallel(check_parallel_options);
+    if (diff->parsed()) return touchstone::run_diff(diff_options);  // reads files only: no MPI
   } catch (const InputError& e) {
     std::cerr << "touchstone: error: " << e.what() << std::endl;
     return 2;

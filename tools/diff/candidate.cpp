@@ -36,7 +36,9 @@ Recorded read_recorded(const h5::H5Reader& file, const std::string& path) {
 
 namespace {
 
-bool has_extension(const fs::path& path, const std::string& extension) { return path.extension() == extension; }
+bool has_extension(const fs::path& path, const std::string& extension) {
+  return path.extension() == extension;
+}
 
 bool starts_with_hdf5_signature(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -70,7 +72,8 @@ Candidate load_golden_schema(const std::string& path) {
     }
   }
   for (const std::string& other : list_datasets(file, "/")) {
-    if (other.rfind("params/init/", 0) != 0 && other.rfind("steps/", 0) != 0 && other.rfind("batch/", 0) != 0) {
+    if (other.rfind("params/init/", 0) != 0 && other.rfind("steps/", 0) != 0 &&
+        other.rfind("batch/", 0) != 0) {
       candidate.notes.push_back("ignored candidate dataset /" + other + " (not part of the compared schema)");
     }
   }
@@ -106,7 +109,8 @@ Candidate load_safetensors(const std::string& path, const CandidateOptions& opti
                             : step == 0             ? "params/init"
                                                     : "steps/" + std::to_string(step) + "/params";
   Candidate candidate;
-  candidate.format = "safetensors (" + options.kind + " of " + (step == 0 ? "the initial state" : "step " + std::to_string(step)) + ")";
+  candidate.format = "safetensors (" + options.kind + " of " +
+                     (step == 0 ? "the initial state" : "step " + std::to_string(step)) + ")";
   std::vector<std::string> ignored;
   candidate.tensors = hf_to_contract(all, golden.config().model, group, ignored);
   for (const std::string& name : ignored) candidate.notes.push_back("ignored safetensors tensor " + name);
@@ -118,8 +122,9 @@ Candidate load_safetensors(const std::string& path, const CandidateOptions& opti
 
 Candidate load_candidate(const std::string& path, const CandidateOptions& options, const Golden& golden) {
   const std::string format = options.format == "auto" ? detect_format(path) : options.format;
-  if (format != "safetensors" && (!options.kind.empty())) {
-    throw InputError("--candidate-kind applies to safetensors candidates only (this one is read as " + format + ")");
+  if (format != "safetensors" && !options.kind.empty()) {
+    throw InputError("--candidate-kind applies to safetensors candidates only (this one is read as " +
+                     format + ")");
   }
   if (format == "golden") return load_golden_schema(path);
   if (format == "safetensors") return load_safetensors(path, options, golden);

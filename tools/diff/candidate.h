@@ -25,8 +25,8 @@ struct CandidateOptions {
 
 struct Candidate {
   TensorMap tensors;
-  std::string format;     // the format that was read
-  std::string generator;  // the candidate's `generator` attribute, when it has one
+  std::string format;              // the format that was read
+  std::string generator;           // the candidate's `generator` attribute, when it has one
   std::vector<std::string> notes;  // what was left out while reading, and why
 };
 

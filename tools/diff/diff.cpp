@@ -11,6 +11,8 @@ namespace touchstone::diff {
 
 namespace {
 
+constexpr char kNoTolerance[] = "the golden file records no tolerance for it";
+
 struct Item {
   Item(std::string p, std::string g, std::string n, int id = -1, bool ext = false)
       : path(std::move(p)), group(std::move(g)), name(std::move(n)), param(id), extension(ext) {}
@@ -23,7 +25,9 @@ std::vector<Item> items_of_step(const ParamTable& table, int64_t step) {
   std::vector<Item> items;
   const std::vector<int> order = params_in_flow_order(table);
   auto tensors = [&](const std::string& prefix, const std::string& group, bool extension) {
-    for (int id : order) items.emplace_back(prefix + "/" + table[id].name, group, table[id].name, id, extension);
+    for (int id : order) {
+      items.emplace_back(prefix + "/" + table[id].name, group, table[id].name, id, extension);
+    }
   };
   if (step == 0) {
     tensors("params/init", "init", false);
@@ -78,8 +82,7 @@ Entry compare_item(const Golden& golden, const Candidate& candidate, const Toler
   }
   const std::optional<Tolerance> tolerance = tolerances.for_path(item.path, e.integer);
   if (!tolerance) {
-    e.reason = "the golden file records no tolerance for it (tolerance model " + tolerances.kind() +
-               "); --tolerance compares it";
+    e.reason = kNoTolerance + (" (tolerance model " + tolerances.kind() + "); --tolerance compares it");
     return e;
   }
   e.tolerance = *tolerance;
@@ -108,7 +111,9 @@ std::vector<int> params_in_flow_order(const ParamTable& table) {
                                     [](const ParamSpec& p) { return p.kind == ParamKind::kInputNorm; });
   for (int64_t l = layers; l-- > 0;) {
     const LayerParamIds& ids = table.layer(l);
-    for (int id : {ids.fc2, ids.fc1, ids.pre_mlp_norm, ids.proj, ids.qkv, ids.input_norm}) order.push_back(id);
+    for (int id : {ids.fc2, ids.fc1, ids.pre_mlp_norm, ids.proj, ids.qkv, ids.input_norm}) {
+      order.push_back(id);
+    }
   }
   order.push_back(table.embedding());
   return order;
@@ -116,22 +121,65 @@ std::vector<int> params_in_flow_order(const ParamTable& table) {
 
 std::string kind_name(ParamKind kind) {
   switch (kind) {
-    case ParamKind::kEmbedding: return "embedding";
-    case ParamKind::kInputNorm: return "input_norm";
-    case ParamKind::kQkv: return "qkv";
-    case ParamKind::kProj: return "proj";
-    case ParamKind::kPreMlpNorm: return "pre_mlp_norm";
-    case ParamKind::kFc1: return "fc1";
-    case ParamKind::kFc2: return "fc2";
-    case ParamKind::kFinalNorm: return "final_norm";
-    case ParamKind::kOutput: return "output";
+    case ParamKind::kEmbedding:
+      return "embedding";
+    case ParamKind::kInputNorm:
+      return "input_norm";
+    case ParamKind::kQkv:
+      return "qkv";
+    case ParamKind::kProj:
+      return "proj";
+    case ParamKind::kPreMlpNorm:
+      return "pre_mlp_norm";
+    case ParamKind::kFc1:
+      return "fc1";
+    case ParamKind::kFc2:
+      return "fc2";
+    case ParamKind::kFinalNorm:
+      return "final_norm";
+    case ParamKind::kOutput:
+      return "output";
   }
   return "other";
 }
 
 int DiffResult::count(Status status) const {
-  return static_cast<int>(std::count_if(entries.begin(), entries.end(), [&](const Entry& e) { return e.status == status; }));
+  return static_cast<int>(
+      std::count_if(entries.begin(), entries.end(), [&](const Entry& e) { return e.status == status; }));
 }
+
+namespace {
+
+// The steps to walk: those the candidate holds (0 for its initial parameters), or the one asked for.
+std::set<int64_t> steps_to_compare(const Golden& golden, const Candidate& candidate,
+                                   const AnalysisOptions& options, std::vector<std::string>& notes) {
+  const auto recorded = [&](int64_t s) {
+    return s == 0 || std::find(golden.steps().begin(), golden.steps().end(), s) != golden.steps().end();
+  };
+  if (options.step && !recorded(*options.step)) {
+    throw InputError(golden.path() + ": step " + std::to_string(*options.step) + " is not recorded");
+  }
+  std::set<int64_t> steps, unrecorded;
+  for (const auto& [path, tensor] : candidate.tensors) {
+    const int64_t s = step_of(path);
+    if (s < 0 || (options.step && *options.step != s)) continue;
+    (recorded(s) ? steps : unrecorded).insert(s);
+  }
+  for (int64_t s : unrecorded) {
+    notes.push_back("candidate step " + std::to_string(s) +
+                    " is not recorded in the golden file: not compared");
+  }
+  return steps;
+}
+
+// The first failing entry in data-flow order, -1 when none fails.
+int first_failure(const std::vector<Entry>& entries) {
+  const auto it =
+      std::find_if(entries.begin(), entries.end(), [](const Entry& e) { return e.status == Status::kFail; });
+  return it == entries.end() ? -1 : static_cast<int>(it - entries.begin());
+}
+
+}  // namespace
 
 DiffResult run_analysis(const std::string& golden_path, const std::string& candidate_path,
                         const AnalysisOptions& options) {
@@ -151,21 +199,9 @@ DiffResult run_analysis(const std::string& golden_path, const std::string& candi
   result.num_layers = golden.config().model.num_layers;
   result.notes = candidate.notes;
 
-  std::set<int64_t> steps;
-  for (const auto& [path, tensor] : candidate.tensors) {
-    const int64_t s = step_of(path);
-    if (s >= 0 && (!options.step || *options.step == s)) steps.insert(s);
-  }
-  if (options.step && *options.step > 0 &&
-      std::find(golden.steps().begin(), golden.steps().end(), *options.step) == golden.steps().end()) {
-    throw InputError(golden_path + ": step " + std::to_string(*options.step) + " is not recorded");
-  }
+  const std::set<int64_t> steps = steps_to_compare(golden, candidate, options, result.notes);
   std::set<std::string> used;
   for (int64_t s : steps) {
-    if (s > 0 && std::find(golden.steps().begin(), golden.steps().end(), s) == golden.steps().end()) {
-      result.notes.push_back("candidate step " + std::to_string(s) + " is not recorded in the golden file: not compared");
-      continue;
-    }
     for (const Item& item : items_of_step(golden.table(), s)) {
       if (!golden.has(item.path)) continue;
       if (item.extension) {
@@ -178,32 +214,30 @@ DiffResult run_analysis(const std::string& golden_path, const std::string& candi
     }
   }
   for (const auto& [path, tensor] : candidate.tensors) {
-    const int64_t s = step_of(path);
-    if (!used.count(path) && steps.count(s) && s >= 0) {
-      result.notes.push_back("candidate dataset " + path + " has no counterpart in the golden schema: ignored");
+    if (!used.count(path) && steps.count(step_of(path))) {
+      result.notes.push_back("candidate dataset " + path +
+                             " has no counterpart in the golden schema: ignored");
     }
   }
-  const int compared = static_cast<int>(result.entries.size()) - result.count(Status::kNotCompared);
-  const bool untolerated = std::any_of(result.entries.begin(), result.entries.end(), [](const Entry& e) {
-    return e.reason.rfind("the golden file records no tolerance", 0) == 0;
+  // The loss-token count alone is no comparison: it is exact whatever the tolerances.
+  const bool compared = std::any_of(result.entries.begin(), result.entries.end(), [](const Entry& e) {
+    return e.status != Status::kNotCompared && !e.integer;
   });
-  if (compared == 0 && untolerated) {
-    throw InputError(golden_path + ": records no tolerance for any dataset the candidate holds (tolerance model " +
-                     tolerances.kind() + "); give one with --tolerance");
-  }
-  if (compared == 0) {
+  if (!compared) {
+    const bool untolerated = std::any_of(result.entries.begin(), result.entries.end(),
+                                         [](const Entry& e) { return e.reason.rfind(kNoTolerance, 0) == 0; });
+    if (untolerated) {
+      throw InputError(golden_path +
+                       ": records no tolerance for any dataset the candidate holds (tolerance model " +
+                       tolerances.kind() + "); give one with --tolerance");
+    }
     throw InputError(candidate_path + ": holds nothing to compare with " + golden_path +
                      " (neither the loss nor any tensor of a recorded step" +
                      (options.step ? " " + std::to_string(*options.step) : std::string()) + ")");
   }
-  for (size_t i = 0; i < result.entries.size(); ++i) {
-    if (result.entries[i].status == Status::kFail) {
-      result.first_failure = static_cast<int>(i);
-      break;
-    }
-  }
+  result.first_failure = first_failure(result.entries);
   if (result.first_failure >= 0) {
-    SignatureOptions signature_options{options.tp_sizes, options.recompute};
+    const SignatureOptions signature_options{options.tp_sizes, options.recompute};
     result.verdicts = find_signatures(golden, tolerances, candidate.tensors, result, signature_options);
   }
   return result;

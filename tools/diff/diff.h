@@ -18,12 +18,12 @@ enum class Status { kPass, kFail, kNotCompared };
 
 // One dataset of the golden schema, in the order the diff walks them.
 struct Entry {
-  std::string path;   // "steps/1/grads/output_layer.weight"
-  int64_t step = 0;   // 0 for the initial parameters
-  std::string group;  // "init", "loss", "num_loss_tokens", "token_losses", "grads", "grad_norm", "lr",
-                      // "params", "exp_avg", "exp_avg_sq"
-  std::string name;   // the parameter name, or the group for a scalar
-  int param = -1;     // parameter table id; -1 for datasets that are not parameters
+  std::string path;    // "steps/1/grads/output_layer.weight"
+  int64_t step = 0;    // 0 for the initial parameters
+  std::string group;   // "init", "loss", "num_loss_tokens", "token_losses", "grads", "grad_norm", "lr",
+                       // "params", "exp_avg", "exp_avg_sq"
+  std::string name;    // the parameter name, or the group for a scalar
+  int param = -1;      // parameter table id; -1 for datasets that are not parameters
   int64_t layer = -1;  // decoder layer of the parameter; -1 outside the layers
   std::string kind;    // kind_name() of the parameter; empty for other datasets
   bool integer = false;
@@ -34,16 +34,17 @@ struct Entry {
 };
 
 struct Verdict {
-  std::string signature;  // "loss_normalization", "token_count", "gradient_scale", "one_layer", "tp_shard", ...
-  std::string message;    // one line for the reports
+  std::string
+      signature;        // "loss_normalization", "token_count", "gradient_scale", "one_layer", "tp_shard", ...
+  std::string message;  // one line for the reports
 };
 
 struct AnalysisOptions {
   CandidateOptions candidate;
-  std::optional<int64_t> step;     // only this step (0: the initial parameters)
+  std::optional<int64_t> step;      // only this step (0: the initial parameters)
   std::optional<double> tolerance;  // command-line override of every tolerance
-  std::vector<int> tp_sizes;       // tensor-parallel sizes to test the one-shard signature with
-  bool recompute = true;           // evaluate the golden batch under other rules for the verdicts
+  std::vector<int> tp_sizes;        // tensor-parallel sizes to test the one-shard signature with
+  bool recompute = true;            // evaluate the golden batch under other rules for the verdicts
 };
 
 struct DiffResult {

@@ -21,7 +21,9 @@ void check_output(const std::string& path, const char* option) {
   if (!std::filesystem::is_directory(parent)) {
     throw InputError(std::string(option) + " " + path + ": directory " + parent.string() + " does not exist");
   }
-  if (std::filesystem::is_directory(path)) throw InputError(std::string(option) + " " + path + ": is a directory");
+  if (std::filesystem::is_directory(path)) {
+    throw InputError(std::string(option) + " " + path + ": is a directory");
+  }
 }
 
 void write_file(const std::string& path, const std::string& text) {
@@ -33,27 +35,36 @@ void write_file(const std::string& path, const std::string& text) {
 }  // namespace
 
 void add_diff_options(CLI::App* command, DiffOptions& options) {
-  command->add_option("golden", options.golden, "Golden file (HDF5) written by `touchstone golden`")->required();
-  command->add_option("candidate", options.candidate,
-                      "What to check: an HDF5 file in the golden schema, a .safetensors file or directory, or a "
-                      "directory of per-rank shards with shards.json (see docs/diffing.md)")
+  command->add_option("golden", options.golden, "Golden file (HDF5) written by `touchstone golden`")
       ->required();
-  command->add_option("--step", options.step,
-                      "Compare this step only (default: every step the candidate holds; 0: the initial parameters)");
+  command
+      ->add_option("candidate", options.candidate,
+                   "What to check: an HDF5 file in the golden schema, a .safetensors file or directory, or a "
+                   "directory of per-rank shards with shards.json (see docs/diffing.md)")
+      ->required();
+  command->add_option(
+      "--step", options.step,
+      "Compare this step only (default: every step the candidate holds; 0: the initial parameters)");
   command->add_option("--format", options.format, "Candidate format (default: detected)")
       ->check(CLI::IsMember({"auto", "golden", "safetensors", "shards"}))
       ->capture_default_str();
-  command->add_option("--candidate-kind", options.candidate_kind,
-                      "What a safetensors candidate holds: the gradients of --step, or the parameters after it")
+  command
+      ->add_option("--candidate-kind", options.candidate_kind,
+                   "What a safetensors candidate holds: the gradients of --step, or the parameters after it")
       ->check(CLI::IsMember({"grads", "params"}));
-  command->add_option("--tolerance", options.tolerance,
-                      "Override every tolerance (relative L2 and max-abs/max|golden|); reported as an override");
-  command->add_option("--tp", options.tp, "Tensor-parallel size to test the one-shard signature with (default 2, 4, 8)")
+  command->add_option(
+      "--tolerance", options.tolerance,
+      "Override every tolerance (relative L2 and max-abs/max|golden|); reported as an override");
+  command
+      ->add_option("--tp", options.tp,
+                   "Tensor-parallel size to test the one-shard signature with (default 2, 4, 8)")
       ->check(CLI::Range(1, 4096));
   command->add_option("--json", options.json_path, "Write every number as JSON");
-  command->add_option("--report", options.report_path, "Write a self-contained HTML report with error charts");
-  command->add_flag("--no-recompute", options.no_recompute,
-                    "Skip the signatures that re-evaluate the golden step (other normalisation, masks, QKV grouping)");
+  command->add_option("--report", options.report_path,
+                      "Write a self-contained HTML report with error charts");
+  command->add_flag(
+      "--no-recompute", options.no_recompute,
+      "Skip the signatures that re-evaluate the golden step (other normalisation, masks, QKV grouping)");
 }
 
 int run_diff(const DiffOptions& options) {

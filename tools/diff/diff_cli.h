@@ -2,24 +2,23 @@
 // Runs without MPI. Exit status: 0 every compared tensor passes, 1 some fail, 2 bad input.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <optional>
 #include <string>
-
-#include <CLI/CLI.hpp>
 
 namespace touchstone {
 
 struct DiffOptions {
   std::string golden;
   std::string candidate;
-  std::string format = "auto";
-  std::string candidate_kind;
-  std::optional<int64_t> step;
-  std::optional<double> tolerance;
-  std::optional<int> tp;
+  std::string format = "auto";      // auto | golden | safetensors | shards
+  std::string candidate_kind;       // safetensors: grads | params
+  std::optional<int64_t> step;      // one step only; 0: the initial parameters
+  std::optional<double> tolerance;  // overrides the golden file's tolerances (reported as such)
+  std::optional<int> tp;            // tensor-parallel size for the one-shard signature
   std::string json_path;
   std::string report_path;
-  bool no_recompute = false;
+  bool no_recompute = false;  // skip the signatures that re-evaluate the golden step
 };
 
 void add_diff_options(CLI::App* command, DiffOptions& options);

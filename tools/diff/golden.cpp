@@ -3,7 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
-
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "model/errors.h"
@@ -14,11 +14,13 @@ namespace {
 
 Config stored_config(const h5::H5Reader& reader) {
   if (!reader.has_attribute("/", "format") || reader.string_attribute("/", "format") != "touchstone-golden") {
-    throw InputError(reader.path() + ": not a golden file (root attribute format is not \"touchstone-golden\")");
+    throw InputError(reader.path() +
+                     ": not a golden file (root attribute format is not \"touchstone-golden\")");
   }
   if (reader.int_attribute("/", "format_version") != 1) {
     throw InputError(reader.path() + ": golden format_version " +
-                     std::to_string(reader.int_attribute("/", "format_version")) + " is not supported (1 is)");
+                     std::to_string(reader.int_attribute("/", "format_version")) +
+                     " is not supported (1 is)");
   }
   nlohmann::json json;
   try {
@@ -33,7 +35,8 @@ Config stored_config(const h5::H5Reader& reader) {
 
 }  // namespace
 
-Golden::Golden(const std::string& path) : reader_(path), config_(stored_config(reader_)), table_(config_.model) {
+Golden::Golden(const std::string& path)
+    : reader_(path), config_(stored_config(reader_)), table_(config_.model) {
   if (reader_.exists("/steps")) {
     for (const std::string& name : reader_.children("/steps")) {
       char* end = nullptr;
@@ -49,7 +52,9 @@ Recorded Golden::read(const std::string& path) const {
   const std::string object = "/" + path;
   Recorded r{reader_.shape(object), reader_.read_f64(object), reader_.element_type(object)};
   for (double v : r.values) {
-    if (!std::isfinite(v)) throw InputError(reader_.path() + ": golden dataset " + object + " holds a non-finite value");
+    if (!std::isfinite(v)) {
+      throw InputError(reader_.path() + ": golden dataset " + object + " holds a non-finite value");
+    }
   }
   return r;
 }
@@ -63,7 +68,9 @@ GlobalBatch Golden::batch(int64_t step) const {
   const auto offset = static_cast<std::ptrdiff_t>((step - 1) * B * T);
   auto rows = [&](const char* name) {
     const std::string object = std::string("/batch/") + name;
-    if (reader_.shape(object) != shape) throw InputError(reader_.path() + ": " + object + " has another shape");
+    if (reader_.shape(object) != shape) {
+      throw InputError(reader_.path() + ": " + object + " has another shape");
+    }
     const std::vector<int32_t> all = reader_.read_i32(object);
     return std::vector<int32_t>(all.begin() + offset, all.begin() + offset + B * T);
   };

@@ -40,8 +40,8 @@ std::pair<int64_t, std::string> split_layer(const std::string& name) {
 
 void expect_shape(const std::string& name, const Recorded& t, const std::vector<int64_t>& shape) {
   if (t.shape != shape) {
-    throw InputError("safetensors tensor " + name + " has shape " + shape_text(t.shape) + ", the golden model expects " +
-                     shape_text(shape));
+    throw InputError("safetensors tensor " + name + " has shape " + shape_text(t.shape) +
+                     ", the golden model expects " + shape_text(shape));
   }
 }
 
@@ -53,7 +53,8 @@ std::vector<int64_t> qkv_separate_row_of_grouped(const ModelConfig& m) {
   rows.reserve(static_cast<size_t>(m.qkv_rows()));
   for (int64_t g = 0; g < NKV; ++g) {
     for (int64_t slot = 0; slot < G + 2; ++slot) {
-      const int64_t first = slot < G ? (g * G + slot) * D : (slot == G ? NH * D + g * D : (NH + NKV) * D + g * D);
+      const int64_t first =
+          slot < G ? (g * G + slot) * D : (slot == G ? NH * D + g * D : (NH + NKV) * D + g * D);
       for (int64_t d = 0; d < D; ++d) rows.push_back(first + d);
     }
   }
@@ -87,14 +88,15 @@ TensorMap hf_to_contract(const std::map<std::string, Recorded>& tensors, const M
   std::map<int64_t, std::map<std::string, const Recorded*>> fused;  // layer -> HF part name -> tensor
   auto put = [&](const std::string& name, Recorded t) {
     if (!out.emplace(group + "/" + name, std::move(t)).second) {
-      throw InputError("safetensors: tensor " + name + " is given twice (under its HF and its contract name)");
+      throw InputError("safetensors: tensor " + name +
+                       " is given twice (under its HF and its contract name)");
     }
   };
   for (const auto& [name, tensor] : tensors) {
     const auto [layer, suffix] = split_layer(name);
     if (layer >= m.num_layers) {
-      throw InputError("safetensors: " + name + " names layer " + std::to_string(layer) + ", the golden model has " +
-                       std::to_string(m.num_layers) + " layers");
+      throw InputError("safetensors: " + name + " names layer " + std::to_string(layer) +
+                       ", the golden model has " + std::to_string(m.num_layers) + " layers");
     }
     if (layer >= 0) {
       const std::string prefix = "decoder.layers." + std::to_string(layer) + ".";
@@ -114,7 +116,8 @@ TensorMap hf_to_contract(const std::map<std::string, Recorded>& tensors, const M
         continue;
       }
       put(kModelRenames.at(name), tensor);
-    } else if (name.rfind("decoder.", 0) == 0 || name.rfind("embedding.", 0) == 0 || name == "output_layer.weight") {
+    } else if (name.rfind("decoder.", 0) == 0 || name.rfind("embedding.", 0) == 0 ||
+               name == "output_layer.weight") {
       put(name, tensor);  // already a contract name
     } else {
       ignored.push_back(name);
@@ -130,7 +133,9 @@ TensorMap hf_to_contract(const std::map<std::string, Recorded>& tensors, const M
       std::vector<double> stacked;
       std::string dtype;
       for (const std::string& p : part_names) {
-        if (!parts.count(p)) throw InputError("safetensors: " + hf + p + " is missing (the other parts are there)");
+        if (!parts.count(p)) {
+          throw InputError("safetensors: " + hf + p + " is missing (the other parts are there)");
+        }
         const Recorded& t = *parts.at(p);
         const bool is_q = p == kQkvParts[0], is_fc1 = part_names == kFc1Parts;
         expect_shape(hf + p, t, {is_fc1 ? F : (is_q ? m.num_heads : m.num_kv_heads) * D, H});

@@ -1,6 +1,7 @@
 // The alternative rules, evaluated on the golden batch from the parameters the step started from.
 #include "tools/diff/hypotheses.h"
 
+#include <algorithm>
 #include <memory>
 
 #include "kernels/backend.h"
@@ -36,28 +37,58 @@ std::vector<Rule> rules_for(const Config& config) {
                                      std::to_string(config.train.micro_batch_size) + ")"
                                : " (all token losses / all loss tokens)") +
                        " on the golden batch; the golden run uses " + norm,
-                   masking, global ? LossNormalization::kPerMicrobatchMean : LossNormalization::kGlobalTokenMean});
+                   masking,
+                   global ? LossNormalization::kPerMicrobatchMean : LossNormalization::kGlobalTokenMean});
   if (masking) {
     rules.push_back({"document_mask_missing",
                      "document mask missing: the candidate matches plain causal attention across documents "
                      "(position ids as recorded, reset per document)",
                      false, golden_norm});
-    rules.push_back({"document_mask_missing_positions_not_reset",
-                     "document mask missing and position ids not reset: the candidate matches causal attention "
-                     "across documents with positions 0..T-1 in every window",
-                     false, golden_norm, true});
+    rules.push_back(
+        {"document_mask_missing_positions_not_reset",
+         "document mask missing and position ids not reset: the candidate matches causal attention "
+         "across documents with positions 0..T-1 in every window",
+         false, golden_norm, true});
   } else {
-    rules.push_back({"document_mask_applied",
-                     "document mask applied: the candidate matches per-document attention, the golden run has "
-                     "data.document_masking = false",
-                     true, golden_norm});
+    rules.push_back(
+        {"document_mask_applied",
+         "document mask applied: the candidate matches per-document attention, the golden run has "
+         "data.document_masking = false",
+         true, golden_norm});
   }
-  rules.push_back({"qkv_grouping",
-                   "QKV rows in the wrong grouping: the candidate matches a model that reads linear_qkv as "
-                   "[all query heads; all key heads; all value heads] instead of per KV group [its query heads; "
-                   "key; value]",
-                   masking, golden_norm, false, true});
+  rules.push_back(
+      {"qkv_grouping",
+       "QKV rows in the wrong grouping: the candidate matches a model that reads linear_qkv as "
+       "[all query heads; all key heads; all value heads] instead of per KV group [its query heads; "
+       "key; value]",
+       masking, golden_norm, false, true});
   return rules;
+}
+
+// The golden step's loss and gradients under `rule`, with the gradients in the layout the candidate
+// stores (for the QKV rule: the rows as the candidate's model reads them).
+ObjectiveResult evaluate_rule(const Rule& rule, const Config& config, const ParamTable& table,
+                              const ParamTensors& params, const GlobalBatch& batch, Backend& backend,
+                              const TensorParallelRegion& region) {
+  GlobalBatch b = batch;
+  if (rule.positions_from_zero) {
+    for (size_t i = 0; i < b.position_ids.size(); ++i) {
+      b.position_ids[i] = static_cast<int32_t>(static_cast<int64_t>(i) % b.seq);
+    }
+  }
+  ParamTensors p = params;
+  const int64_t H = config.model.hidden_size;
+  for (int64_t l = 0; rule.qkv_read_separate && l < config.model.num_layers; ++l) {
+    p[table.layer(l).qkv] = qkv_grouped_from_separate(config.model, p[table.layer(l).qkv], H);
+  }
+  const Transformer model(config.model, rule.document_masking, table, backend, region,
+                          StageRange{0, config.model.num_layers, true, true});
+  ObjectiveResult r =
+      evaluate_objective(model, table, p, b, config.train.micro_batch_size, rule.normalization, true);
+  for (int64_t l = 0; rule.qkv_read_separate && l < config.model.num_layers; ++l) {
+    r.grads[table.layer(l).qkv] = qkv_separate_from_grouped(config.model, r.grads[table.layer(l).qkv], H);
+  }
+  return r;
 }
 
 }  // namespace
@@ -66,60 +97,31 @@ std::vector<Verdict> match_recomputed_rules(const Golden& golden, const Toleranc
                                             const TensorMap& candidate, int64_t step) {
   const std::string prefix = "steps/" + std::to_string(step) + "/";
   const ParamTable& table = golden.table();
-  std::vector<std::string> compared;  // candidate loss and gradient paths of the step
-  if (candidate.count(prefix + "loss")) compared.push_back(prefix + "loss");
-  for (const ParamSpec& spec : table.specs()) {
-    if (candidate.count(prefix + "grads/" + spec.name)) compared.push_back(prefix + "grads/" + spec.name);
+  std::vector<int> compared;  // the candidate's gradients of the step (-1: its loss)
+  if (candidate.count(prefix + "loss")) compared.push_back(-1);
+  for (int id = 0; id < table.size(); ++id) {
+    if (candidate.count(prefix + "grads/" + table[id].name)) compared.push_back(id);
   }
   if (step < 1 || compared.empty()) return {};
 
-  const Config& config = golden.config();
   const ParamTensors params = load_parameters(table, golden.path(), golden.params_before(step));
   const GlobalBatch batch = golden.batch(step);
   std::unique_ptr<Backend> backend = make_cpu_backend();
   SingleRankGroup group("tp");
   const TensorParallelRegion region(group, false, *backend);
-  const StageRange whole{0, config.model.num_layers, true, true};
-
   std::vector<Verdict> verdicts;
-  for (const Rule& rule : rules_for(config)) {
-    GlobalBatch b = batch;
-    if (rule.positions_from_zero) {
-      for (size_t i = 0; i < b.position_ids.size(); ++i) {
-        b.position_ids[i] = static_cast<int32_t>(static_cast<int64_t>(i) % b.seq);
-      }
-    }
-    ParamTensors p = params;
-    const int64_t H = config.model.hidden_size;
-    if (rule.qkv_read_separate) {
-      for (int64_t l = 0; l < config.model.num_layers; ++l) {
-        const int id = table.layer(l).qkv;
-        p[id] = qkv_grouped_from_separate(config.model, p[id], H);
-      }
-    }
-    const Transformer model(config.model, rule.document_masking, table, *backend, region, whole);
-    ObjectiveResult r = evaluate_objective(model, table, p, b, config.train.micro_batch_size, rule.normalization, true);
-    if (rule.qkv_read_separate) {
-      for (int64_t l = 0; l < config.model.num_layers; ++l) {
-        const int id = table.layer(l).qkv;
-        r.grads[id] = qkv_separate_from_grouped(config.model, r.grads[id], H);
-      }
-    }
-    bool all_pass = true;
-    for (const std::string& path : compared) {
+  for (const Rule& rule : rules_for(golden.config())) {
+    const ObjectiveResult r = evaluate_rule(rule, golden.config(), table, params, batch, *backend, region);
+    const bool matches = std::all_of(compared.begin(), compared.end(), [&](int id) {
+      const std::string path = id < 0 ? prefix + "loss" : prefix + "grads/" + table[id].name;
+      const Recorded expected =
+          id < 0 ? Recorded{{}, {r.loss}, "float64"} : Recorded{table[id].shape, r.grads[id], "float64"};
       const Recorded& c = candidate.at(path);
-      Recorded expected{{}, {r.loss}, "float64"};
-      if (path != prefix + "loss") {
-        const int id = table.find(path.substr(prefix.size() + 6));
-        expected = Recorded{table[id].shape, r.grads[id], "float64"};
-      }
       const std::optional<Tolerance> tol = tolerances.for_path(path, false);
-      if (!tol || c.values.size() != expected.values.size() || !passes(compare_values(expected, c, *tol), *tol)) {
-        all_pass = false;
-        break;
-      }
-    }
-    if (all_pass) verdicts.push_back({rule.signature, rule.message});
+      return tol && c.values.size() == expected.values.size() &&
+             passes(compare_values(expected, c, *tol), *tol);
+    });
+    if (matches) verdicts.push_back({rule.signature, rule.message});
   }
   return verdicts;
 }

@@ -39,7 +39,8 @@ uint64_t ulp_distance(double a, double b, const std::string& type) {
 TensorMetrics compare_values(const Recorded& golden, const Recorded& candidate, const Tolerance& tol) {
   TensorMetrics m;
   m.numel = golden.numel();
-  const bool float_types = golden.dtype == candidate.dtype && (golden.dtype == "float64" || golden.dtype == "float32");
+  const bool float_types =
+      golden.dtype == candidate.dtype && (golden.dtype == "float64" || golden.dtype == "float32");
   m.has_ulp = float_types;
   double diff2 = 0.0, gold2 = 0.0, cand2 = 0.0, dot = 0.0;
   int64_t worst = 0;
@@ -68,7 +69,8 @@ TensorMetrics compare_values(const Recorded& golden, const Recorded& candidate, 
   }
   m.max_abs_normalized = m.max_abs_golden > 0 ? m.max_abs_error / m.max_abs_golden : m.max_abs_error;
   m.relative_l2 = gold2 > 0 ? std::sqrt(diff2 / gold2) : std::sqrt(diff2);
-  m.cosine = gold2 == 0 && cand2 == 0 ? 1.0 : (gold2 == 0 || cand2 == 0 ? 0.0 : dot / std::sqrt(gold2 * cand2));
+  m.cosine =
+      gold2 == 0 && cand2 == 0 ? 1.0 : (gold2 == 0 || cand2 == 0 ? 0.0 : dot / std::sqrt(gold2 * cand2));
   if (m.numel > 0) {
     m.worst_index = unravel(worst, golden.shape);
     m.worst_golden = golden.values[static_cast<size_t>(worst)];

@@ -16,16 +16,16 @@ namespace touchstone::diff {
 
 struct TensorMetrics {
   int64_t numel = 0;
-  double max_abs_error = 0.0;       // max |c - g|
-  double max_abs_golden = 0.0;      // max |g|
-  double max_abs_normalized = 0.0;  // max |c - g| / max |g| (max |c - g| when g is all zeros)
-  double relative_l2 = 0.0;         // ||c - g|| / ||g|| (||c - g|| when g is all zeros)
-  double cosine = 1.0;              // c.g / (||c|| ||g||); 1 when both are zero, 0 when one is
-  int64_t over_tolerance = 0;       // elements with |c - g| > tol.max_abs_normalized * max |g|
+  double max_abs_error = 0.0;        // max |c - g|
+  double max_abs_golden = 0.0;       // max |g|
+  double max_abs_normalized = 0.0;   // max |c - g| / max |g| (max |c - g| when g is all zeros)
+  double relative_l2 = 0.0;          // ||c - g|| / ||g|| (||c - g|| when g is all zeros)
+  double cosine = 1.0;               // c.g / (||c|| ||g||); 1 when both are zero, 0 when one is
+  int64_t over_tolerance = 0;        // elements with |c - g| > tol.max_abs_normalized * max |g|
   std::vector<int64_t> worst_index;  // multi-index of the largest |c - g| (empty for a scalar)
   double worst_golden = 0.0, worst_candidate = 0.0;
-  bool has_ulp = false;  // both sides stored in the same floating-point type (float64 or float32)
-  uint64_t max_ulp = 0;  // the largest distance in units in the last place of that type
+  bool has_ulp = false;    // both sides stored in the same floating-point type (float64 or float32)
+  uint64_t max_ulp = 0;    // the largest distance in units in the last place of that type
   int64_t non_finite = 0;  // NaN or infinite candidate elements (they fail the tensor)
   std::vector<int64_t> first_non_finite;
 };

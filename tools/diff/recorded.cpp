@@ -1,4 +1,4 @@
-// Shape helpers shared by the candidate readers.
+// Shape utilities shared by the candidate readers.
 #include "tools/diff/recorded.h"
 
 #include <limits>

@@ -4,9 +4,8 @@
 #pragma once
 
 #include <iosfwd>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "tools/diff/diff.h"
 
@@ -25,7 +24,7 @@ std::string error_chart_svg(const DiffResult& result, int64_t step, const std::s
 
 // Short texts shared by the views.
 std::string status_text(Status status);
-std::string short_path(const Entry& entry);  // "grads/output_layer.weight", "loss", "init/<name>"
+std::string short_path(const Entry& entry);        // "grads/output_layer.weight", "loss", "init/<name>"
 std::string number(double value, int digits = 3);  // "1.23e-04"; "nan" and "inf" spelled out
 
 }  // namespace touchstone::diff

@@ -10,11 +10,20 @@ std::string escape(const std::string& text) {
   std::string out;
   for (char ch : text) {
     switch (ch) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += ch;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += ch;
     }
   }
   return out;
@@ -22,11 +31,13 @@ std::string escape(const std::string& text) {
 
 const char* kStyle = R"(body{font-family:sans-serif;margin:24px;color:#222}
 h1{font-size:22px}h2{font-size:17px;margin-top:28px}
-table{border-collapse:collapse;font-size:12px}td,th{padding:3px 8px;border-bottom:1px solid #eee;text-align:right}
+table{border-collapse:collapse;font-size:12px}
+td,th{padding:3px 8px;border-bottom:1px solid #eee;text-align:right}
 td.l,th.l{text-align:left;font-family:monospace}table.info td{text-align:left}
 tr.fail td{background:#fde8e8}tr.first td{background:#f9c5c5;font-weight:bold}tr.nc td{color:#999}
-.pass{color:#1a7f37}.fail{color:#c62828;font-weight:bold}.override{background:#fff3cd;border:1px solid #e0c36a;
-padding:8px;margin:12px 0}.verdict{background:#eef4ff;border-left:4px solid #3b6fd8;padding:6px 10px;margin:6px 0}
+.pass{color:#1a7f37}.fail{color:#c62828;font-weight:bold}
+.override{background:#fff3cd;border:1px solid #e0c36a;padding:8px;margin:12px 0}
+.verdict{background:#eef4ff;border-left:4px solid #3b6fd8;padding:6px 10px;margin:6px 0}
 )";
 
 std::string cell(const std::string& text, bool left = false) {
@@ -36,13 +47,17 @@ std::string cell(const std::string& text, bool left = false) {
 }  // namespace
 
 std::string html_report(const DiffResult& r) {
-  std::string h = "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>touchstone diff</title><style>";
+  std::string h =
+      "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>touchstone "
+      "diff</title><style>";
   h += kStyle;
   h += "</style></head><body>\n<h1>touchstone diff: ";
-  h += r.exit_status() == 0 ? "<span class=\"pass\">all compared tensors pass</span>"
-                            : "<span class=\"fail\">" + std::to_string(r.count(Status::kFail)) + " tensors fail</span>";
+  h += r.exit_status() == 0
+           ? "<span class=\"pass\">all compared tensors pass</span>"
+           : "<span class=\"fail\">" + std::to_string(r.count(Status::kFail)) + " tensors fail</span>";
   h += "</h1>\n<table class=\"info\">";
-  h += "<tr><th class=\"l\">golden</th>" + cell(r.golden_path + " (precision " + r.golden_precision + ")", true) + "</tr>";
+  h += "<tr><th class=\"l\">golden</th>" +
+       cell(r.golden_path + " (precision " + r.golden_precision + ")", true) + "</tr>";
   h += "<tr><th class=\"l\">candidate</th>" +
        cell(r.candidate_path + " (" + r.candidate_format +
                 (r.candidate_generator.empty() ? "" : ", " + r.candidate_generator) + ")",
@@ -50,13 +65,14 @@ std::string html_report(const DiffResult& r) {
        "</tr>";
   h += "<tr><th class=\"l\">tolerance</th>" + cell(r.tolerance_text, true) + "</tr>";
   h += "<tr><th class=\"l\">result</th>" +
-       cell(std::to_string(r.count(Status::kPass)) + " pass, " + std::to_string(r.count(Status::kFail)) + " fail, " +
-                std::to_string(r.count(Status::kNotCompared)) + " not compared",
+       cell(std::to_string(r.count(Status::kPass)) + " pass, " + std::to_string(r.count(Status::kFail)) +
+                " fail, " + std::to_string(r.count(Status::kNotCompared)) + " not compared",
             true) +
        "</tr></table>\n";
   if (r.tolerance_override) {
-    h += "<div class=\"override\">The tolerance was overridden on the command line (" + number(*r.tolerance_override) +
-         " for every tensor); the golden file's tolerance model is " + escape(r.tolerance_model) + ".</div>\n";
+    h += "<div class=\"override\">The tolerance was overridden on the command line (" +
+         number(*r.tolerance_override) + " for every tensor); the golden file's tolerance model is " +
+         escape(r.tolerance_model) + ".</div>\n";
   }
   int64_t focus = r.entries.empty() ? 0 : r.entries.back().step;
   if (r.first_failure >= 0) {
@@ -66,8 +82,10 @@ std::string html_report(const DiffResult& r) {
     if (first.reason.empty() && first.metrics.numel > 0) {
       std::string index;
       for (int64_t i : first.metrics.worst_index) index += (index.empty() ? "" : ", ") + std::to_string(i);
-      h += ": relative L2 " + number(first.metrics.relative_l2) + ", worst element [" + index + "] golden " +
-           number(first.metrics.worst_golden, 10) + ", candidate " + number(first.metrics.worst_candidate, 10);
+      h += ": relative L2 " + number(first.metrics.relative_l2) +
+           (index.empty() ? std::string(", golden ") : ", worst element [" + index + "] golden ") +
+           number(first.metrics.worst_golden, 10) + ", candidate " +
+           number(first.metrics.worst_candidate, 10);
     } else {
       h += ": " + escape(first.reason);
     }
@@ -83,20 +101,24 @@ std::string html_report(const DiffResult& r) {
       if (!svg.empty()) h += "<div>" + svg + "</div>\n";
     }
   }
-  h += "<h2>All tensors, in data-flow order</h2>\n<table><tr><th>step</th><th class=\"l\">tensor</th><th>rel L2</th>"
-       "<th>tol</th><th>max/max|g|</th><th>max abs</th><th>cosine</th><th>over tol</th><th class=\"l\">worst element "
+  h += "<h2>All tensors, in data-flow order</h2>\n<table><tr><th>step</th><th class=\"l\">tensor</th><th>rel "
+       "L2</th>"
+       "<th>tol</th><th>max/max|g|</th><th>max abs</th><th>cosine</th><th>over tol</th><th class=\"l\">worst "
+       "element "
        "(golden, candidate)</th><th>max ulp</th><th class=\"l\">result</th></tr>\n";
   for (size_t i = 0; i < r.entries.size(); ++i) {
     const Entry& e = r.entries[i];
     const bool first = static_cast<int>(i) == r.first_failure;
-    h += std::string("<tr class=\"") + (first ? "first" : (e.status == Status::kFail ? "fail" : (e.status == Status::kNotCompared ? "nc" : ""))) +
+    h += std::string("<tr class=\"") +
+         (first ? "first"
+                : (e.status == Status::kFail ? "fail" : (e.status == Status::kNotCompared ? "nc" : ""))) +
          "\">" + cell(std::to_string(e.step)) + cell(short_path(e), true);
     const TensorMetrics& m = e.metrics;
     if (e.status != Status::kNotCompared && e.reason.empty()) {
       std::string index;
       for (int64_t k : m.worst_index) index += (index.empty() ? "" : ", ") + std::to_string(k);
-      h += cell(number(m.relative_l2)) + cell(number(e.tolerance.relative_l2, 2)) + cell(number(m.max_abs_normalized)) +
-           cell(number(m.max_abs_error)) + cell(number(m.cosine, 10)) +
+      h += cell(number(m.relative_l2)) + cell(number(e.tolerance.relative_l2, 2)) +
+           cell(number(m.max_abs_normalized)) + cell(number(m.max_abs_error)) + cell(number(m.cosine, 10)) +
            cell(std::to_string(m.over_tolerance)) +
            cell("[" + index + "] " + number(m.worst_golden, 6) + ", " + number(m.worst_candidate, 6), true) +
            cell(m.has_ulp ? std::to_string(m.max_ulp) : "-") + cell(status_text(e.status), true);

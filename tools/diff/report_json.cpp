@@ -7,19 +7,22 @@ namespace touchstone::diff {
 
 namespace {
 
-nlohmann::json real(double value) { return std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(nullptr); }
+nlohmann::json real(double value) {
+  return std::isfinite(value) ? nlohmann::json(value) : nlohmann::json(nullptr);
+}
 
 nlohmann::json entry_json(const Entry& e) {
-  nlohmann::json j = {{"path", e.path},
-                      {"step", e.step},
-                      {"group", e.group},
-                      {"name", e.name},
-                      {"layer", e.layer >= 0 ? nlohmann::json(e.layer) : nlohmann::json(nullptr)},
-                      {"kind", e.kind.empty() ? nlohmann::json(nullptr) : nlohmann::json(e.kind)},
-                      {"status", e.status == Status::kPass ? "pass" : (e.status == Status::kFail ? "fail" : "not_compared")},
-                      {"reason", e.reason.empty() ? nlohmann::json(nullptr) : nlohmann::json(e.reason)},
-                      {"tolerance",
-                       {{"relative_l2", e.tolerance.relative_l2}, {"max_abs_normalized", e.tolerance.max_abs_normalized}}}};
+  nlohmann::json j = {
+      {"path", e.path},
+      {"step", e.step},
+      {"group", e.group},
+      {"name", e.name},
+      {"layer", e.layer >= 0 ? nlohmann::json(e.layer) : nlohmann::json(nullptr)},
+      {"kind", e.kind.empty() ? nlohmann::json(nullptr) : nlohmann::json(e.kind)},
+      {"status", e.status == Status::kPass ? "pass" : (e.status == Status::kFail ? "fail" : "not_compared")},
+      {"reason", e.reason.empty() ? nlohmann::json(nullptr) : nlohmann::json(e.reason)},
+      {"tolerance",
+       {{"relative_l2", e.tolerance.relative_l2}, {"max_abs_normalized", e.tolerance.max_abs_normalized}}}};
   if (e.status == Status::kNotCompared || (!e.reason.empty() && e.metrics.numel == 0)) return j;
   const TensorMetrics& m = e.metrics;
   j["metrics"] = {{"numel", m.numel},
@@ -48,23 +51,28 @@ nlohmann::json to_json(const DiffResult& r) {
   }
   nlohmann::json j = {
       {"golden", {{"path", r.golden_path}, {"precision", r.golden_precision}}},
-      {"candidate", {{"path", r.candidate_path}, {"format", r.candidate_format}, {"generator", r.candidate_generator}}},
+      {"candidate",
+       {{"path", r.candidate_path}, {"format", r.candidate_format}, {"generator", r.candidate_generator}}},
       {"tolerance",
        {{"kind", r.tolerance_kind},
         {"model", tolerance_model},
         {"description", r.tolerance_text},
-        {"override", r.tolerance_override ? nlohmann::json(*r.tolerance_override) : nlohmann::json(nullptr)}}},
+        {"override",
+         r.tolerance_override ? nlohmann::json(*r.tolerance_override) : nlohmann::json(nullptr)}}},
       {"summary",
        {{"passed", r.count(Status::kPass)},
         {"failed", r.count(Status::kFail)},
         {"not_compared", r.count(Status::kNotCompared)},
         {"exit_status", r.exit_status()}}},
-      {"first_failure", r.first_failure >= 0 ? nlohmann::json(r.entries[static_cast<size_t>(r.first_failure)].path)
-                                             : nlohmann::json(nullptr)},
+      {"first_failure", r.first_failure >= 0
+                            ? nlohmann::json(r.entries[static_cast<size_t>(r.first_failure)].path)
+                            : nlohmann::json(nullptr)},
       {"verdicts", nlohmann::json::array()},
       {"notes", r.notes},
       {"tensors", nlohmann::json::array()}};
-  for (const Verdict& v : r.verdicts) j["verdicts"].push_back({{"signature", v.signature}, {"message", v.message}});
+  for (const Verdict& v : r.verdicts) {
+    j["verdicts"].push_back({{"signature", v.signature}, {"message", v.message}});
+  }
   for (const Entry& e : r.entries) j["tensors"].push_back(entry_json(e));
   return j;
 }

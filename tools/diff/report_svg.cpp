@@ -15,9 +15,9 @@ struct Series {
   const char* kind;
   const char* colour;
 };
-const Series kSeries[] = {{"embedding", "#1f77b4"}, {"input_norm", "#aec7e8"}, {"qkv", "#ff7f0e"},
+const Series kSeries[] = {{"embedding", "#1f77b4"}, {"input_norm", "#aec7e8"},   {"qkv", "#ff7f0e"},
                           {"proj", "#2ca02c"},      {"pre_mlp_norm", "#98df8a"}, {"fc1", "#9467bd"},
-                          {"fc2", "#8c564b"},       {"final_norm", "#e377c2"},  {"output", "#17becf"}};
+                          {"fc2", "#8c564b"},       {"final_norm", "#e377c2"},   {"output", "#17becf"}};
 
 constexpr double kFloor = 1e-18;  // exact agreement is drawn at the bottom of the scale
 constexpr double kWidth = 900, kHeight = 380, kLeft = 70, kRight = 150, kTop = 40, kBottom = 50;
@@ -33,7 +33,8 @@ std::string f(double v) {
 std::string error_chart_svg(const DiffResult& r, int64_t step, const std::string& group) {
   std::vector<const Entry*> points;
   for (const Entry& e : r.entries) {
-    if (e.step == step && e.group == group && e.param >= 0 && e.status != Status::kNotCompared && e.reason.empty()) {
+    if (e.step == step && e.group == group && e.param >= 0 && e.status != Status::kNotCompared &&
+        e.reason.empty()) {
       points.push_back(&e);
     }
   }
@@ -52,40 +53,46 @@ std::string error_chart_svg(const DiffResult& r, int64_t step, const std::string
   }
   const double y0 = std::floor(std::log10(lo)) - 1, y1 = std::max(std::ceil(std::log10(hi)) + 1, y0 + 3);
   const double plot_w = kWidth - kLeft - kRight, plot_h = kHeight - kTop - kBottom;
-  auto X = [&](int64_t slot) { return kLeft + plot_w * (static_cast<double>(slot) + 0.5) / static_cast<double>(L + 2); };
-  auto Y = [&](double v) {
-    return kTop + plot_h * (y1 - std::log10(std::max(v, kFloor))) / (y1 - y0);
+  auto X = [&](int64_t slot) {
+    return kLeft + plot_w * (static_cast<double>(slot) + 0.5) / static_cast<double>(L + 2);
   };
+  auto Y = [&](double v) { return kTop + plot_h * (y1 - std::log10(std::max(v, kFloor))) / (y1 - y0); };
 
-  std::string svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + f(kWidth) + "\" height=\"" + f(kHeight) +
-                    "\" viewBox=\"0 0 " + f(kWidth) + " " + f(kHeight) + "\" font-family=\"sans-serif\" font-size=\"11\">\n";
+  std::string svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + f(kWidth) + "\" height=\"" +
+                    f(kHeight) + "\" viewBox=\"0 0 " + f(kWidth) + " " + f(kHeight) +
+                    "\" font-family=\"sans-serif\" font-size=\"11\">\n";
   svg += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  svg += "<text x=\"" + f(kLeft) + "\" y=\"22\" font-size=\"14\" font-weight=\"bold\">Relative L2 error of the " +
-         group + (step > 0 ? " of step " + std::to_string(step) : std::string(" (initial parameters)")) +
-         ", per layer and tensor kind</text>\n";
+  const std::string what = group == "init"    ? "the initial parameters"
+                           : group == "grads" ? "the gradients of step " + std::to_string(step)
+                                              : "the parameters after step " + std::to_string(step);
+  svg += "<text x=\"" + f(kLeft) + "\" y=\"22\" font-size=\"14\" font-weight=\"bold\">Relative L2 error of " +
+         what + ", per layer and tensor kind</text>\n";
   for (double d = y0; d <= y1 + 1e-9; d += 1) {  // a grid line and label per decade
     const double y = kTop + plot_h * (y1 - d) / (y1 - y0);
     svg += "<line x1=\"" + f(kLeft) + "\" x2=\"" + f(kLeft + plot_w) + "\" y1=\"" + f(y) + "\" y2=\"" + f(y) +
-           "\" stroke=\"#e5e5e5\"/><text x=\"" + f(kLeft - 6) + "\" y=\"" + f(y + 4) + "\" text-anchor=\"end\">1e" +
-           std::to_string(static_cast<int>(d)) + "</text>\n";
+           "\" stroke=\"#e5e5e5\"/><text x=\"" + f(kLeft - 6) + "\" y=\"" + f(y + 4) +
+           "\" text-anchor=\"end\">1e" + std::to_string(static_cast<int>(d)) + "</text>\n";
   }
   for (int64_t slot = 0; slot < L + 2; ++slot) {
-    const std::string label = slot == 0 ? "embedding" : (slot == L + 1 ? "head" : "layer " + std::to_string(slot - 1));
-    svg += "<text x=\"" + f(X(slot)) + "\" y=\"" + f(kTop + plot_h + 18) + "\" text-anchor=\"middle\">" + label +
-           "</text>\n";
+    const std::string label =
+        slot == 0 ? "embedding" : (slot == L + 1 ? "head" : "layer " + std::to_string(slot - 1));
+    svg += "<text x=\"" + f(X(slot)) + "\" y=\"" + f(kTop + plot_h + 18) + "\" text-anchor=\"middle\">" +
+           label + "</text>\n";
   }
-  svg += "<rect x=\"" + f(kLeft) + "\" y=\"" + f(kTop) + "\" width=\"" + f(plot_w) + "\" height=\"" + f(plot_h) +
-         "\" fill=\"none\" stroke=\"#444\"/>\n";
-  svg += "<text x=\"16\" y=\"" + f(kTop + plot_h / 2) + "\" transform=\"rotate(-90 16 " + f(kTop + plot_h / 2) +
-         ")\" text-anchor=\"middle\">||candidate - golden|| / ||golden||</text>\n";
+  svg += "<rect x=\"" + f(kLeft) + "\" y=\"" + f(kTop) + "\" width=\"" + f(plot_w) + "\" height=\"" +
+         f(plot_h) + "\" fill=\"none\" stroke=\"#444\"/>\n";
+  svg += "<text x=\"16\" y=\"" + f(kTop + plot_h / 2) + "\" transform=\"rotate(-90 16 " +
+         f(kTop + plot_h / 2) + ")\" text-anchor=\"middle\">||candidate - golden|| / ||golden||</text>\n";
 
   // The tolerance: a dashed step line over the slots.
   std::string path;
   for (const auto& [slot, tol] : tolerance) {
-    const double left = X(slot) - plot_w / static_cast<double>(L + 2) / 2, right = left + plot_w / static_cast<double>(L + 2);
+    const double left = X(slot) - plot_w / static_cast<double>(L + 2) / 2,
+                 right = left + plot_w / static_cast<double>(L + 2);
     path += (path.empty() ? "M" : " L") + f(left) + " " + f(Y(tol)) + " L" + f(right) + " " + f(Y(tol));
   }
-  svg += "<path d=\"" + path + "\" fill=\"none\" stroke=\"#d62728\" stroke-width=\"1.5\" stroke-dasharray=\"6 4\"/>\n";
+  svg += "<path d=\"" + path +
+         "\" fill=\"none\" stroke=\"#d62728\" stroke-width=\"1.5\" stroke-dasharray=\"6 4\"/>\n";
 
   double legend_y = kTop + 8;
   int series_index = 0;
@@ -98,9 +105,12 @@ std::string error_chart_svg(const DiffResult& r, int64_t step, const std::string
       if (e->kind == s.kind) series.push_back(e);
     }
     if (series.empty()) continue;
-    std::sort(series.begin(), series.end(), [&](const Entry* a, const Entry* b) { return x_slot(*a) < x_slot(*b); });
+    std::sort(series.begin(), series.end(),
+              [&](const Entry* a, const Entry* b) { return x_slot(*a) < x_slot(*b); });
     std::string line;
-    for (const Entry* e : series) line += (line.empty() ? "M" : " L") + f(SX(*e)) + " " + f(Y(e->metrics.relative_l2));
+    for (const Entry* e : series) {
+      line += (line.empty() ? "M" : " L") + f(SX(*e)) + " " + f(Y(e->metrics.relative_l2));
+    }
     svg += "<path d=\"" + line + "\" fill=\"none\" stroke=\"" + s.colour + "\" stroke-width=\"1.5\"/>\n";
     for (const Entry* e : series) {
       const bool fail = e->status == Status::kFail;
@@ -109,15 +119,18 @@ std::string error_chart_svg(const DiffResult& r, int64_t step, const std::string
              (fail ? " stroke=\"#d62728\" stroke-width=\"2\"" : "") + "><title>" + e->path + ": " +
              number(e->metrics.relative_l2) + (fail ? " (FAIL)" : "") + "</title></circle>\n";
     }
-    svg += "<circle cx=\"" + f(kWidth - kRight + 16) + "\" cy=\"" + f(legend_y) + "\" r=\"4\" fill=\"" + s.colour +
-           "\"/><text x=\"" + f(kWidth - kRight + 26) + "\" y=\"" + f(legend_y + 4) + "\">" + s.kind + "</text>\n";
+    svg += "<circle cx=\"" + f(kWidth - kRight + 16) + "\" cy=\"" + f(legend_y) + "\" r=\"4\" fill=\"" +
+           s.colour + "\"/><text x=\"" + f(kWidth - kRight + 26) + "\" y=\"" + f(legend_y + 4) + "\">" +
+           s.kind + "</text>\n";
     legend_y += 18;
   }
-  svg += "<line x1=\"" + f(kWidth - kRight + 8) + "\" x2=\"" + f(kWidth - kRight + 24) + "\" y1=\"" + f(legend_y) +
-         "\" y2=\"" + f(legend_y) + "\" stroke=\"#d62728\" stroke-dasharray=\"4 3\" stroke-width=\"1.5\"/><text x=\"" +
+  svg += "<line x1=\"" + f(kWidth - kRight + 8) + "\" x2=\"" + f(kWidth - kRight + 24) + "\" y1=\"" +
+         f(legend_y) + "\" y2=\"" + f(legend_y) +
+         "\" stroke=\"#d62728\" stroke-dasharray=\"4 3\" stroke-width=\"1.5\"/><text x=\"" +
          f(kWidth - kRight + 28) + "\" y=\"" + f(legend_y + 4) + "\">tolerance</text>\n";
-  svg += "<text x=\"" + f(kWidth - kRight + 8) + "\" y=\"" + f(legend_y + 22) +
-         "\">ringed: FAIL</text>\n</svg>\n";
+  svg += "<text x=\"" + f(kWidth - kRight + 8) + "\" y=\"" + f(legend_y + 22) + "\">ringed: FAIL</text>\n";
+  svg += "<text x=\"" + f(kWidth - kRight + 8) + "\" y=\"" + f(legend_y + 40) +
+         "\">0 is drawn at 1e-18</text>\n</svg>\n";
   return svg;
 }
 

@@ -25,7 +25,8 @@ std::string index_text(const std::vector<int64_t>& index) {
 bool whole_group_not_compared(const std::vector<Entry>& entries, size_t i, size_t& end) {
   end = i;
   bool all = true;
-  while (end < entries.size() && entries[end].step == entries[i].step && entries[end].group == entries[i].group) {
+  while (end < entries.size() && entries[end].step == entries[i].step &&
+         entries[end].group == entries[i].group) {
     all = all && entries[end].status == Status::kNotCompared && entries[end].reason == entries[i].reason;
     ++end;
   }
@@ -42,9 +43,12 @@ std::string ulp_text(const TensorMetrics& m) {
 
 std::string status_text(Status status) {
   switch (status) {
-    case Status::kPass: return "pass";
-    case Status::kFail: return "FAIL";
-    case Status::kNotCompared: return "not compared";
+    case Status::kPass:
+      return "pass";
+    case Status::kFail:
+      return "FAIL";
+    case Status::kNotCompared:
+      return "not compared";
   }
   return "";
 }
@@ -72,16 +76,17 @@ void print_table(const DiffResult& r, std::ostream& out, bool colour) {
   out << "  tolerance  " << (r.tolerance_override ? c.yellow : "") << r.tolerance_text << c.reset << "\n\n";
 
   char line[512];
-  std::snprintf(line, sizeof(line), "  %4s  %-58s %9s %10s %9s %12s %6s %8s  %s\n", "step", "tensor", "rel L2",
-                "max/max|g|", "max abs", "cosine", "over", "max ulp", "result");
+  std::snprintf(line, sizeof(line), "  %4s  %-58s %9s %10s %9s %12s %6s %8s  %s\n", "step", "tensor",
+                "rel L2", "max/max|g|", "max abs", "cosine", "over", "max ulp", "result");
   out << line;
   for (size_t i = 0; i < r.entries.size(); ++i) {
     const Entry& e = r.entries[i];
     size_t end = i;
     if (e.status == Status::kNotCompared && whole_group_not_compared(r.entries, i, end)) {
-      const std::string what = (e.step == 0 ? "init" : e.group) + "/* (" + std::to_string(end - i) + " tensors)";
-      std::snprintf(line, sizeof(line), "  %4lld  %-58s %snot compared: %s%s\n", static_cast<long long>(e.step),
-                    what.c_str(), c.yellow, e.reason.c_str(), c.reset);
+      const std::string what =
+          (e.step == 0 ? "init" : e.group) + "/* (" + std::to_string(end - i) + " tensors)";
+      std::snprintf(line, sizeof(line), "  %4lld  %-58s %snot compared: %s%s\n",
+                    static_cast<long long>(e.step), what.c_str(), c.yellow, e.reason.c_str(), c.reset);
       out << line;
       i = end - 1;
       continue;
@@ -89,7 +94,8 @@ void print_table(const DiffResult& r, std::ostream& out, bool colour) {
     const bool first = static_cast<int>(i) == r.first_failure;
     const bool measured = e.status != Status::kNotCompared && e.reason.empty();
     const TensorMetrics& m = e.metrics;
-    const char* colour_on = e.status == Status::kPass ? c.green : (e.status == Status::kFail ? c.red : c.yellow);
+    const char* colour_on =
+        e.status == Status::kPass ? c.green : (e.status == Status::kFail ? c.red : c.yellow);
     if (measured) {
       std::snprintf(line, sizeof(line), "%s %4lld  %-58s %9s %10s %9s %12.9f %6lld %8s  %s%s%s\n",
                     first ? ">" : " ", static_cast<long long>(e.step), short_path(e).c_str(),
@@ -104,10 +110,10 @@ void print_table(const DiffResult& r, std::ostream& out, bool colour) {
     }
     out << line << c.reset;
     if (e.status == Status::kFail && measured && m.numel > 0) {
-      out << "        worst element " << index_text(m.worst_index) << ": golden " << number(m.worst_golden, 10)
-          << ", candidate " << number(m.worst_candidate, 10) << "; tolerance rel L2 "
-          << number(e.tolerance.relative_l2, 2) << ", max/max|g| " << number(e.tolerance.max_abs_normalized, 2)
-          << "\n";
+      out << "        " << (m.worst_index.empty() ? "" : "worst element " + index_text(m.worst_index) + ": ")
+          << "golden " << number(m.worst_golden, 10) << ", candidate " << number(m.worst_candidate, 10)
+          << "; tolerance rel L2 " << number(e.tolerance.relative_l2, 2) << ", max/max|g| "
+          << number(e.tolerance.max_abs_normalized, 2) << "\n";
     }
   }
   out << "\n";
@@ -120,7 +126,9 @@ void print_table(const DiffResult& r, std::ostream& out, bool colour) {
     out << "verdict: no known signature matches; start from the first failure above\n";
   }
   for (const std::string& note : r.notes) out << "note: " << note << "\n";
-  if (r.tolerance_override) out << c.yellow << "note: tolerance overridden on the command line" << c.reset << "\n";
+  if (r.tolerance_override) {
+    out << c.yellow << "note: tolerance overridden on the command line" << c.reset << "\n";
+  }
   const int compared = r.count(Status::kPass) + r.count(Status::kFail);
   out << (r.exit_status() == 0 ? c.green : c.red) << compared << " compared: " << r.count(Status::kPass)
       << " pass, " << r.count(Status::kFail) << " fail; " << r.count(Status::kNotCompared) << " not compared"

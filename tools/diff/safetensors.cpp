@@ -7,15 +7,15 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
-#include <vector>
-
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "model/errors.h"
 
 namespace touchstone::diff {
 
-static_assert(std::endian::native == std::endian::little, "the tensor bytes are decoded in place (little endian)");
+static_assert(std::endian::native == std::endian::little,
+              "the tensor bytes are decoded in place (little endian)");
 
 namespace {
 
@@ -25,9 +25,9 @@ struct DtypeInfo {
 };
 
 const std::map<std::string, DtypeInfo> kDtypes = {
-    {"F64", {"float64", 8}}, {"F32", {"float32", 4}}, {"BF16", {"bfloat16", 2}}, {"F16", {"float16", 2}},
-    {"I64", {"int64", 8}},   {"I32", {"int32", 4}},   {"I16", {"int16", 2}},     {"I8", {"int8", 1}},
-    {"U8", {"uint8", 1}},
+    {"F64", {"float64", 8}}, {"F32", {"float32", 4}}, {"BF16", {"bfloat16", 2}},
+    {"F16", {"float16", 2}}, {"I64", {"int64", 8}},   {"I32", {"int32", 4}},
+    {"I16", {"int16", 2}},   {"I8", {"int8", 1}},     {"U8", {"uint8", 1}},
 };
 
 template <typename T>
@@ -68,16 +68,21 @@ double float16_value(uint16_t bits) {
 std::map<std::string, Recorded> read_safetensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError(path + ": cannot open");
-  const std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (bytes.size() < 8) throw InputError(path + ": not a safetensors file (shorter than its 8-byte header length)");
+  const std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)),
+                                         std::istreambuf_iterator<char>());
+  if (bytes.size() < 8) {
+    throw InputError(path + ": not a safetensors file (shorter than its 8-byte header length)");
+  }
   const uint64_t header_size = load<uint64_t>(bytes.data());
   if (header_size > bytes.size() - 8) {
-    throw InputError(path + ": safetensors header length " + std::to_string(header_size) + " exceeds the file (" +
-                     std::to_string(bytes.size()) + " bytes): truncated or not a safetensors file");
+    throw InputError(path + ": safetensors header length " + std::to_string(header_size) +
+                     " exceeds the file (" + std::to_string(bytes.size()) +
+                     " bytes): truncated or not a safetensors file");
   }
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(header_size));
+    header = nlohmann::json::parse(bytes.begin() + 8,
+                                   bytes.begin() + 8 + static_cast<std::ptrdiff_t>(header_size));
   } catch (const nlohmann::json::exception&) {
     throw InputError(path + ": the safetensors header is not valid JSON");
   }
@@ -88,9 +93,9 @@ std::map<std::string, Recorded> read_safetensors(const std::string& path) {
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") continue;
     const std::string where = path + ": tensor " + name;
-    if (!entry.is_object() || !entry.contains("dtype") || !entry["dtype"].is_string() || !entry.contains("shape") ||
-        !entry["shape"].is_array() || !entry.contains("data_offsets") || !entry["data_offsets"].is_array() ||
-        entry["data_offsets"].size() != 2) {
+    if (!entry.is_object() || !entry.contains("dtype") || !entry["dtype"].is_string() ||
+        !entry.contains("shape") || !entry["shape"].is_array() || !entry.contains("data_offsets") ||
+        !entry["data_offsets"].is_array() || entry["data_offsets"].size() != 2) {
       throw InputError(where + ": header entry needs dtype, shape and data_offsets [begin, end]");
     }
     const std::string dtype = entry["dtype"].get<std::string>();
@@ -118,7 +123,8 @@ std::map<std::string, Recorded> read_safetensors(const std::string& path) {
     }
     Recorded tensor{shape, std::vector<double>(static_cast<size_t>(numel)), info.name};
     for (int64_t i = 0; i < numel; ++i) {
-      tensor.values[static_cast<size_t>(i)] = decode(dtype, data + begin + static_cast<uint64_t>(i * info.size));
+      tensor.values[static_cast<size_t>(i)] =
+          decode(dtype, data + begin + static_cast<uint64_t>(i * info.size));
     }
     tensors.emplace(name, std::move(tensor));
   }

@@ -7,7 +7,8 @@
 //                              boundary targets where the count difference matches one of them;
 //   qkv_layout                 a linear_qkv tensor equals the golden one with its rows in [q; k; v] order;
 //   tp_shard                   the failing elements of each failing sharded tensor lie in one tensor-
-//                              parallel shard (sharding.h's layout, tp from --tp or 2, 4, 8);
+//                              parallel shard and cover at least half of it (sharding.h's layout, tp
+//                              from --tp or 2, 4, 8);
 //   gradient_scale             every gradient equals the golden one times one factor (least squares
 //                              over all gradients, then every scaled tensor must pass);
 //   one_layer                  only tensors of one decoder layer fail.
@@ -28,6 +29,7 @@ struct SignatureOptions {
 
 // `result` holds the compared entries (first_failure set); notes about skipped checks are added to it.
 std::vector<Verdict> find_signatures(const Golden& golden, const ToleranceModel& tolerances,
-                                     const TensorMap& candidate, DiffResult& result, const SignatureOptions& options);
+                                     const TensorMap& candidate, DiffResult& result,
+                                     const SignatureOptions& options);
 
 }  // namespace touchstone::diff

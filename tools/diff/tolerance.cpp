@@ -3,7 +3,6 @@
 
 #include <cmath>
 #include <cstdio>
-
 #include <nlohmann/json.hpp>
 
 #include "model/errors.h"
@@ -19,7 +18,9 @@ std::string number_text(double value) {
 }
 
 double positive_number(const nlohmann::json& json, const std::string& key, const std::string& where) {
-  if (!json.contains(key) || !json[key].is_number()) throw InputError(where + ": \"" + key + "\" must be a number");
+  if (!json.contains(key) || !json[key].is_number()) {
+    throw InputError(where + ": \"" + key + "\" must be a number");
+  }
   const double value = json[key].get<double>();
   if (!std::isfinite(value) || value < 0) throw InputError(where + ": \"" + key + "\" must be >= 0");
   return value;
@@ -66,9 +67,10 @@ std::optional<Tolerance> ToleranceModel::for_path(const std::string& path, bool 
 }
 
 std::string ToleranceModel::describe() const {
-  std::string text = kind_ + (default_ ? " (relative L2 " + number_text(default_->relative_l2) +
-                                             ", max-abs/max|ref| " + number_text(default_->max_abs_normalized) + ")"
-                                       : std::string(" (no default tolerance)"));
+  std::string text =
+      kind_ + (default_ ? " (relative L2 " + number_text(default_->relative_l2) + ", max-abs/max|ref| " +
+                              number_text(default_->max_abs_normalized) + ")"
+                        : std::string(" (no default tolerance)"));
   if (!from_file_) text += ", the FP64 default: the golden file records no tolerance_model";
   if (golden_.exists("/envelope/tolerance")) text += ", per-tensor envelope tolerances";
   if (override_) text += "; OVERRIDDEN on the command line: " + number_text(*override_) + " for every tensor";

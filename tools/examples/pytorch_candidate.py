@@ -241,7 +241,10 @@ def train_step(model, optimizer, batch, step, config, bugs, dtype):
         per_token = F.cross_entropy(logits.float().flatten(0, 1) if dtype == torch.bfloat16 else logits.flatten(0, 1),
                                     targets[rows].flatten(), ignore_index=-100, reduction="none")
         count = int((targets[rows] != -100).sum())
-        scale = 1.0 / max(total_tokens, 1) if normalization == "global_token_mean" else 1.0 / (max(count, 1) * num_micro)
+        if normalization == "global_token_mean":
+            scale = 1.0 / max(total_tokens, 1)
+        else:  # each micro-batch's own mean, averaged over the micro-batches
+            scale = 1.0 / (max(count, 1) * num_micro)
         micro_loss = per_token.sum() * scale
         micro_loss.backward()
         loss += float(micro_loss)
@@ -276,7 +279,9 @@ def main():
     parser.add_argument("golden", help="golden file written by `touchstone golden`")
     parser.add_argument("--out", required=True, help="candidate file to write (HDF5, golden schema)")
     parser.add_argument("--steps", type=int, default=None, help="steps to run (default: all recorded)")
-    parser.add_argument("--dtype", choices=("float64", "float32", "bfloat16"), default="float64")
+    parser.add_argument("--dtype", choices=("float64", "float32", "bfloat16"), default="float64",
+                        help="compute precision; bfloat16 is mixed precision (FP32 weights and gradients, "
+                             "BF16 matrix products under autocast)")
     parser.add_argument("--inject", action="append", default=[], choices=BUGS, metavar="BUG",
                         help="plant a known mistake (repeatable): " + ", ".join(BUGS))
     args = parser.parse_args()
@@ -287,7 +292,8 @@ def main():
 
     with h5py.File(args.golden, "r") as golden:
         config = json.loads(golden.attrs["config"])
-        init = {name: torch.from_numpy(np.asarray(ds[()], dtype=np.float64)) for name, ds in golden["params/init"].items()}
+        init = {name: torch.from_numpy(np.asarray(ds[()], dtype=np.float64))
+                for name, ds in golden["params/init"].items()}
         recorded = len(golden["steps"])
         steps = min(args.steps or recorded, recorded)
         batches = [{key: torch.from_numpy(golden["batch"][key][s].astype(np.int64))
@@ -319,7 +325,8 @@ def main():
             out[f"{group}/lr"] = np.float64(r["lr"])
             write_tensors(out, f"{group}/grads", r["grads"], store)
             write_tensors(out, f"{group}/params", r["params"], store)
-            print(f"step {step}: loss {r['loss']:.6f}, {r['num_loss_tokens']} loss tokens, grad norm {r['grad_norm']:.4e}")
+            print(f"step {step}: loss {r['loss']:.6f}, {r['num_loss_tokens']} loss tokens, "
+                  f"grad norm {r['grad_norm']:.4e}")
     os.replace(temporary, args.out)
     print(f"wrote {args.out}")
 
