@@ -67,7 +67,11 @@ PRINTED_LOSS_TOLERANCE = 1e-6
 TINY_MODEL = ["model.hidden_size=8", "model.num_layers=1", "model.num_heads=2",
               "model.num_kv_heads=1", "model.ffn_hidden_size=8"]
 
-STEP_LINE = re.compile(r"^step (\d+)/\d+ \| loss (\S+) \|.*\| (\S+) s \|")
+# A progress line: "step 2/4 | ... | loss 5.556075 | ... | 0.017 s | 27168 tok/s | ETA 00:00:00".
+# The fields are found by name, so columns may be added to the line.
+STEP_LINE = re.compile(r"^step (\d+)/\d+ \|")
+LOSS_FIELD = re.compile(r"\| loss (\S+) \|")
+SECONDS_FIELD = re.compile(r"\| (\d+(?:\.\d*)?) s \|")
 
 
 class CheckFailed(Exception):
@@ -101,11 +105,11 @@ def time_touchstone(binary, config_path, micro_batch_size, steps):
     output = run_touchstone(binary, args)
     times, losses = {}, {}
     for line in output.splitlines():
-        match = STEP_LINE.match(line)
-        if match:
-            step = int(match.group(1))
-            losses[step] = float(match.group(2))
-            times[step] = float(match.group(3))
+        step, loss, seconds = (STEP_LINE.match(line), LOSS_FIELD.search(line),
+                               SECONDS_FIELD.search(line))
+        if step and loss and seconds:
+            losses[int(step.group(1))] = float(loss.group(1))
+            times[int(step.group(1))] = float(seconds.group(1))
     if sorted(times) != list(range(1, steps + 2)):
         raise RuntimeError(f"could not read the step lines of touchstone train:\n{output}")
     return [times[s] for s in range(2, steps + 2)], [losses[s] for s in range(1, steps + 2)]
@@ -308,6 +312,7 @@ def plain_report(r):
         "",
         f"ratio Touchstone/PyTorch: {r['ratio_median']:.2f} (median), {r['ratio_min']:.2f} (min)"
         f"  -> target 'no slower than PyTorch' {'MET' if r['ratio_median'] <= 1.0 else 'NOT met'}",
+        f"ratio of the medians in each round: {', '.join(f'{x:.2f}' for x in r['round_ratios'])}",
         f"Touchstone step times: {', '.join(f'{t:.3f}' for t in r['touchstone']['all'])} s",
         f"PyTorch step times:    {', '.join(f'{t:.3f}' for t in r['torch']['all'])} s",
         "",
@@ -353,6 +358,9 @@ def markdown_report(r):
         f"on the minimum). Target: Touchstone's step no slower than PyTorch's (ratio <= 1.00): "
         f"**{'met' if met else 'not met'}**.",
         "",
+        *([f"Ratio of the medians in each round: "
+           f"{', '.join(f'{x:.2f}' for x in r['round_ratios'])}.", ""]
+          if r["rounds"] > 1 else []),
         f"Every timed step, in order (s): Touchstone "
         f"{', '.join(f'{t:.2f}' for t in r['touchstone']['all'])}; PyTorch "
         f"{', '.join(f'{t:.2f}' for t in r['torch']['all'])}.",
@@ -398,7 +406,7 @@ def benchmark(args, workdir):
     if windows % settings.micro_batch_size != 0:
         raise CheckFailed("the global batch does not split into whole micro-batches")
 
-    ts_times, torch_times, printed_difference = [], [], 0.0
+    ts_times, torch_times, round_ratios, printed_difference = [], [], [], 0.0
     for round_index in range(args.rounds):
         log(f"round {round_index + 1}/{args.rounds}: PyTorch warm-up (step 1), checked against "
             f"the golden file")
@@ -411,13 +419,16 @@ def benchmark(args, workdir):
         for side in (("torch", "touchstone") if torch_first else ("touchstone", "torch")):
             if side == "touchstone":
                 log(f"  Touchstone: 1 warm-up + {steps} timed steps")
-                times, ts_losses = time_touchstone(binary, config, mbs, steps)
-                ts_times += times
+                ts_round, ts_losses = time_touchstone(binary, config, mbs, steps)
+                times = ts_round
             else:
                 log(f"  PyTorch: {steps} timed steps")
-                times = [run.run_step()[0] for _ in range(steps)]
-                torch_times += times
+                torch_round = [run.run_step()[0] for _ in range(steps)]
+                times = torch_round
             log(f"    {', '.join(f'{t:.3f}' for t in times)} s")
+        ts_times += ts_round
+        torch_times += torch_round
+        round_ratios.append(statistics.median(ts_round) / statistics.median(torch_round))
 
         difference = max(abs(a - b) for a, b in zip(ts_losses, run.losses))
         if difference > PRINTED_LOSS_TOLERANCE:
@@ -429,7 +440,7 @@ def benchmark(args, workdir):
     pytorch = summarize(torch_times, windows * seq)
     return {
         "config": display_path(config), "settings": settings, "steps": steps,
-        "rounds": args.rounds,
+        "rounds": args.rounds, "round_ratios": round_ratios,
         "windows": windows, "seq": seq, "micro_batches": windows // settings.micro_batch_size,
         "touchstone": touchstone, "torch": pytorch,
         "ratio_median": touchstone["median"] / pytorch["median"],
