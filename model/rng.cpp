@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numbers>
 
+#include "model/hash.h"
+
 namespace touchstone {
 
 namespace {
@@ -35,11 +37,7 @@ PhiloxCounter philox4x32_10(PhiloxCounter counter, PhiloxKey key) {
 }
 
 PhiloxKey stream_key(uint64_t seed, std::string_view stream_name) {
-  uint64_t hash = 0xcbf29ce484222325ull;  // FNV-1a offset basis
-  for (char ch : stream_name) {
-    hash ^= static_cast<unsigned char>(ch);
-    hash *= 0x100000001b3ull;  // FNV prime
-  }
+  const uint64_t hash = fnv1a64(stream_name.data(), stream_name.size());
   // splitmix64 finaliser on (hash + seed) so nearby seeds give unrelated keys.
   uint64_t z = hash + 0x9E3779B97F4A7C15ull * (seed + 1);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -4,13 +4,17 @@
 #include <chrono>
 #include <functional>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <ostream>
 
+#include "checkpoint/checkpoint_store.h"
 #include "data/sources.h"
 #include "model/errors.h"
 #include "model/params.h"
+#include "oracle/checkpointing.h"
 #include "oracle/gather.h"
+#include "parallel/fault_injection.h"
 #include "oracle/train_step.h"
 #include "parallel/context.h"
 #include "parallel/pipeline/timeline.h"
@@ -22,6 +26,40 @@ namespace {
 
 BackendOptions backend_options(const Config& config) {
   return BackendOptions{parse_precision(config.precision), config.train.grad_accumulation_fusion};
+}
+
+}  // namespace
+
+namespace {
+
+void prepare_checkpoints(const RunOptions& options, const Config& config, int world_size, PreparedRun& run) {
+  const CheckpointOptions& c = options.checkpoint;
+  if (c.save_every < 0) throw InputError("--save-every must be >= 0");
+  if (c.keep < 0) throw InputError("--keep must be >= 0");
+  if (!c.fail_at.empty() && parse_process_fault(c.fail_at).rank >= world_size) {
+    throw InputError("--fail-at " + c.fail_at + ": rank is not below the world size " + std::to_string(world_size));
+  }
+  if (c.directory.empty()) {
+    if (c.resume || c.fallback || c.save_every > 0) {
+      throw InputError("--resume, --fallback and --save-every need --checkpoint-dir");
+    }
+    return;
+  }
+  if (options.envelope) throw InputError("--envelope runs twice from the same weights: it takes no --checkpoint-dir");
+  if (std::filesystem::exists(c.directory) && !std::filesystem::is_directory(c.directory)) {
+    throw InputError(c.directory + ": --checkpoint-dir is not a directory");
+  }
+  if (!c.resume) return;
+  if (!options.golden_path.empty()) {
+    throw InputError("--out records a whole run from its initial weights; it cannot be combined with --resume");
+  }
+  const CheckpointStore store(c.directory, c.keep);
+  std::optional<LoadedCheckpoint> loaded = store.load_latest(config, c.fallback);
+  if (!loaded) return;  // nothing saved yet: a fresh start
+  run.resumed = std::move(loaded->state);
+  run.resumed_from = loaded->directory.string();
+  run.refused_checkpoints = std::move(loaded->skipped);
+  run.initial_params = run.resumed->params;
 }
 
 }  // namespace
@@ -52,6 +90,7 @@ PreparedRun prepare_run(const Config& config, const RunOptions& options, int wor
   if (options.envelope && config.precision == "fp64") {
     throw InputError("--envelope measures a lower precision against FP64: set precision to bf16 or fp32");
   }
+  prepare_checkpoints(options, config, world_size, run);
   return run;
 }
 
@@ -114,11 +153,19 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
   const bool outputs = !options.golden_path.empty();
   auto backend = make_cpu_backend(backend_options(config));
   Trainer trainer(config, run.initial_params, *backend, context);
+  if (run.resumed) {
+    trainer.restore(run.resumed->step, run.resumed->params, run.resumed->exp_avg, run.resumed->exp_avg_sq);
+  }
+  const CheckpointOptions& checkpoints = options.checkpoint;
+  const CheckpointStore store(checkpoints.directory, checkpoints.keep);
+  if (writer_rank && !checkpoints.directory.empty()) store.remove_partial_saves();
   const auto steps = static_cast<int64_t>(run.batches.size());
+  const int64_t first_step = trainer.steps_done() + 1;
   const auto start = std::chrono::steady_clock::now();
   int64_t tokens_done = 0;
   std::vector<pipeline::TimelineEvent> timeline;
-  for (const GlobalBatch& batch : run.batches) {
+  for (int64_t s = first_step; s <= steps; ++s) {
+    const GlobalBatch& batch = run.batches[static_cast<size_t>(s - 1)];
     const auto step_start = std::chrono::steady_clock::now();
     StepOutputs step;
     step.record = trainer.step(batch, outputs);
@@ -135,6 +182,10 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
       }
     }
     on_step(step);
+    if (!checkpoints.directory.empty()) {
+      const bool save = s == steps || (checkpoints.save_every > 0 && s % checkpoints.save_every == 0);
+      if (save) save_checkpoint(trainer, context, config, store, s, step.record.lr);
+    }
     tokens_done += real_tokens(batch);
     if (!writer_rank) continue;
     const StepRecord& record = step.record;
@@ -145,7 +196,8 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
                   static_cast<long long>(record.step), static_cast<long long>(steps), config.precision.c_str(),
                   record.loss, static_cast<long long>(record.num_loss_tokens), record.grad_norm, record.lr,
                   step_seconds, static_cast<double>(tokens_done) / elapsed,
-                  format_duration(elapsed / static_cast<double>(record.step) * static_cast<double>(steps - record.step))
+                  format_duration(elapsed / static_cast<double>(record.step - first_step + 1) *
+                                  static_cast<double>(steps - record.step))
                       .c_str());
     out << line << std::endl;
     if (options.trace) out << pipeline::render_timeline_text(timeline, static_cast<int>(grid.layout().pp)) << std::flush;
@@ -161,6 +213,19 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
 
 void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, std::ostream& out) {
   const bool writer_rank = grid.global_rank() == 0;
+  if (!options.checkpoint.fail_at.empty()) {
+    const std::string record =
+        options.checkpoint.directory.empty() ? "" : (std::filesystem::path(options.checkpoint.directory) / "faults.jsonl").string();
+    if (!options.checkpoint.directory.empty()) std::filesystem::create_directories(options.checkpoint.directory);
+    arm_process_fault(parse_process_fault(options.checkpoint.fail_at), grid.global_rank(), record);
+  }
+  if (writer_rank) {
+    for (const std::string& refusal : run.refused_checkpoints) out << "skipped checkpoint: " << refusal << std::endl;
+    if (run.resumed) {
+      out << "resumed from " << run.resumed_from << " (after update " << run.resumed->step << ", next sample index "
+          << run.resumed->consumed_samples << ")" << std::endl;
+    }
+  }
   std::unique_ptr<TracePrinter> trace;
   if (options.trace) {
     trace = std::make_unique<TracePrinter>(out, grid);

@@ -4,9 +4,11 @@
 #pragma once
 
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint_file.h"
 #include "data/packing.h"
 #include "model/config.h"
 #include "model/param_table.h"
@@ -16,6 +18,16 @@
 
 namespace touchstone {
 
+// Checkpoints, resume and injected failures (docs/checkpoints.md).
+struct CheckpointOptions {
+  std::string directory;    // checkpoints, latest.json and the sample ledger; empty: none of them
+  int64_t save_every = 0;   // save after every N updates; the last update is always saved
+  int keep = 2;             // complete checkpoints kept (0: all)
+  bool resume = false;      // continue from the latest complete checkpoint of `directory`, if any
+  bool fallback = false;    // if the latest is refused, continue from the newest older one that verifies
+  std::string fail_at;      // "step:rank[:phase]": that rank dies abruptly there (recovery tests)
+};
+
 struct RunOptions {
   std::string golden_path;                  // where to write the golden file; empty: none
   std::string init_from;                    // HDF5 file with initial parameters; empty: RNG init
@@ -24,6 +36,7 @@ struct RunOptions {
   bool trace = false;                       // print every transfer and the pipeline timeline
   std::string timeline_svg;                 // write the last step's pipeline timeline here (rank 0)
   bool envelope = false;                    // also run FP64 and record the error envelope (golden)
+  CheckpointOptions checkpoint;
 };
 
 struct PreparedRun {
@@ -31,10 +44,15 @@ struct PreparedRun {
   std::vector<data::Window> windows;  // the packed data set
   std::vector<GlobalBatch> batches;   // [train.steps]
   ParamTensors initial_params;        // full tensors
+  // When resuming: the checkpoint continued from (its directory) and its state; the run goes on with
+  // update resumed->step + 1.
+  std::optional<TrainingState> resumed;
+  std::string resumed_from;
+  std::vector<std::string> refused_checkpoints;  // newer ones skipped by the fallback, and why
 };
 
 // Validates the config against `world_size`, loads and packs the data, draws or loads the initial
-// parameters. Throws InputError for anything the user must fix; nothing has been computed or written.
+// parameters, and with options.checkpoint.resume loads and verifies the latest checkpoint. Throws InputError for anything the user must fix; nothing has been computed or written.
 PreparedRun prepare_run(const Config& config, const RunOptions& options, int world_size = 1);
 
 // Runs the steps on this rank; `out` receives the per-step lines (world rank 0 only) and, with

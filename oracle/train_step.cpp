@@ -82,6 +82,14 @@ Trainer::Trainer(const Config& config, const ParamTensors& full_initial_params, 
                                                          context, backend, params_)),
       timeline_(context.stage()) {}
 
+void Trainer::restore(int64_t step, const ParamTensors& full_params, const ParamTensors& full_exp_avg,
+                      const ParamTensors& full_exp_avg_sq) {
+  // Stored master weights are already in the optimizer's precision: sharding copies them unchanged.
+  params_ = plan_.shard(full_params);
+  optimizer_->restore(AdamWState{plan_.shard(full_exp_avg), plan_.shard(full_exp_avg_sq), step});
+  steps_done_ = step;
+}
+
 void Trainer::finalize_grads(ParamTensors& grads) const {
   // Sequence parallelism: each tp rank saw only its rows in the norms, so their weights' gradients are
   // partial sums over rows. Without it every tp rank computed the same full gradient.

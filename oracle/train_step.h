@@ -73,6 +73,11 @@ class Trainer {
   // on every replica, for golden files; a plain training step does neither.
   StepRecord step(const GlobalBatch& batch, bool collect_outputs = true);
 
+  // Continues after `step` updates from full master weights and moments (a checkpoint, any layout).
+  void restore(int64_t step, const ParamTensors& full_params, const ParamTensors& full_exp_avg,
+               const ParamTensors& full_exp_avg_sq);
+  int64_t steps_done() const { return steps_done_; }
+
   const ParamTable& table() const { return table_; }
   const ShardPlan& plan() const { return plan_; }
   const ParamTensors& params() const { return params_; }

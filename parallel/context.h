@@ -3,6 +3,7 @@
 #pragma once
 
 #include "parallel/comm.h"
+#include "parallel/fault_injection.h"
 #include "parallel/grid.h"
 #include "parallel/single_rank_group.h"
 
@@ -24,8 +25,10 @@ struct ParallelContext {
   }
   bool first_stage() const { return pp.rank() == 0; }
   bool last_stage() const { return pp.rank() == pp.size() - 1; }
+  // Marks where the step is, for the trace and for an injected process fault (--fail-at).
   void set_phase(int64_t step, int64_t micro_batch, const char* phase) const {
     if (trace) *trace = TraceContext{step, micro_batch, phase};
+    process_fault_point(step, phase);
   }
 };
 

@@ -98,4 +98,16 @@ AdamWState DataParallelOptimizer::moments() const {
   return state;
 }
 
+void DataParallelOptimizer::restore(const AdamWState& moments) {
+  steps_done_ = moments.step;
+  if (!distributed_) {
+    state_ = moments;
+    return;
+  }
+  const int64_t chunk = flat_.chunk_size(), begin = context_.dp.rank() * chunk;
+  const std::vector<double> m = flat_.flatten(moments.exp_avg), v = flat_.flatten(moments.exp_avg_sq);
+  std::copy_n(m.begin() + begin, chunk, chunk_m_.begin());
+  std::copy_n(v.begin() + begin, chunk, chunk_v_.begin());
+}
+
 }  // namespace touchstone

@@ -39,6 +39,9 @@ class DataParallelOptimizer {
 
   // Adam moments shaped like the parameters this rank holds (gathered over dp when distributed).
   AdamWState moments() const;
+  // Continues from a checkpoint: `moments` shaped like the parameters this rank holds (each dp rank
+  // keeps its own chunk when distributed), after `moments.step` updates.
+  void restore(const AdamWState& moments);
 
  private:
   double global_grad_norm(const std::vector<double>& flat_grads, int64_t begin, int64_t end) const;

@@ -46,6 +46,18 @@ void add_run_options(CLI::App* command, touchstone::RunOptions& options) {
   command->add_flag("--envelope", options.envelope,
                     "Run the configured precision (bf16 or fp32) and FP64 from the same weights; write the FP64 "
                     "golden values with the low-precision error and tolerance of every tensor");
+  touchstone::CheckpointOptions& c = options.checkpoint;
+  command->add_option("--checkpoint-dir", c.directory,
+                      "Directory of checkpoints, the latest-complete record and the sample ledger (docs/checkpoints.md)");
+  command->add_option("--save-every", c.save_every, "Save a checkpoint after every N updates (the last is always saved)");
+  command->add_option("--keep", c.keep, "Complete checkpoints to keep (0: all)")->capture_default_str();
+  command->add_flag("--resume", c.resume,
+                    "Continue from the latest complete checkpoint of --checkpoint-dir (a fresh start if there is none)");
+  command->add_flag("--fallback", c.fallback,
+                    "With --resume: if the latest checkpoint is refused, continue from the newest older one that verifies");
+  command->add_option("--fail-at", c.fail_at,
+                      "step:rank[:phase] - that world rank dies abruptly (SIGKILL) in phase forward (default), "
+                      "backward, optimizer or save of that update; fires once per checkpoint directory");
 }
 
 touchstone::Config resolve(const ConfigOptions& options) {
