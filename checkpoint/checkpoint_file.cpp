@@ -4,7 +4,6 @@
 #include <cmath>
 #include <functional>
 #include <map>
-
 #include <nlohmann/json.hpp>
 
 #include "model/errors.h"
@@ -31,12 +30,14 @@ nlohmann::json layout_json(const Config& config) {
 }
 
 // "section.key" -> value for every leaf of a config's JSON.
-void flatten(const nlohmann::json& json, const std::string& prefix, std::map<std::string, nlohmann::json>& out) {
+void flatten(const nlohmann::json& json, const std::string& prefix,
+             std::map<std::string, nlohmann::json>& out) {
   if (!json.is_object()) {
     out[prefix] = json;
     return;
   }
-  for (const auto& [key, value] : json.items()) flatten(value, prefix.empty() ? key : prefix + "." + key, out);
+  for (const auto& [key, value] : json.items())
+    flatten(value, prefix.empty() ? key : prefix + "." + key, out);
 }
 
 bool may_differ_on_resume(const std::string& key, const Config& current) {
@@ -56,11 +57,12 @@ class VerifyingReader {
     require(dataset);
     const std::vector<int64_t> shape = reader_.shape(dataset);
     if (shape != expected_shape) {
-      throw InputError(reader_.path() + ": " + dataset + " has shape " + shape_text(shape) + ", the model needs " +
-                       shape_text(expected_shape));
+      throw InputError(reader_.path() + ": " + dataset + " has shape " + shape_text(shape) +
+                       ", the model needs " + shape_text(expected_shape));
     }
     if (reader_.element_type(dataset) != "float64") {
-      throw InputError(reader_.path() + ": " + dataset + " is " + reader_.element_type(dataset) + ", not float64");
+      throw InputError(reader_.path() + ": " + dataset + " is " + reader_.element_type(dataset) +
+                       ", not float64");
     }
     std::vector<double> values = reader_.read_f64(dataset);
     verify(dataset, values.data(), values.size() * sizeof(double));
@@ -91,8 +93,8 @@ class VerifyingReader {
     const std::string stored = reader_.string_attribute(dataset, kChecksum);
     const std::string actual = hex64(fnv1a64(data, bytes));
     if (stored != actual) {
-      throw InputError(reader_.path() + ": " + dataset + " is corrupted (checksum " + actual + ", written as " +
-                       stored + ")");
+      throw InputError(reader_.path() + ": " + dataset + " is corrupted (checksum " + actual +
+                       ", written as " + stored + ")");
     }
   }
   static std::string shape_text(const std::vector<int64_t>& shape) {
@@ -106,7 +108,8 @@ class VerifyingReader {
 
 ParamTensors read_tensors(const VerifyingReader& file, const std::string& group, const ParamTable& table) {
   const h5::H5Reader& reader = file.reader();
-  if (!reader.exists(group) || !reader.is_group(group)) throw InputError(reader.path() + ": missing " + group);
+  if (!reader.exists(group) || !reader.is_group(group))
+    throw InputError(reader.path() + ": missing " + group);
   for (const std::string& name : reader.children(group)) {
     if (table.find(name) < 0) {
       throw InputError(reader.path() + ": " + group + "/" + name + " is not a parameter of this model");
@@ -150,9 +153,10 @@ void CheckpointFileWriter::write_progress(const Config& config, const TrainingSt
   scalar_f64("/scheduler/lr", state.lr);
   scalar_i64("/rng/seed", config.train.seed);
   writer_.set_attribute("/rng/seed", "algorithm", std::string("philox4x32-10"));
-  writer_.set_attribute("/rng/seed", "keyed_by",
-                        std::string("(seed, stream name, global element or sample index): no state beyond the seed "
-                                    "and /state/next_sample_index"));
+  writer_.set_attribute(
+      "/rng/seed", "keyed_by",
+      std::string("(seed, stream name, global element or sample index): no state beyond the seed "
+                  "and /state/next_sample_index"));
 }
 
 void CheckpointFileWriter::write_tensors(const std::string& group, const ParamTable& table,
@@ -216,8 +220,9 @@ TrainingState read_checkpoint_file(const std::string& path, const Config& config
   state.lr = file.read_scalar_f64("/scheduler/lr");
   // The schedule is a function of the update number; the stored value proves the two runs agree on it.
   if (state.step > 0 && state.lr != learning_rate(config.optim, state.step)) {
-    throw InputError(path + ": /scheduler/lr " + std::to_string(state.lr) + " is not the learning rate of update " +
-                     std::to_string(state.step) + " under this run's optim settings");
+    throw InputError(path + ": /scheduler/lr " + std::to_string(state.lr) +
+                     " is not the learning rate of update " + std::to_string(state.step) +
+                     " under this run's optim settings");
   }
   if (file.read_scalar_i64("/rng/seed") != config.train.seed) {
     throw InputError(path + ": /rng/seed differs from train.seed");

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/atomic_file.h"
@@ -46,14 +45,16 @@ nlohmann::json read_json(const fs::path& path, const std::string& what) {
 
 // The step of a "step_00000005" directory name, or -1.
 int64_t step_of(const std::string& name) {
-  if (name.rfind(kStepPrefix, 0) != 0 || name.size() <= std::char_traits<char>::length(kStepPrefix)) return -1;
+  if (name.rfind(kStepPrefix, 0) != 0 || name.size() <= std::char_traits<char>::length(kStepPrefix))
+    return -1;
   const std::string digits = name.substr(std::char_traits<char>::length(kStepPrefix));
   if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) return -1;
   return std::stoll(digits);
 }
 
 void verify_manifest(const fs::path& directory, int64_t expected_step) {
-  if (!fs::is_directory(directory)) throw InputError(directory.string() + ": checkpoint directory is missing");
+  if (!fs::is_directory(directory))
+    throw InputError(directory.string() + ": checkpoint directory is missing");
   const nlohmann::json manifest = read_json(directory / kManifest, "manifest (an incomplete checkpoint)");
   if (!manifest.contains("step") || !manifest.contains("files") || !manifest["files"].is_object()) {
     throw InputError((directory / kManifest).string() + ": manifest lacks \"step\" or \"files\"");
@@ -72,8 +73,8 @@ void verify_manifest(const fs::path& directory, int64_t expected_step) {
     const auto expected = entry.at("bytes").get<uintmax_t>();
     const uintmax_t actual = fs::file_size(file);
     if (actual < expected) {
-      throw InputError(file.string() + ": truncated (" + std::to_string(actual) + " of " + std::to_string(expected) +
-                       " bytes)");
+      throw InputError(file.string() + ": truncated (" + std::to_string(actual) + " of " +
+                       std::to_string(expected) + " bytes)");
     }
     if (actual != expected) {
       throw InputError(file.string() + ": " + std::to_string(actual) + " bytes, the manifest says " +
@@ -120,7 +121,8 @@ TrainingState load_checkpoint_directory(const fs::path& directory, const Config&
   return state;
 }
 
-CheckpointStore::CheckpointStore(fs::path directory, int keep) : directory_(std::move(directory)), keep_(keep) {}
+CheckpointStore::CheckpointStore(fs::path directory, int keep)
+    : directory_(std::move(directory)), keep_(keep) {}
 
 std::string CheckpointStore::step_directory_name(int64_t step) {
   char name[32];
@@ -197,7 +199,8 @@ std::optional<LoadedCheckpoint> CheckpointStore::load_latest(const Config& confi
   }
   if (latest < 0 && candidates.empty()) return std::nullopt;
   if (latest < 0 && !fallback) {
-    throw InputError((directory_ / kLatest).string() + ": missing while checkpoint directories exist (use the "
+    throw InputError((directory_ / kLatest).string() +
+                     ": missing while checkpoint directories exist (use the "
                      "fallback to load the newest complete one)");
   }
   // The latest record first, then older complete checkpoints, newest first. Never one newer than the

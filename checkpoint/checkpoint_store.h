@@ -2,8 +2,8 @@
 //
 //   DIR/step_00000005/state.h5         the checkpoint (checkpoint/checkpoint_file.h)
 //   DIR/step_00000005/manifest.json    size and checksum of every file of the checkpoint
-//   DIR/latest.json                    the "latest complete" record: {"step": 5, "directory": "step_00000005"}
-//   DIR/.partial-step_00000006/        a save in progress (or one that died): never read
+//   DIR/latest.json                    the "latest complete" record: {"step": 5, "directory":
+//   "step_00000005"} DIR/.partial-step_00000006/        a save in progress (or one that died): never read
 //
 // A save writes into the partial directory, writes the manifest, syncs, renames the directory to its
 // final name (atomic), and only then replaces latest.json (atomic) and removes checkpoints beyond the

@@ -2,10 +2,10 @@
 #include "oracle/run.h"
 
 #include <chrono>
-#include <functional>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <ostream>
 
 #include "checkpoint/checkpoint_store.h"
@@ -14,9 +14,9 @@
 #include "model/params.h"
 #include "oracle/checkpointing.h"
 #include "oracle/gather.h"
-#include "parallel/fault_injection.h"
 #include "oracle/train_step.h"
 #include "parallel/context.h"
+#include "parallel/fault_injection.h"
 #include "parallel/pipeline/timeline.h"
 #include "parallel/trace.h"
 
@@ -37,7 +37,8 @@ void prepare_checkpoints(const RunOptions& options, const Config& config, int wo
   if (c.save_every < 0) throw InputError("--save-every must be >= 0");
   if (c.keep < 0) throw InputError("--keep must be >= 0");
   if (!c.fail_at.empty() && parse_process_fault(c.fail_at).rank >= world_size) {
-    throw InputError("--fail-at " + c.fail_at + ": rank is not below the world size " + std::to_string(world_size));
+    throw InputError("--fail-at " + c.fail_at + ": rank is not below the world size " +
+                     std::to_string(world_size));
   }
   if (c.directory.empty()) {
     if (c.resume || c.fallback || c.save_every > 0) {
@@ -45,13 +46,15 @@ void prepare_checkpoints(const RunOptions& options, const Config& config, int wo
     }
     return;
   }
-  if (options.envelope) throw InputError("--envelope runs twice from the same weights: it takes no --checkpoint-dir");
+  if (options.envelope)
+    throw InputError("--envelope runs twice from the same weights: it takes no --checkpoint-dir");
   if (std::filesystem::exists(c.directory) && !std::filesystem::is_directory(c.directory)) {
     throw InputError(c.directory + ": --checkpoint-dir is not a directory");
   }
   if (!c.resume) return;
   if (!options.golden_path.empty()) {
-    throw InputError("--out records a whole run from its initial weights; it cannot be combined with --resume");
+    throw InputError(
+        "--out records a whole run from its initial weights; it cannot be combined with --resume");
   }
   const CheckpointStore store(c.directory, c.keep);
   std::optional<LoadedCheckpoint> loaded = store.load_latest(config, c.fallback);
@@ -86,7 +89,8 @@ PreparedRun prepare_run(const Config& config, const RunOptions& options, int wor
   // The initial weights as the optimizer stores them (FP32 master weights unless FP64), so that the
   // golden file's /params/init is exactly where every precision's run starts.
   auto backend = make_cpu_backend(backend_options(config));
-  for (auto& t : run.initial_params.tensors) backend->round(TensorRole::kState, t.data(), static_cast<int64_t>(t.size()));
+  for (auto& t : run.initial_params.tensors)
+    backend->round(TensorRole::kState, t.data(), static_cast<int64_t>(t.size()));
   if (options.envelope && config.precision == "fp64") {
     throw InputError("--envelope measures a lower precision against FP64: set precision to bf16 or fp32");
   }
@@ -117,7 +121,8 @@ std::vector<pipeline::TimelineEvent> gather_timeline(Trainer& trainer, const Par
   if (source && context.world.rank() != 0) {
     double length = static_cast<double>(mine.size());
     context.world.send(&length, 1, 0, kLengthTag, {1});
-    context.world.send(mine.data(), static_cast<int64_t>(mine.size()), 0, kEventsTag, {static_cast<int64_t>(mine.size())});
+    context.world.send(mine.data(), static_cast<int64_t>(mine.size()), 0, kEventsTag,
+                       {static_cast<int64_t>(mine.size())});
     context.world.wait_sends();
   }
   if (context.world.rank() != 0) return {};
@@ -127,7 +132,8 @@ std::vector<pipeline::TimelineEvent> gather_timeline(Trainer& trainer, const Par
     double length = 0.0;
     context.world.recv(&length, 1, from, kLengthTag, {1});
     std::vector<double> values(static_cast<size_t>(length));
-    context.world.recv(values.data(), static_cast<int64_t>(values.size()), from, kEventsTag, {static_cast<int64_t>(values.size())});
+    context.world.recv(values.data(), static_cast<int64_t>(values.size()), from, kEventsTag,
+                       {static_cast<int64_t>(values.size())});
     for (const auto& event : pipeline::decode_events(values)) all.push_back(event);
   }
   return all;
@@ -169,7 +175,8 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
     const auto step_start = std::chrono::steady_clock::now();
     StepOutputs step;
     step.record = trainer.step(batch, outputs);
-    const double step_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+    const double step_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     if (options.trace) timeline = gather_timeline(trainer, context);
     if (outputs) {
       context.set_phase(step.record.step, -1, "output");
@@ -192,15 +199,17 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     char line[256];
     std::snprintf(line, sizeof line,
-                  "step %lld/%lld | %s | loss %.6f | loss tokens %lld | grad norm %.4e | lr %.4e | %.3f s | %.0f tok/s | ETA %s",
-                  static_cast<long long>(record.step), static_cast<long long>(steps), config.precision.c_str(),
-                  record.loss, static_cast<long long>(record.num_loss_tokens), record.grad_norm, record.lr,
-                  step_seconds, static_cast<double>(tokens_done) / elapsed,
+                  "step %lld/%lld | %s | loss %.6f | loss tokens %lld | grad norm %.4e | lr %.4e | %.3f s | "
+                  "%.0f tok/s | ETA %s",
+                  static_cast<long long>(record.step), static_cast<long long>(steps),
+                  config.precision.c_str(), record.loss, static_cast<long long>(record.num_loss_tokens),
+                  record.grad_norm, record.lr, step_seconds, static_cast<double>(tokens_done) / elapsed,
                   format_duration(elapsed / static_cast<double>(record.step - first_step + 1) *
                                   static_cast<double>(steps - record.step))
                       .c_str());
     out << line << std::endl;
-    if (options.trace) out << pipeline::render_timeline_text(timeline, static_cast<int>(grid.layout().pp)) << std::flush;
+    if (options.trace)
+      out << pipeline::render_timeline_text(timeline, static_cast<int>(grid.layout().pp)) << std::flush;
   }
   if (writer_rank && !options.timeline_svg.empty()) {
     std::ofstream svg(options.timeline_svg);
@@ -215,15 +224,19 @@ void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, 
   const bool writer_rank = grid.global_rank() == 0;
   if (!options.checkpoint.fail_at.empty()) {
     const std::string record =
-        options.checkpoint.directory.empty() ? "" : (std::filesystem::path(options.checkpoint.directory) / "faults.jsonl").string();
-    if (!options.checkpoint.directory.empty()) std::filesystem::create_directories(options.checkpoint.directory);
+        options.checkpoint.directory.empty()
+            ? ""
+            : (std::filesystem::path(options.checkpoint.directory) / "faults.jsonl").string();
+    if (!options.checkpoint.directory.empty())
+      std::filesystem::create_directories(options.checkpoint.directory);
     arm_process_fault(parse_process_fault(options.checkpoint.fail_at), grid.global_rank(), record);
   }
   if (writer_rank) {
-    for (const std::string& refusal : run.refused_checkpoints) out << "skipped checkpoint: " << refusal << std::endl;
+    for (const std::string& refusal : run.refused_checkpoints)
+      out << "skipped checkpoint: " << refusal << std::endl;
     if (run.resumed) {
-      out << "resumed from " << run.resumed_from << " (after update " << run.resumed->step << ", next sample index "
-          << run.resumed->consumed_samples << ")" << std::endl;
+      out << "resumed from " << run.resumed_from << " (after update " << run.resumed->step
+          << ", next sample index " << run.resumed->consumed_samples << ")" << std::endl;
     }
   }
   std::unique_ptr<TracePrinter> trace;

@@ -20,12 +20,12 @@ namespace touchstone {
 
 // Checkpoints, resume and injected failures (docs/checkpoints.md).
 struct CheckpointOptions {
-  std::string directory;    // checkpoints, latest.json and the sample ledger; empty: none of them
-  int64_t save_every = 0;   // save after every N updates; the last update is always saved
-  int keep = 2;             // complete checkpoints kept (0: all)
-  bool resume = false;      // continue from the latest complete checkpoint of `directory`, if any
-  bool fallback = false;    // if the latest is refused, continue from the newest older one that verifies
-  std::string fail_at;      // "step:rank[:phase]": that rank dies abruptly there (recovery tests)
+  std::string directory;   // checkpoints, latest.json and the sample ledger; empty: none of them
+  int64_t save_every = 0;  // save after every N updates; the last update is always saved
+  int keep = 2;            // complete checkpoints kept (0: all)
+  bool resume = false;     // continue from the latest complete checkpoint of `directory`, if any
+  bool fallback = false;   // if the latest is refused, continue from the newest older one that verifies
+  std::string fail_at;     // "step:rank[:phase]": that rank dies abruptly there (recovery tests)
 };
 
 struct RunOptions {
@@ -33,9 +33,9 @@ struct RunOptions {
   std::string init_from;                    // HDF5 file with initial parameters; empty: RNG init
   std::string init_group = "/params/init";  // group of init_from holding the tensors
   GoldenOptions golden;
-  bool trace = false;                       // print every transfer and the pipeline timeline
-  std::string timeline_svg;                 // write the last step's pipeline timeline here (rank 0)
-  bool envelope = false;                    // also run FP64 and record the error envelope (golden)
+  bool trace = false;        // print every transfer and the pipeline timeline
+  std::string timeline_svg;  // write the last step's pipeline timeline here (rank 0)
+  bool envelope = false;     // also run FP64 and record the error envelope (golden)
   CheckpointOptions checkpoint;
 };
 
@@ -52,7 +52,8 @@ struct PreparedRun {
 };
 
 // Validates the config against `world_size`, loads and packs the data, draws or loads the initial
-// parameters, and with options.checkpoint.resume loads and verifies the latest checkpoint. Throws InputError for anything the user must fix; nothing has been computed or written.
+// parameters, and with options.checkpoint.resume loads and verifies the latest checkpoint. Throws InputError
+// for anything the user must fix; nothing has been computed or written.
 PreparedRun prepare_run(const Config& config, const RunOptions& options, int world_size = 1);
 
 // Runs the steps on this rank; `out` receives the per-step lines (world rank 0 only) and, with

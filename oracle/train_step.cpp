@@ -26,7 +26,8 @@ LossNormalization parse_loss_normalization(const std::string& name) {
   throw InputError("train.loss_normalization: unknown value \"" + name + "\"");
 }
 
-std::vector<int64_t> micro_batch_starts(int64_t global_batch_size, int64_t micro_batch_size, int dp, int dp_rank) {
+std::vector<int64_t> micro_batch_starts(int64_t global_batch_size, int64_t micro_batch_size, int dp,
+                                        int dp_rank) {
   std::vector<int64_t> starts;
   for (int64_t j = 0; j < global_batch_size / (micro_batch_size * dp); ++j) {
     starts.push_back(j * micro_batch_size * dp + dp_rank * micro_batch_size);
@@ -41,17 +42,19 @@ std::vector<double> loss_weights(const GlobalBatch& batch, const std::vector<int
   const double num_micro_batches = static_cast<double>(batch.windows / micro_batch_size);
   std::vector<double> weights;
   for (int64_t start : starts) {
-    weights.push_back(normalization == LossNormalization::kGlobalTokenMean
-                          ? 1.0 / static_cast<double>(std::max<int64_t>(global_loss_tokens, 1))
-                          : 1.0 / (static_cast<double>(std::max<int64_t>(batch.loss_tokens(start, micro_batch_size), 1)) *
-                                   num_micro_batches));
+    weights.push_back(
+        normalization == LossNormalization::kGlobalTokenMean
+            ? 1.0 / static_cast<double>(std::max<int64_t>(global_loss_tokens, 1))
+            : 1.0 / (static_cast<double>(std::max<int64_t>(batch.loss_tokens(start, micro_batch_size), 1)) *
+                     num_micro_batches));
   }
   return weights;
 }
 
-ObjectiveResult evaluate_objective(const Transformer& model, const ParamTable& table, const ParamTensors& params,
-                                   const GlobalBatch& batch, int64_t micro_batch_size,
-                                   LossNormalization normalization, bool with_gradients) {
+ObjectiveResult evaluate_objective(const Transformer& model, const ParamTable& table,
+                                   const ParamTensors& params, const GlobalBatch& batch,
+                                   int64_t micro_batch_size, LossNormalization normalization,
+                                   bool with_gradients) {
   SingleProcessContext single;
   const std::vector<int64_t> starts = micro_batch_starts(batch.windows, micro_batch_size, 1, 0);
   ObjectiveResult result;
@@ -64,7 +67,8 @@ ObjectiveResult evaluate_objective(const Transformer& model, const ParamTable& t
                    loss_weights(batch, starts, micro_batch_size, result.num_loss_tokens, normalization),
                    single.context(), 0, with_gradients, result.grads, nullptr);
   result.loss = run.weighted_loss;
-  for (const auto& losses : run.token_losses) result.token_losses.insert(result.token_losses.end(), losses.begin(), losses.end());
+  for (const auto& losses : run.token_losses)
+    result.token_losses.insert(result.token_losses.end(), losses.begin(), losses.end());
   return result;
 }
 
@@ -78,8 +82,8 @@ Trainer::Trainer(const Config& config, const ParamTensors& full_initial_params, 
       region_(context.tp, config.parallel.sequence_parallel, backend),
       model_(config.model, config.data.document_masking, table_, backend, region_, plan_.stage_range()),
       params_(master_weights(plan_.shard(full_initial_params), backend)),
-      optimizer_(std::make_unique<DataParallelOptimizer>(plan_, config.optim, config.parallel.distributed_optimizer,
-                                                         context, backend, params_)),
+      optimizer_(std::make_unique<DataParallelOptimizer>(
+          plan_, config.optim, config.parallel.distributed_optimizer, context, backend, params_)),
       timeline_(context.stage()) {}
 
 void Trainer::restore(int64_t step, const ParamTensors& full_params, const ParamTensors& full_exp_avg,
@@ -104,7 +108,8 @@ void Trainer::finalize_grads(ParamTensors& grads) const {
   // A tied embedding lives on the first and the last stage; both copies get the sum of both uses.
   if (config_.model.tie_embeddings && context_.pp.size() > 1 && plan_.holds(table_.embedding())) {
     std::vector<double>& g = grads[table_.embedding()];
-    context_.embedding.all_reduce_sum(g.data(), static_cast<int64_t>(g.size()), plan_.local_shape(table_.embedding()));
+    context_.embedding.all_reduce_sum(g.data(), static_cast<int64_t>(g.size()),
+                                      plan_.local_shape(table_.embedding()));
     backend_.round(TensorRole::kState, g.data(), static_cast<int64_t>(g.size()));
   }
 }
@@ -117,7 +122,8 @@ std::vector<double> Trainer::gather_token_losses(const GlobalBatch& batch,
   std::vector<double> mine;
   for (const auto& l : losses) mine.insert(mine.end(), l.begin(), l.end());
   if (source && context_.world.rank() != 0) {
-    context_.world.send(mine.data(), static_cast<int64_t>(mine.size()), 0, kTokenLossTag, {static_cast<int64_t>(mine.size())});
+    context_.world.send(mine.data(), static_cast<int64_t>(mine.size()), 0, kTokenLossTag,
+                        {static_cast<int64_t>(mine.size())});
     context_.world.wait_sends();
   }
   if (context_.world.rank() != 0) return {};
@@ -133,7 +139,8 @@ std::vector<double> Trainer::gather_token_losses(const GlobalBatch& batch,
                           {static_cast<int64_t>(theirs.size())});
     }
     for (size_t j = 0; j < their_starts.size(); ++j) {
-      std::copy_n(theirs.begin() + static_cast<int64_t>(j) * mbs * T, mbs * T, all.begin() + their_starts[j] * T);
+      std::copy_n(theirs.begin() + static_cast<int64_t>(j) * mbs * T, mbs * T,
+                  all.begin() + their_starts[j] * T);
     }
   }
   return all;
@@ -143,7 +150,8 @@ StepRecord Trainer::step(const GlobalBatch& batch, bool collect_outputs) {
   StepRecord record;
   record.step = ++steps_done_;
   const int64_t mbs = config_.train.micro_batch_size;
-  const std::vector<int64_t> starts = micro_batch_starts(batch.windows, mbs, context_.dp.size(), context_.dp.rank());
+  const std::vector<int64_t> starts =
+      micro_batch_starts(batch.windows, mbs, context_.dp.size(), context_.dp.rank());
 
   // The global loss-token count: every dp rank counts its own micro-batches, summed over dp.
   context_.set_phase(record.step, -1, "loss tokens");
@@ -160,12 +168,14 @@ StepRecord Trainer::step(const GlobalBatch& batch, bool collect_outputs) {
   ParamTensors bf16_copy;
   if (backend_.options().precision == Precision::kBf16) {
     bf16_copy = params_;
-    for (auto& t : bf16_copy.tensors) backend_.round(TensorRole::kComputeWeight, t.data(), static_cast<int64_t>(t.size()));
+    for (auto& t : bf16_copy.tensors)
+      backend_.round(TensorRole::kComputeWeight, t.data(), static_cast<int64_t>(t.size()));
   }
   timeline_.reset_origin();
   const PipelineResult run = run_pipeline(
       config_.parallel.schedule, model_, bf16_copy.tensors.empty() ? params_ : bf16_copy, micro_batches,
-      loss_weights(batch, starts, mbs, loss_tokens, parse_loss_normalization(config_.train.loss_normalization)),
+      loss_weights(batch, starts, mbs, loss_tokens,
+                   parse_loss_normalization(config_.train.loss_normalization)),
       context_, record.step, true, record.grads, &timeline_);
 
   // The objective: the last stage's tp rank 0 of every dp rank holds a partial sum.

@@ -32,7 +32,8 @@ LossNormalization parse_loss_normalization(const std::string& name);
 
 // First window of each micro-batch data-parallel rank `dp_rank` runs: micro-batch j holds the global
 // samples j*mbs*dp + dp_rank*mbs ... + mbs - 1 (Megatron-LM's sampler order).
-std::vector<int64_t> micro_batch_starts(int64_t global_batch_size, int64_t micro_batch_size, int dp, int dp_rank);
+std::vector<int64_t> micro_batch_starts(int64_t global_batch_size, int64_t micro_batch_size, int dp,
+                                        int dp_rank);
 
 // d(objective) / d(token loss) for each micro-batch of `starts`, given the global loss-token count.
 std::vector<double> loss_weights(const GlobalBatch& batch, const std::vector<int64_t>& starts,
@@ -46,17 +47,18 @@ struct ObjectiveResult {
   std::vector<double> token_losses;  // [B*T] cross entropy per position, 0 where no loss
   ParamTensors grads;                // empty unless requested
 };
-ObjectiveResult evaluate_objective(const Transformer& model, const ParamTable& table, const ParamTensors& params,
-                                   const GlobalBatch& batch, int64_t micro_batch_size,
-                                   LossNormalization normalization, bool with_gradients);
+ObjectiveResult evaluate_objective(const Transformer& model, const ParamTable& table,
+                                   const ParamTensors& params, const GlobalBatch& batch,
+                                   int64_t micro_batch_size, LossNormalization normalization,
+                                   bool with_gradients);
 
 struct StepRecord {
-  int64_t step = 0;             // 1-based update number
-  double loss = 0.0;            // the objective (every rank)
-  int64_t num_loss_tokens = 0;  // whole global batch (every rank)
+  int64_t step = 0;                  // 1-based update number
+  double loss = 0.0;                 // the objective (every rank)
+  int64_t num_loss_tokens = 0;       // whole global batch (every rank)
   std::vector<double> token_losses;  // [B*T], on world rank 0 only, when outputs are collected
-  ParamTensors grads;           // this rank's shards, summed over dp, before clipping
-  double grad_norm = 0.0;       // before clipping
+  ParamTensors grads;                // this rank's shards, summed over dp, before clipping
+  double grad_norm = 0.0;            // before clipping
   double clip_coefficient = 1.0;
   double lr = 0.0;
 };

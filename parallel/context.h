@@ -33,8 +33,8 @@ struct ParallelContext {
 };
 
 inline ParallelContext context_of(Grid& grid) {
-  return ParallelContext{grid.world(), grid.tp(),          grid.dp(), grid.pp(), grid.embedding(),
-                         &grid.context(), grid.layout(), grid.coordinates()};
+  return ParallelContext{grid.world(),     grid.tp(),       grid.dp(),     grid.pp(),
+                         grid.embedding(), &grid.context(), grid.layout(), grid.coordinates()};
 }
 
 // Five one-rank groups: the whole model on this process.

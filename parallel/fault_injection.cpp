@@ -8,9 +8,8 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
-#include <optional>
-
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "model/errors.h"
 
@@ -37,11 +36,12 @@ void append_record(const ArmedFault& armed_fault) {
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   char line[256];
-  const int length = std::snprintf(line, sizeof line,
-                                   "{\"event\":\"injected_failure\",\"step\":%lld,\"rank\":%d,\"phase\":\"%s\","
-                                   "\"time\":%.6f}\n",
-                                   static_cast<long long>(armed_fault.fault.step), armed_fault.fault.rank,
-                                   armed_fault.fault.phase.c_str(), now);
+  const int length =
+      std::snprintf(line, sizeof line,
+                    "{\"event\":\"injected_failure\",\"step\":%lld,\"rank\":%d,\"phase\":\"%s\","
+                    "\"time\":%.6f}\n",
+                    static_cast<long long>(armed_fault.fault.step), armed_fault.fault.rank,
+                    armed_fault.fault.phase.c_str(), now);
   const int fd = ::open(armed_fault.record_path.c_str(), O_WRONLY | O_APPEND | O_CREAT, 0644);
   if (fd < 0) return;  // the failure itself is what matters; the record is best effort
   if (::write(fd, line, static_cast<size_t>(length)) == length) ::fsync(fd);
@@ -52,7 +52,8 @@ void append_record(const ArmedFault& armed_fault) {
 
 ProcessFault parse_process_fault(const std::string& spec) {
   const auto fail = [&]() -> ProcessFault {
-    throw InputError("--fail-at " + spec + ": expected step:rank[:phase] with phase forward, backward, optimizer or save");
+    throw InputError("--fail-at " + spec +
+                     ": expected step:rank[:phase] with phase forward, backward, optimizer or save");
   };
   ProcessFault fault;
   const size_t first = spec.find(':');
@@ -62,7 +63,8 @@ ProcessFault parse_process_fault(const std::string& spec) {
     size_t used = 0;
     fault.step = std::stoll(spec.substr(0, first), &used);
     if (used != first) return fail();
-    const std::string rank = spec.substr(first + 1, second == std::string::npos ? std::string::npos : second - first - 1);
+    const std::string rank =
+        spec.substr(first + 1, second == std::string::npos ? std::string::npos : second - first - 1);
     fault.rank = std::stoi(rank, &used);
     if (used != rank.size()) return fail();
   } catch (const std::logic_error&) {

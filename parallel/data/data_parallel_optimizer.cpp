@@ -5,10 +5,14 @@
 
 namespace touchstone {
 
-DataParallelOptimizer::DataParallelOptimizer(const ShardPlan& plan, const OptimConfig& optim, bool distributed,
-                                             const ParallelContext& context, Backend& backend,
-                                             const ParamTensors& params)
-    : plan_(plan), optim_(optim), distributed_(distributed), context_(context), backend_(backend),
+DataParallelOptimizer::DataParallelOptimizer(const ShardPlan& plan, const OptimConfig& optim,
+                                             bool distributed, const ParallelContext& context,
+                                             Backend& backend, const ParamTensors& params)
+    : plan_(plan),
+      optim_(optim),
+      distributed_(distributed),
+      context_(context),
+      backend_(backend),
       flat_(params, context.dp.size()) {
   if (distributed_) {
     chunk_m_.assign(static_cast<size_t>(flat_.chunk_size()), 0.0);
@@ -26,7 +30,8 @@ double DataParallelOptimizer::global_grad_norm(const std::vector<double>& flat_g
   for (const FlatBuffer::Segment& s : flat_.segments()) {
     if (!plan_.is_primary(s.id)) continue;
     const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
-    for (int64_t i = lo; i < hi; ++i) partial += flat_grads[static_cast<size_t>(i)] * flat_grads[static_cast<size_t>(i)];
+    for (int64_t i = lo; i < hi; ++i)
+      partial += flat_grads[static_cast<size_t>(i)] * flat_grads[static_cast<size_t>(i)];
   }
   context_.world.all_reduce_sum(&partial, 1, {1});
   return std::sqrt(partial);
@@ -65,8 +70,12 @@ UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, Pa
     if (lo >= hi) continue;
     std::vector<double> scaled(grad_chunk.begin() + (lo - begin), grad_chunk.begin() + (hi - begin));
     for (double& g : scaled) g *= result.clip_coefficient;
-    const AdamWStep adam{result.lr, optim_.beta1, optim_.beta2, optim_.eps,
-                         plan_.table()[s.id].weight_decay ? optim_.weight_decay : 0.0, steps_done_};
+    const AdamWStep adam{result.lr,
+                         optim_.beta1,
+                         optim_.beta2,
+                         optim_.eps,
+                         plan_.table()[s.id].weight_decay ? optim_.weight_decay : 0.0,
+                         steps_done_};
     backend_.adamw_update(param_flat.data() + lo, scaled.data(), chunk_m_.data() + (lo - begin),
                           chunk_v_.data() + (lo - begin), hi - lo, adam);
   }

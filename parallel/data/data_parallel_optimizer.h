@@ -52,7 +52,7 @@ class DataParallelOptimizer {
   ParallelContext context_;
   Backend& backend_;
   FlatBuffer flat_;
-  AdamWState state_;                 // replicated mode: shaped like the params
+  AdamWState state_;                       // replicated mode: shaped like the params
   std::vector<double> chunk_m_, chunk_v_;  // distributed mode: this dp rank's chunk of the moments
   int64_t steps_done_ = 0;
 };

@@ -14,9 +14,12 @@
 
 #include "checkpoint/h5_file.h"
 #include "model/errors.h"
+#include "test_files.h"
 
 namespace touchstone::h5 {
 namespace {
+
+using touchstone::testing::expect_input_error;
 
 namespace fs = std::filesystem;
 
@@ -63,19 +66,6 @@ StoredType stored_type(const std::string& file_path, const std::string& dataset_
   H5Dclose(dataset);
   H5Fclose(file);
   return result;
-}
-
-// Expects fn to throw InputError whose message contains every one of the given pieces.
-template <typename Fn>
-void expect_input_error(Fn fn, const std::vector<std::string>& pieces) {
-  try {
-    fn();
-    ADD_FAILURE() << "no InputError thrown";
-  } catch (const InputError& e) {
-    const std::string message = e.what();
-    for (const std::string& piece : pieces) EXPECT_NE(message.find(piece), std::string::npos) << message;
-    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
-  }
 }
 
 TEST_F(H5FileTest, RoundTripsEveryType) {

@@ -3,7 +3,6 @@
 // Exit status: 0 success, 2 bad input (config, data, files; reported before any compute and without
 // leaving an output file), 1 anything else.
 #include <CLI/CLI.hpp>
-
 #include <filesystem>
 #include <iostream>
 
@@ -27,8 +26,11 @@ struct ConfigOptions {
 };
 
 void add_config_options(CLI::App* command, ConfigOptions& options) {
-  command->add_option("--config", options.config_path, "JSON config file (every key has a default; see docs/config.md)");
-  command->add_option("--set", options.overrides, "Override one config key: --set section.key=value (repeatable)")
+  command->add_option("--config", options.config_path,
+                      "JSON config file (every key has a default; see docs/config.md)");
+  command
+      ->add_option("--set", options.overrides,
+                   "Override one config key: --set section.key=value (repeatable)")
       ->allow_extra_args(false);
 }
 
@@ -43,21 +45,27 @@ void add_run_options(CLI::App* command, touchstone::RunOptions& options) {
                     "Print every collective and point-to-point transfer of every rank, and the pipeline "
                     "timeline of every step");
   command->add_option("--timeline", options.timeline_svg, "Write the last step's pipeline timeline as SVG");
-  command->add_flag("--envelope", options.envelope,
-                    "Run the configured precision (bf16 or fp32) and FP64 from the same weights; write the FP64 "
-                    "golden values with the low-precision error and tolerance of every tensor");
+  command->add_flag(
+      "--envelope", options.envelope,
+      "Run the configured precision (bf16 or fp32) and FP64 from the same weights; write the FP64 "
+      "golden values with the low-precision error and tolerance of every tensor");
   touchstone::CheckpointOptions& c = options.checkpoint;
-  command->add_option("--checkpoint-dir", c.directory,
-                      "Directory of checkpoints, the latest-complete record and the sample ledger (docs/checkpoints.md)");
-  command->add_option("--save-every", c.save_every, "Save a checkpoint after every N updates (the last is always saved)");
+  command->add_option(
+      "--checkpoint-dir", c.directory,
+      "Directory of checkpoints, the latest-complete record and the sample ledger (docs/checkpoints.md)");
+  command->add_option("--save-every", c.save_every,
+                      "Save a checkpoint after every N updates (the last is always saved)");
   command->add_option("--keep", c.keep, "Complete checkpoints to keep (0: all)")->capture_default_str();
-  command->add_flag("--resume", c.resume,
-                    "Continue from the latest complete checkpoint of --checkpoint-dir (a fresh start if there is none)");
-  command->add_flag("--fallback", c.fallback,
-                    "With --resume: if the latest checkpoint is refused, continue from the newest older one that verifies");
-  command->add_option("--fail-at", c.fail_at,
-                      "step:rank[:phase] - that world rank dies abruptly (SIGKILL) in phase forward (default), "
-                      "backward, optimizer or save of that update; fires once per checkpoint directory");
+  command->add_flag(
+      "--resume", c.resume,
+      "Continue from the latest complete checkpoint of --checkpoint-dir (a fresh start if there is none)");
+  command->add_flag(
+      "--fallback", c.fallback,
+      "With --resume: if the latest checkpoint is refused, continue from the newest older one that verifies");
+  command->add_option(
+      "--fail-at", c.fail_at,
+      "step:rank[:phase] - that world rank dies abruptly (SIGKILL) in phase forward (default), "
+      "backward, optimizer or save of that update; fires once per checkpoint directory");
 }
 
 touchstone::Config resolve(const ConfigOptions& options) {
@@ -78,7 +86,8 @@ void check_output_path(const std::string& path) {
 // Every rank validates the same inputs; they agree on the outcome before any communicator is built,
 // so a bad input ends every rank with status 2 (the message printed once, by rank 0) and none waits
 // in a collective for a rank that has already left.
-int run(const ConfigOptions& config_options, touchstone::RunOptions& run_options, touchstone::MpiRuntime& mpi) {
+int run(const ConfigOptions& config_options, touchstone::RunOptions& run_options,
+        touchstone::MpiRuntime& mpi) {
   std::string error;
   touchstone::PreparedRun prepared;
   try {
@@ -91,14 +100,14 @@ int run(const ConfigOptions& config_options, touchstone::RunOptions& run_options
   const int failed_ranks = mpi.sum_over_world(error.empty() ? 0 : 1);
   if (failed_ranks > 0) {
     if (mpi.world_rank() == 0) {
-      std::cerr << "touchstone: error: " << (error.empty() ? "input rejected on another rank" : error) << std::endl;
+      std::cerr << "touchstone: error: " << (error.empty() ? "input rejected on another rank" : error)
+                << std::endl;
     }
     return 2;
   }
   const touchstone::Config& c = prepared.config;
-  auto grid = touchstone::Grid::create(touchstone::GridLayout{static_cast<int>(c.parallel.tp),
-                                                              static_cast<int>(c.parallel.dp),
-                                                              static_cast<int>(c.parallel.pp)});
+  auto grid = touchstone::Grid::create(touchstone::GridLayout{
+      static_cast<int>(c.parallel.tp), static_cast<int>(c.parallel.dp), static_cast<int>(c.parallel.pp)});
   touchstone::execute_run(prepared, run_options, *grid, std::cout);
   return 0;
 }
@@ -107,14 +116,16 @@ int run(const ConfigOptions& config_options, touchstone::RunOptions& run_options
 
 int main(int argc, char** argv) {
   CLI::App app{"Touchstone: a reference trainer whose golden files production runs are diffed against"};
-  app.set_version_flag("--version", std::string("touchstone ") + TOUCHSTONE_VERSION + " (" + TOUCHSTONE_GIT_COMMIT + ")");
+  app.set_version_flag("--version",
+                       std::string("touchstone ") + TOUCHSTONE_VERSION + " (" + TOUCHSTONE_GIT_COMMIT + ")");
   app.require_subcommand(1);
 
   ConfigOptions config_options;
   touchstone::RunOptions run_options;
 
-  CLI::App* golden = app.add_subcommand("golden", "Train train.steps steps and write a golden file (loss, "
-                                                  "loss-token counts, gradients, updated parameters)");
+  CLI::App* golden = app.add_subcommand("golden",
+                                        "Train train.steps steps and write a golden file (loss, "
+                                        "loss-token counts, gradients, updated parameters)");
   add_config_options(golden, config_options);
   add_run_options(golden, run_options);
   golden->add_option("--out", run_options.golden_path, "Golden file to write (HDF5)")->required();
@@ -124,14 +135,16 @@ int main(int argc, char** argv) {
   add_run_options(train, run_options);
   train->add_option("--out", run_options.golden_path, "Also write a golden file (HDF5)");
 
-  CLI::App* show = app.add_subcommand("config", "Print the fully resolved config as JSON (defaults included)");
+  CLI::App* show =
+      app.add_subcommand("config", "Print the fully resolved config as JSON (defaults included)");
   add_config_options(show, config_options);
 
   CLI::App* check = app.add_subcommand("check", "Correctness checks across layouts");
   check->require_subcommand(1);
   touchstone::CheckParallelOptions check_parallel_options;
   CLI::App* check_parallel = check->add_subcommand(
-      "parallel", "Run the single-rank reference and every parallel layout, compare loss, gradients and updates");
+      "parallel",
+      "Run the single-rank reference and every parallel layout, compare loss, gradients and updates");
   touchstone::add_check_parallel_options(check_parallel, check_parallel_options);
 
   touchstone::CommbenchOptions commbench_options;
@@ -141,7 +154,8 @@ int main(int argc, char** argv) {
 
   touchstone::DiffOptions diff_options;
   CLI::App* diff = app.add_subcommand(
-      "diff", "Compare another trainer's loss, gradients and parameters with a golden file, tensor by tensor");
+      "diff",
+      "Compare another trainer's loss, gradients and parameters with a golden file, tensor by tensor");
   touchstone::add_diff_options(diff, diff_options);
 
   const std::unique_ptr<touchstone::plan::PlanCommand> plan = touchstone::plan::add_plan_commands(app);
