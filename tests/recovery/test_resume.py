@@ -1,0 +1,113 @@
+"""Checkpoint and resume seen from the command line (docs/checkpoints.md): a run saved at step k and
+resumed continues bitwise as if it had not stopped at the same layout, and within the FP64 layout
+tolerance at other layouts; a fresh --resume starts from the initial weights.
+
+Usage: test_resume.py PATH_TO_TOUCHSTONE   (/usr/bin/python3 with h5py and numpy)
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import h5py
+import numpy as np
+
+TOUCHSTONE = None
+STEPS = 6
+# The FP64 layout tolerance of `touchstone check parallel` (derivation in tools/check/check_parallel.cpp):
+# other layouts reassociate sums of a few hundred terms per step; measured ~4e-16 relative L2 here.
+LAYOUT_TOLERANCE = 1e-12
+LAYOUTS = {  # name: (ranks, overrides)
+    "tp2_pp2_dp2": (8, ["parallel.tp=2", "parallel.pp=2", "parallel.dp=2"]),
+    "dp4_zero": (4, ["parallel.dp=4", "parallel.distributed_optimizer=true"]),
+    "tp1_pp4_dp2": (8, ["parallel.pp=4", "parallel.dp=2", "model.num_layers=4"]),
+    "single": (1, []),
+}
+MODEL = ["model.num_layers=4"]  # so that pp=4 has a layer per stage
+
+
+def run(layout, *args, steps=STEPS, extra=()):
+    ranks, overrides = LAYOUTS[layout]
+    launcher = ["mpirun", "--oversubscribe"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    sets = []
+    for item in MODEL + overrides + [f"train.steps={steps}", *extra]:
+        sets += ["--set", item]
+    result = subprocess.run([*launcher, "-np", str(ranks), TOUCHSTONE, "train", *sets, *args], capture_output=True,
+                            text=True, timeout=300)
+    if result.returncode != 0:
+        raise AssertionError(f"{layout} {args} failed:\n{result.stdout}\n{result.stderr}")
+    return result.stdout
+
+
+def final_state(directory, step=STEPS):
+    path = os.path.join(directory, f"step_{step:08d}", "state.h5")
+    tensors = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, obj: tensors.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
+    return tensors
+
+
+class Resume(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.continuous = os.path.join(cls.tmp.name, "continuous")
+        run("tp2_pp2_dp2", "--checkpoint-dir", cls.continuous)
+        cls.reference = final_state(cls.continuous)
+        # The same run stopped after update 3 (its checkpoint is the starting point of every resume).
+        cls.stopped = os.path.join(cls.tmp.name, "stopped")
+        run("tp2_pp2_dp2", "--checkpoint-dir", cls.stopped, steps=3)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def resume_copy(self, name):
+        target = os.path.join(self.tmp.name, name)
+        subprocess.run(["cp", "-r", self.stopped, target], check=True)
+        return target
+
+    def test_same_layout_continues_bitwise(self):
+        directory = self.resume_copy("same")
+        out = run("tp2_pp2_dp2", "--checkpoint-dir", directory, "--resume")
+        self.assertIn("resumed from", out)
+        self.assertIn("next sample index 24", out)  # 3 updates x B = 8
+        self.assertNotIn("step 3/6", out)
+        resumed = final_state(directory)
+        self.assertEqual(sorted(resumed), sorted(self.reference))
+        for name, value in self.reference.items():
+            self.assertTrue(np.array_equal(resumed[name], value), name)
+
+    def check_other_layout(self, layout):
+        directory = self.resume_copy(layout)
+        run(layout, "--checkpoint-dir", directory, "--resume")
+        resumed = final_state(directory)
+        for name, value in self.reference.items():
+            if name.startswith("state/") or name.startswith("rng/"):
+                self.assertEqual(resumed[name], value, name)
+                continue
+            error = np.linalg.norm(resumed[name] - value) / max(np.linalg.norm(value), 1e-300)
+            self.assertLessEqual(error, LAYOUT_TOLERANCE, f"{layout}: {name}")
+
+    def test_resume_at_dp4_with_distributed_optimizer(self):
+        self.check_other_layout("dp4_zero")
+
+    def test_resume_at_tp1_pp4_dp2(self):
+        self.check_other_layout("tp1_pp4_dp2")
+
+    def test_resume_on_one_process(self):
+        self.check_other_layout("single")
+
+    def test_resume_without_a_checkpoint_starts_fresh(self):
+        directory = os.path.join(self.tmp.name, "fresh")
+        out = run("tp2_pp2_dp2", "--checkpoint-dir", directory, "--resume")
+        self.assertNotIn("resumed from", out)
+        fresh = final_state(directory)
+        for name, value in self.reference.items():
+            self.assertTrue(np.array_equal(fresh[name], value), name)
+
+
+if __name__ == "__main__":
+    TOUCHSTONE = sys.argv.pop(1)
+    unittest.main()
