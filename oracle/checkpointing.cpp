@@ -1,6 +1,8 @@
 // Checkpoint saves and the consumed-sample gather of a run.
 #include "oracle/checkpointing.h"
 
+#include <chrono>
+
 #include "oracle/gather.h"
 
 namespace touchstone {
@@ -11,11 +13,13 @@ constexpr int kSamplesTag = (1 << 20) + 3;  // world-group tag of the consumed-s
 
 }  // namespace
 
-void save_checkpoint(const Trainer& trainer, const ParallelContext& context, const Config& config,
-                     const CheckpointStore& store, int64_t step, double lr) {
+SaveReport save_checkpoint(const Trainer& trainer, const ParallelContext& context, const Config& config,
+                           const CheckpointStore& store, int64_t step, double lr) {
+  const auto start = std::chrono::steady_clock::now();
   const bool writer_rank = context.world.rank() == 0;
   const ParamTable& table = trainer.table();
   const ParamTensors params = gather_full_tensors(trainer.plan(), context, trainer.params());
+  SaveReport report;
   std::unique_ptr<CheckpointFileWriter> writer;
   if (writer_rank) {
     writer = std::make_unique<CheckpointFileWriter>(store.begin_save(step).string(), config);
@@ -34,8 +38,13 @@ void save_checkpoint(const Trainer& trainer, const ParallelContext& context, con
     writer->write_tensors("/optimizer/exp_avg", table, exp_avg);
     writer->write_tensors("/optimizer/exp_avg_sq", table, exp_avg_sq);
     writer->commit();
-    store.commit_save(step);
+    report.directory = store.commit_save(step);
+    for (const auto& entry : std::filesystem::directory_iterator(report.directory)) {
+      report.bytes += static_cast<int64_t>(entry.file_size());
+    }
+    report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
+  return report;
 }
 
 std::vector<std::vector<int64_t>> gather_consumed_samples(const GlobalBatch& batch, const Config& config,

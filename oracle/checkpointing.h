@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <vector>
 
 #include "checkpoint/checkpoint_store.h"
@@ -17,8 +18,14 @@ namespace touchstone {
 // Collective over the world group: after update `step` (learning rate `lr`), gathers the master
 // weights and AdamW moments to world rank 0, which writes and publishes the checkpoint in `store`.
 // The "save" phase of an injected fault falls between the parameters and the optimizer state.
-void save_checkpoint(const Trainer& trainer, const ParallelContext& context, const Config& config,
-                     const CheckpointStore& store, int64_t step, double lr);
+// Returns, on world rank 0, the published directory, its size and the wall time of the whole save.
+struct SaveReport {
+  std::filesystem::path directory;
+  int64_t bytes = 0;
+  double seconds = 0.0;
+};
+SaveReport save_checkpoint(const Trainer& trainer, const ParallelContext& context, const Config& config,
+                           const CheckpointStore& store, int64_t step, double lr);
 
 // Collective over the world group: on world rank 0, the global sample indices each data-parallel rank
 // consumed in this step ([dp][samples in the order its micro-batches ran]), as reported by that

@@ -57,8 +57,10 @@ void prepare_checkpoints(const RunOptions& options, const Config& config, int wo
         "--out records a whole run from its initial weights; it cannot be combined with --resume");
   }
   const CheckpointStore store(c.directory, c.keep);
+  const auto start = std::chrono::steady_clock::now();
   std::optional<LoadedCheckpoint> loaded = store.load_latest(config, c.fallback);
   if (!loaded) return;  // nothing saved yet: a fresh start
+  run.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   run.resumed = std::move(loaded->state);
   run.resumed_from = loaded->directory.string();
   run.refused_checkpoints = std::move(loaded->skipped);
@@ -191,7 +193,16 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
     on_step(step);
     if (!checkpoints.directory.empty()) {
       const bool save = s == steps || (checkpoints.save_every > 0 && s % checkpoints.save_every == 0);
-      if (save) save_checkpoint(trainer, context, config, store, s, step.record.lr);
+      if (save) {
+        const SaveReport saved = save_checkpoint(trainer, context, config, store, s, step.record.lr);
+        if (writer_rank) {
+          char line[256];
+          std::snprintf(line, sizeof line, "saved %s (%.1f MB in %.2f s, %.0f MB/s)", saved.directory.c_str(),
+                        static_cast<double>(saved.bytes) / 1e6, saved.seconds,
+                        static_cast<double>(saved.bytes) / 1e6 / saved.seconds);
+          out << line << std::endl;
+        }
+      }
     }
     tokens_done += real_tokens(batch);
     if (!writer_rank) continue;
@@ -235,8 +246,15 @@ void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, 
     for (const std::string& refusal : run.refused_checkpoints)
       out << "skipped checkpoint: " << refusal << std::endl;
     if (run.resumed) {
+      std::uintmax_t bytes = 0;
+      for (const auto& entry : std::filesystem::directory_iterator(run.resumed_from))
+        bytes += entry.file_size();
+      char timing[128];
+      std::snprintf(timing, sizeof timing, "%.1f MB verified and loaded in %.2f s, %.0f MB/s",
+                    static_cast<double>(bytes) / 1e6, run.load_seconds,
+                    static_cast<double>(bytes) / 1e6 / run.load_seconds);
       out << "resumed from " << run.resumed_from << " (after update " << run.resumed->step
-          << ", next sample index " << run.resumed->consumed_samples << ")" << std::endl;
+          << ", next sample index " << run.resumed->consumed_samples << "; " << timing << ")" << std::endl;
     }
   }
   std::unique_ptr<TracePrinter> trace;

@@ -49,6 +49,7 @@ struct PreparedRun {
   std::optional<TrainingState> resumed;
   std::string resumed_from;
   std::vector<std::string> refused_checkpoints;  // newer ones skipped by the fallback, and why
+  double load_seconds = 0.0;                     // reading and verifying it (on this rank)
 };
 
 // Validates the config against `world_size`, loads and packs the data, draws or loads the initial
