@@ -17,6 +17,7 @@
 #include "tools/diff/diff_cli.h"
 #include "tools/ledger/ledger_cli.h"
 #include "tools/plan/plan_cli.h"
+#include "tools/supervise/supervise_cli.h"
 
 namespace {
 
@@ -136,6 +137,8 @@ int main(int argc, char** argv) {
   const std::unique_ptr<touchstone::plan::PlanCommand> plan = touchstone::plan::add_plan_commands(app);
   const std::unique_ptr<touchstone::ledger::LedgerCommand> ledger =
       touchstone::ledger::add_ledger_command(app);
+  const std::unique_ptr<touchstone::supervise::SuperviseCommand> supervise =
+      touchstone::supervise::add_supervise_command(app);
 
   try {
     app.parse(argc, argv);
@@ -158,6 +161,8 @@ int main(int argc, char** argv) {
     if (check_parallel->parsed()) return touchstone::run_check_parallel(check_parallel_options);
     if (diff->parsed()) return touchstone::run_diff(diff_options);  // reads files only: no MPI
     if (ledger->parsed()) return ledger->run(std::cout);            // reads files only: no MPI
+    // Launches the job's MPI processes, so it must not be an MPI process itself.
+    if (supervise->parsed()) return supervise->run();
   } catch (const InputError& e) {
     std::cerr << "touchstone: error: " << e.what() << std::endl;
     return 2;
