@@ -26,15 +26,6 @@ LossNormalization parse_loss_normalization(const std::string& name) {
   throw InputError("train.loss_normalization: unknown value \"" + name + "\"");
 }
 
-std::vector<int64_t> micro_batch_starts(int64_t global_batch_size, int64_t micro_batch_size, int dp,
-                                        int dp_rank) {
-  std::vector<int64_t> starts;
-  for (int64_t j = 0; j < global_batch_size / (micro_batch_size * dp); ++j) {
-    starts.push_back(j * micro_batch_size * dp + dp_rank * micro_batch_size);
-  }
-  return starts;
-}
-
 std::vector<double> loss_weights(const GlobalBatch& batch, const std::vector<int64_t>& starts,
                                  int64_t micro_batch_size, int64_t global_loss_tokens,
                                  LossNormalization normalization) {

@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "common/text_output.h"
+
 namespace touchstone::pipeline {
 
 bool is_computation(ActionKind kind) { return kind == ActionKind::kForward || kind == ActionKind::kBackward; }
@@ -192,32 +194,6 @@ std::string render_timeline_text(const std::vector<TimelineEvent>& events, int n
 // ---- SVG ----
 
 namespace {
-
-std::string xml_escape(const std::string& text) {
-  std::string out;
-  for (const char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&apos;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
 
 // Coordinates with two decimals: enough for a screen, and short, stable output.
 std::string px(double value) {

@@ -14,7 +14,9 @@
 #include "tools/check/check_parallel.h"
 #include "tools/commbench/commbench.h"
 #include "tools/diff/diff_cli.h"
+#include "tools/ledger/ledger_cli.h"
 #include "tools/plan/plan_cli.h"
+#include "tools/supervise/supervise_cli.h"
 
 namespace {
 
@@ -159,6 +161,10 @@ int main(int argc, char** argv) {
   touchstone::add_diff_options(diff, diff_options);
 
   const std::unique_ptr<touchstone::plan::PlanCommand> plan = touchstone::plan::add_plan_commands(app);
+  const std::unique_ptr<touchstone::ledger::LedgerCommand> ledger =
+      touchstone::ledger::add_ledger_command(app);
+  const std::unique_ptr<touchstone::supervise::SuperviseCommand> supervise =
+      touchstone::supervise::add_supervise_command(app);
 
   try {
     app.parse(argc, argv);
@@ -180,6 +186,9 @@ int main(int argc, char** argv) {
     // Launches its own MPI jobs, so it must not be an MPI process itself.
     if (check_parallel->parsed()) return touchstone::run_check_parallel(check_parallel_options);
     if (diff->parsed()) return touchstone::run_diff(diff_options);  // reads files only: no MPI
+    if (ledger->parsed()) return ledger->run(std::cout);            // reads files only: no MPI
+    // Launches the job's MPI processes, so it must not be an MPI process itself.
+    if (supervise->parsed()) return supervise->run();
   } catch (const InputError& e) {
     std::cerr << "touchstone: error: " << e.what() << std::endl;
     return 2;

@@ -1,0 +1,21 @@
+// Writing text outputs that people and other programs read: checking an output path before any work,
+// XML/SVG escaping, and replacing a file atomically so that a reader never sees a half-written report.
+#pragma once
+
+#include <string>
+
+namespace touchstone {
+
+// Throws InputError ("OPTION PATH: ...") when `path` is a directory or its directory does not exist,
+// so that a command refuses a bad output path before it starts working.
+void check_output_path(const std::string& path, const std::string& option);
+
+// `text` with & < > " ' replaced by their XML entities, for SVG text, titles and attribute values.
+std::string xml_escape(const std::string& text);
+
+// Writes `text` to `<path>.tmp.<pid>` in the same directory, syncs it and renames it over `path`
+// (rename is atomic within one file system). On failure the temporary file is removed and
+// std::runtime_error names the path.
+void write_text_file_atomically(const std::string& path, const std::string& text);
+
+}  // namespace touchstone
