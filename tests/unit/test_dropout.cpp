@@ -254,7 +254,7 @@ TEST(DropoutInTheModel, ChangesTheLossAndFollowsTheSampleIndex) {
   const Config on = dropout_config(0.2, 0.2);
   const GlobalBatch batch = testing::batch_from_documents(on, documents());
   const double loss_on = objective(on, batch, 2).loss;
-  // Measured relative changes are ~1e-2; 1e-4 is far above rounding (1e-16) and far below the effect.
+  // Measured relative changes 5e-3 to 5e-2; 1e-4 is far above rounding (1e-16) and below the effect.
   EXPECT_GT(std::abs(loss_on - objective(dropout_config(0.0, 0.0), batch, 2).loss) / loss_on, 1e-4);
   EXPECT_GT(std::abs(loss_on - objective(dropout_config(0.2, 0.0), batch, 2).loss) / loss_on, 1e-4);
   EXPECT_GT(std::abs(loss_on - objective(dropout_config(0.0, 0.2), batch, 2).loss) / loss_on, 1e-4);
