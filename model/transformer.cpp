@@ -117,9 +117,9 @@ void Transformer::attention_block_backward(const ParamTensors& params, int64_t l
   const AttentionShape s = attention_shape(batch.windows);
   const int64_t N = batch.windows * s.seq, Nl = tp_.local_rows(N), H = model_.hidden_size, D = s.head_dim;
   const int64_t qkv_cols = (s.num_heads + 2 * s.num_kv_heads) * D;
+  // Backward of the hidden dropout, then of the RowParallelLinear exit.
   std::vector<double> dproj, scratch;
-  tp_.gather(hidden_dropout_backward(dx, a.hidden_attn_keep, scratch), N, H,
-             dproj);  // RowParallelLinear exit
+  tp_.gather(hidden_dropout_backward(dx, a.hidden_attn_keep, scratch), N, H, dproj);
   std::vector<double> dattn = buffer(N * s.num_heads * D);
   backend_.linear_backward(dproj.data(), a.attn.data(), params[ids.proj].data(), N, s.num_heads * D, H,
                            dattn.data(), grads[ids.proj].data());
