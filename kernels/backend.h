@@ -13,6 +13,7 @@
 #include <string>
 
 #include "kernels/precision.h"
+#include "model/rng.h"
 
 namespace touchstone {
 
@@ -25,6 +26,15 @@ struct AttentionShape {
   int64_t num_kv_heads;  // NKV; query head h reads kv head h / (NH / NKV)
   int64_t head_dim;      // D
   double scale() const;  // 1 / sqrt(D)
+};
+
+// One dropout site of one micro-batch (docs/architecture.md "Dropout"). Element e of global sample k
+// of the site is kept iff uniform_at(key, k, e) > probability; a kept element is scaled by
+// 1 / (1 - probability) (inverted dropout). The ops below say which (k, e) each local element is.
+struct DropoutSite {
+  PhiloxKey key{};                          // stream_key(train.seed, site name)
+  double probability = 0.0;                 // p in [0, 1)
+  const int64_t* sample_indices = nullptr;  // [b] global sample index of each window
 };
 
 struct AdamWStep {
@@ -90,15 +100,32 @@ class Backend {
   virtual void rope(double* x, const int32_t* position_ids, int64_t windows, int64_t heads, int64_t seq,
                     int64_t head_dim, double theta, bool inverse) = 0;
 
-  // out[N, NH*D] = softmax(q k^T * scale + mask) v, where query i may see key j iff j <= i and (when
-  // document_masking) document_ids[i] == document_ids[j]. probs[b,NH,T,T] saved for backward.
-  virtual void attention_forward(const double* q, const double* k, const double* v, const int32_t* document_ids,
-                                 bool document_masking, const AttentionShape& shape, double* out,
-                                 double* probs) = 0;
-  // dout[N, NH*D] -> dq[b,NH,T,D], dk[b,NKV,T,D], dv[b,NKV,T,D] (overwritten)
+  // out[N, NH*D] = (softmax(q k^T * scale + mask) * keep_scale) v, where query i may see key j iff j <= i
+  // and (when document_masking) document_ids[i] == document_ids[j]. keep_scale[b,NH,T,T] is the attention
+  // dropout mask (attention_dropout_mask), or null for none. probs[b,NH,T,T] (before dropout) saved for
+  // backward.
+  virtual void attention_forward(const double* q, const double* k, const double* v,
+                                 const int32_t* document_ids, bool document_masking, const double* keep_scale,
+                                 const AttentionShape& shape, double* out, double* probs) = 0;
+  // dout[N, NH*D] -> dq[b,NH,T,D], dk[b,NKV,T,D], dv[b,NKV,T,D] (overwritten); keep_scale as in forward
   virtual void attention_backward(const double* dout, const double* q, const double* k, const double* v,
-                                  const double* probs, const AttentionShape& shape, double* dq, double* dk,
-                                  double* dv) = 0;
+                                  const double* probs, const double* keep_scale, const AttentionShape& shape,
+                                  double* dq, double* dk, double* dv) = 0;
+
+  // Dropout masks: keep_scale = 1 / (1 - p) where kept (in FP32 unless FP64), 0 where dropped.
+  // keep_scale[b,NHl,T,T] for the attention probabilities of global heads [first_head, first_head + NHl):
+  // local element (w, h, i, j) is element ((first_head + h) * T + i) * T + j of sample sample_indices[w].
+  virtual void attention_dropout_mask(const DropoutSite& site, const AttentionShape& shape,
+                                      int64_t first_head, double* keep_scale) = 0;
+  // keep_scale[rows,H] for rows [first_row, first_row + rows) of the micro-batch's N = b*T rows (this rank's
+  // block with sequence parallelism): global row w*T + i, column c is element i*H + c of sample
+  // sample_indices[w].
+  virtual void hidden_dropout_mask(const DropoutSite& site, int64_t first_row, int64_t rows, int64_t seq,
+                                   int64_t hidden, double* keep_scale) = 0;
+  // y[n] = x[n] * keep_scale[n], stored as an activation (y may be x)
+  virtual void dropout_forward(const double* x, const double* keep_scale, int64_t n, double* y) = 0;
+  // dx[n] = dy[n] * keep_scale[n]: the same mask and scale (dx may be dy)
+  virtual void dropout_backward(const double* dy, const double* keep_scale, int64_t n, double* dx) = 0;
 
   // fc1[N, 2F] = [gate | up] -> act[N,F] = silu(gate) * up
   virtual void swiglu_forward(const double* fc1, int64_t rows, int64_t ffn, double* act) = 0;

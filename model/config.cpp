@@ -11,7 +11,7 @@ namespace touchstone {
 
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ModelConfig, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
                                    ffn_hidden_size, seq_length, norm_eps, rope_theta, tie_embeddings,
-                                   init_std)
+                                   init_std, attention_dropout, hidden_dropout)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DataConfig, source, eos_token, pad_token, eos_loss, document_masking)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TrainConfig, global_batch_size, micro_batch_size, steps, seed,
                                    loss_normalization, grad_accumulation_fusion)
@@ -159,6 +159,10 @@ void validate_config(const Config& c, int world_size) {
   require(m.norm_eps > 0, "model.norm_eps", "must be > 0 (got " + str(m.norm_eps) + ")");
   require(m.rope_theta > 0, "model.rope_theta", "must be > 0");
   require(m.init_std >= 0, "model.init_std", "must be >= 0");
+  require(m.attention_dropout >= 0 && m.attention_dropout < 1, "model.attention_dropout",
+          "must be in [0, 1) (got " + str(m.attention_dropout) + ")");
+  require(m.hidden_dropout >= 0 && m.hidden_dropout < 1, "model.hidden_dropout",
+          "must be in [0, 1) (got " + str(m.hidden_dropout) + ")");
 
   const DataConfig& d = c.data;
   require(!d.source.empty(), "data.source", "must not be empty");

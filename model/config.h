@@ -22,6 +22,11 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   bool tie_embeddings = false;
   double init_std = 0.02;
+  // Inverted dropout probabilities (Megatron-LM's --attention-dropout / --hidden-dropout); 0 disables.
+  // attention_dropout: on the attention probabilities, before they multiply V; hidden_dropout: on each
+  // block's output (after linear_proj, after linear_fc2), before the residual add.
+  double attention_dropout = 0.0;
+  double hidden_dropout = 0.0;
 
   int64_t head_dim() const { return hidden_size / num_heads; }  // D
   int64_t qkv_rows() const { return (num_heads + 2 * num_kv_heads) * head_dim(); }

@@ -1,4 +1,4 @@
-// Philox4x32-10 and the Box-Muller normal built on it.
+// Philox4x32-10, and the Box-Muller normal and the coordinate-keyed uniform built on it.
 #include "model/rng.h"
 
 #include <cmath>
@@ -57,6 +57,15 @@ double normal_at(PhiloxKey key, uint64_t index) {
   const double u1 = uniform_from_words(block[0], block[1]);
   const double u2 = uniform_from_words(block[2], block[3]);
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+}
+
+double uniform_at(PhiloxKey key, uint64_t sample, uint64_t element) {
+  const uint64_t block = element / 2;
+  const PhiloxCounter words =
+      philox4x32_10({static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
+                     static_cast<uint32_t>(sample), static_cast<uint32_t>(sample >> 32)},
+                    key);
+  return element % 2 == 0 ? uniform_from_words(words[0], words[1]) : uniform_from_words(words[2], words[3]);
 }
 
 }  // namespace touchstone

@@ -27,4 +27,10 @@ double uniform_from_words(uint32_t high, uint32_t low);
 // Standard normal N(0, 1) for element `index` of the stream (Box-Muller on one Philox block).
 double normal_at(PhiloxKey key, uint64_t index);
 
+// Uniform in (0, 1] for element `element` of global sample `sample` of the stream (the dropout
+// masks, docs/architecture.md "Dropout"). One Philox block serves two consecutive elements:
+//   counter = {block low 32 bits, block high 32 bits, sample low 32 bits, sample high 32 bits},
+//   block = element / 2; words (0,1) of the block for an even element, words (2,3) for an odd one.
+double uniform_at(PhiloxKey key, uint64_t sample, uint64_t element);
+
 }  // namespace touchstone

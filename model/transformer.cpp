@@ -3,15 +3,33 @@
 // Fl, Vl = this tp rank's heads, KV heads, ffn columns and vocabulary rows.
 #include "model/transformer.h"
 
+#include <stdexcept>
+#include <string>
+
 namespace touchstone {
 
 namespace {
 std::vector<double> buffer(int64_t n) { return std::vector<double>(static_cast<size_t>(n)); }
 }  // namespace
 
-Transformer::Transformer(const ModelConfig& model, bool document_masking, const ParamTable& table,
-                         Backend& backend, const TensorParallelRegion& tp, const StageRange& stage)
-    : model_(model), document_masking_(document_masking), table_(table), backend_(backend), tp_(tp), stage_(stage) {}
+LayerDropoutKeys layer_dropout_keys(int64_t seed, int64_t layer) {
+  const auto s = static_cast<uint64_t>(seed);
+  const std::string suffix = "/layer" + std::to_string(layer);
+  return {stream_key(s, "dropout/attention" + suffix), stream_key(s, "dropout/hidden_attn" + suffix),
+          stream_key(s, "dropout/hidden_mlp" + suffix)};
+}
+
+Transformer::Transformer(const ModelConfig& model, bool document_masking, int64_t dropout_seed,
+                         const ParamTable& table, Backend& backend, const TensorParallelRegion& tp,
+                         const StageRange& stage)
+    : model_(model),
+      document_masking_(document_masking),
+      table_(table),
+      backend_(backend),
+      tp_(tp),
+      stage_(stage) {
+  for (int64_t l = 0; l < model.num_layers; ++l) dropout_keys_.push_back(layer_dropout_keys(dropout_seed, l));
+}
 
 AttentionShape Transformer::attention_shape(int64_t windows) const {
   const int64_t t = tp_.tp_size();
@@ -19,11 +37,43 @@ AttentionShape Transformer::attention_shape(int64_t windows) const {
                         model_.head_dim()};
 }
 
-// ---- attention block: x += RowParallel(attention(RoPE(split(ColumnParallel(RMSNorm(x)))))) -------------
+// ---- dropout: masks keyed by global coordinates (docs/architecture.md "Dropout") ------------------------
 
-void Transformer::attention_block_forward(const ParamTensors& params, const LayerParamIds& ids,
-                                          const MicroBatch& batch, LayerActivations& a,
-                                          std::vector<double>& x) const {
+DropoutSite Transformer::dropout_site(const PhiloxKey& key, double probability,
+                                      const MicroBatch& batch) const {
+  if (batch.sample_indices == nullptr) {
+    throw std::invalid_argument(
+        "dropout needs the global sample index of every window (MicroBatch::sample_indices)");
+  }
+  return DropoutSite{key, probability, batch.sample_indices};
+}
+
+void Transformer::hidden_dropout_forward(const PhiloxKey& key, const MicroBatch& batch,
+                                         std::vector<double>& out, std::vector<double>& keep) const {
+  if (model_.hidden_dropout == 0.0) return;  // off: no mask, the output untouched
+  const int64_t N = batch.windows * model_.seq_length, Nl = tp_.local_rows(N), H = model_.hidden_size;
+  keep = buffer(Nl * H);
+  // With sequence parallelism this rank holds rows [first_local_row, + Nl) of the N rows: their mask is
+  // drawn at their global rows, so the blocks of all ranks form the single-rank mask.
+  backend_.hidden_dropout_mask(dropout_site(key, model_.hidden_dropout, batch), tp_.first_local_row(N), Nl,
+                               model_.seq_length, H, keep.data());
+  backend_.dropout_forward(out.data(), keep.data(), Nl * H, out.data());
+}
+
+const std::vector<double>& Transformer::hidden_dropout_backward(const std::vector<double>& dx,
+                                                                const std::vector<double>& keep,
+                                                                std::vector<double>& scratch) const {
+  if (keep.empty()) return dx;
+  scratch = buffer(static_cast<int64_t>(dx.size()));
+  backend_.dropout_backward(dx.data(), keep.data(), static_cast<int64_t>(dx.size()), scratch.data());
+  return scratch;
+}
+
+// ---- attention block: x += Dropout(RowParallel(attention(RoPE(split(ColumnParallel(RMSNorm(x))))))) ----
+
+void Transformer::attention_block_forward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
+                                          LayerActivations& a, std::vector<double>& x) const {
+  const LayerParamIds& ids = table_.layer(layer);
   const AttentionShape s = attention_shape(batch.windows);
   const int64_t N = batch.windows * s.seq, Nl = tp_.local_rows(N), H = model_.hidden_size, D = s.head_dim;
   const int64_t qkv_cols = (s.num_heads + 2 * s.num_kv_heads) * D;  // this rank's whole KV groups
@@ -42,29 +92,41 @@ void Transformer::attention_block_forward(const ParamTensors& params, const Laye
   backend_.rope(a.q.data(), batch.position_ids, s.windows, s.num_heads, s.seq, D, model_.rope_theta, false);
   backend_.rope(a.k.data(), batch.position_ids, s.windows, s.num_kv_heads, s.seq, D, model_.rope_theta, false);
   a.probs = buffer(s.windows * s.num_heads * s.seq * s.seq);
+  if (model_.attention_dropout > 0.0) {
+    // This rank's heads are global heads [tp_rank * NHl, (tp_rank + 1) * NHl): whole KV groups in order.
+    a.attention_keep = buffer(s.windows * s.num_heads * s.seq * s.seq);
+    backend_.attention_dropout_mask(
+        dropout_site(dropout_keys_[layer].attention, model_.attention_dropout, batch), s,
+        tp_.tp_rank() * s.num_heads, a.attention_keep.data());
+  }
   a.attn = buffer(N * s.num_heads * D);
-  backend_.attention_forward(a.q.data(), a.k.data(), a.v.data(), batch.document_ids, document_masking_, s,
-                             a.attn.data(), a.probs.data());
+  backend_.attention_forward(a.q.data(), a.k.data(), a.v.data(), batch.document_ids, document_masking_,
+                             a.attention_keep.empty() ? nullptr : a.attention_keep.data(), s, a.attn.data(),
+                             a.probs.data());
   std::vector<double> proj_partial = buffer(N * H), proj;
   backend_.linear_forward(a.attn.data(), params[ids.proj].data(), N, s.num_heads * D, H, proj_partial.data());
   tp_.reduce(proj_partial, N, H, proj);  // RowParallelLinear exit
+  hidden_dropout_forward(dropout_keys_[layer].hidden_attention, batch, proj, a.hidden_attn_keep);
   backend_.add_inplace(x.data(), proj.data(), Nl * H);
 }
 
-void Transformer::attention_block_backward(const ParamTensors& params, const LayerParamIds& ids,
-                                           const MicroBatch& batch, const LayerActivations& a,
-                                           std::vector<double>& dx, ParamTensors& grads) const {
+void Transformer::attention_block_backward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
+                                           const LayerActivations& a, std::vector<double>& dx,
+                                           ParamTensors& grads) const {
+  const LayerParamIds& ids = table_.layer(layer);
   const AttentionShape s = attention_shape(batch.windows);
   const int64_t N = batch.windows * s.seq, Nl = tp_.local_rows(N), H = model_.hidden_size, D = s.head_dim;
   const int64_t qkv_cols = (s.num_heads + 2 * s.num_kv_heads) * D;
-  std::vector<double> dproj;
-  tp_.gather(dx, N, H, dproj);  // backward of the RowParallelLinear exit
+  // Backward of the hidden dropout, then of the RowParallelLinear exit.
+  std::vector<double> dproj, scratch;
+  tp_.gather(hidden_dropout_backward(dx, a.hidden_attn_keep, scratch), N, H, dproj);
   std::vector<double> dattn = buffer(N * s.num_heads * D);
   backend_.linear_backward(dproj.data(), a.attn.data(), params[ids.proj].data(), N, s.num_heads * D, H,
                            dattn.data(), grads[ids.proj].data());
   std::vector<double> dq = buffer(N * s.num_heads * D), dk = buffer(N * s.num_kv_heads * D),
                       dv = buffer(N * s.num_kv_heads * D);
-  backend_.attention_backward(dattn.data(), a.q.data(), a.k.data(), a.v.data(), a.probs.data(), s, dq.data(),
+  backend_.attention_backward(dattn.data(), a.q.data(), a.k.data(), a.v.data(), a.probs.data(),
+                              a.attention_keep.empty() ? nullptr : a.attention_keep.data(), s, dq.data(),
                               dk.data(), dv.data());
   backend_.rope(dq.data(), batch.position_ids, s.windows, s.num_heads, s.seq, D, model_.rope_theta, true);
   backend_.rope(dk.data(), batch.position_ids, s.windows, s.num_kv_heads, s.seq, D, model_.rope_theta, true);
@@ -79,11 +141,13 @@ void Transformer::attention_block_backward(const ParamTensors& params, const Lay
   backend_.add_inplace(dx.data(), dnorm_in.data(), Nl * H);  // the residual branch joins the skip path
 }
 
-// ---- MLP block: x += RowParallel(silu(gate) * up), [gate | up] = ColumnParallel(RMSNorm(x)) ------------
+// ---- MLP block: x += Dropout(RowParallel(silu(gate) * up)), [gate | up] = ColumnParallel(RMSNorm(x)) ---
 
-void Transformer::mlp_block_forward(const ParamTensors& params, const LayerParamIds& ids, int64_t N,
+void Transformer::mlp_block_forward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
                                     LayerActivations& a, std::vector<double>& x) const {
-  const int64_t Nl = tp_.local_rows(N), H = model_.hidden_size, F = model_.ffn_hidden_size / tp_.tp_size();
+  const LayerParamIds& ids = table_.layer(layer);
+  const int64_t N = batch.windows * model_.seq_length, Nl = tp_.local_rows(N), H = model_.hidden_size;
+  const int64_t F = model_.ffn_hidden_size / tp_.tp_size();
   a.x_mid = x;
   a.rstd_mlp = buffer(Nl);
   std::vector<double> h_local = buffer(Nl * H);
@@ -97,15 +161,18 @@ void Transformer::mlp_block_forward(const ParamTensors& params, const LayerParam
   std::vector<double> out_partial = buffer(N * H), out;
   backend_.linear_forward(a.act.data(), params[ids.fc2].data(), N, F, H, out_partial.data());
   tp_.reduce(out_partial, N, H, out);
+  hidden_dropout_forward(dropout_keys_[layer].hidden_mlp, batch, out, a.hidden_mlp_keep);
   backend_.add_inplace(x.data(), out.data(), Nl * H);
 }
 
-void Transformer::mlp_block_backward(const ParamTensors& params, const LayerParamIds& ids, int64_t N,
+void Transformer::mlp_block_backward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
                                      const LayerActivations& a, std::vector<double>& dx,
                                      ParamTensors& grads) const {
-  const int64_t Nl = tp_.local_rows(N), H = model_.hidden_size, F = model_.ffn_hidden_size / tp_.tp_size();
-  std::vector<double> dout;
-  tp_.gather(dx, N, H, dout);
+  const LayerParamIds& ids = table_.layer(layer);
+  const int64_t N = batch.windows * model_.seq_length, Nl = tp_.local_rows(N), H = model_.hidden_size;
+  const int64_t F = model_.ffn_hidden_size / tp_.tp_size();
+  std::vector<double> dout, scratch;
+  tp_.gather(hidden_dropout_backward(dx, a.hidden_mlp_keep, scratch), N, H, dout);
   std::vector<double> dact = buffer(N * F), dfc1 = buffer(N * 2 * F);
   backend_.linear_backward(dout.data(), a.act.data(), params[ids.fc2].data(), N, F, H, dact.data(),
                            grads[ids.fc2].data());
@@ -179,8 +246,8 @@ void Transformer::forward(const ParamTensors& params, const MicroBatch& batch, c
   acts.layers.resize(static_cast<size_t>(stage_.end_layer - stage_.first_layer));
   for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l) {
     LayerActivations& a = acts.layers[static_cast<size_t>(l - stage_.first_layer)];
-    attention_block_forward(params, table_.layer(l), batch, a, x);
-    mlp_block_forward(params, table_.layer(l), N, a, x);
+    attention_block_forward(params, l, batch, a, x);
+    mlp_block_forward(params, l, batch, a, x);
   }
   acts.x_final = std::move(x);
   if (stage_.last_stage) head_forward(params, batch, acts);
@@ -198,8 +265,8 @@ void Transformer::backward(const ParamTensors& params, const MicroBatch& batch, 
   }
   for (int64_t l = stage_.end_layer - 1; l >= stage_.first_layer; --l) {
     const LayerActivations& a = acts.layers[static_cast<size_t>(l - stage_.first_layer)];
-    mlp_block_backward(params, table_.layer(l), N, a, dx, grads);
-    attention_block_backward(params, table_.layer(l), batch, a, dx, grads);
+    mlp_block_backward(params, l, batch, a, dx, grads);
+    attention_block_backward(params, l, batch, a, dx, grads);
   }
   if (stage_.first_stage) {
     std::vector<double> dfull;

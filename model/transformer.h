@@ -14,14 +14,26 @@
 
 namespace touchstone {
 
-// b windows of T positions, flattened to N = b*T rows. Pointers into the batch, each [N].
+// b windows of T positions, flattened to N = b*T rows. Pointers into the batch, each [N] except
+// sample_indices [b]: the global sample index of each window, which keys its dropout masks (may be null
+// when dropout is off).
 struct MicroBatch {
   int64_t windows = 0;  // b
   const int32_t* tokens = nullptr;
   const int32_t* targets = nullptr;
   const int32_t* position_ids = nullptr;
   const int32_t* document_ids = nullptr;
+  const int64_t* sample_indices = nullptr;
 };
+
+// The streams of layer l's dropout masks (docs/architecture.md "Dropout"): stream_key(seed, name) of
+// "dropout/attention/layer{l}", "dropout/hidden_attn/layer{l}" and "dropout/hidden_mlp/layer{l}".
+struct LayerDropoutKeys {
+  PhiloxKey attention;         // the attention probabilities
+  PhiloxKey hidden_attention;  // the attention block's output (after linear_proj)
+  PhiloxKey hidden_mlp;        // the MLP block's output (after linear_fc2)
+};
+LayerDropoutKeys layer_dropout_keys(int64_t seed, int64_t layer);
 
 // The layers [first_layer, end_layer) of one pipeline stage.
 struct StageRange {
@@ -38,13 +50,18 @@ struct LayerActivations {
   std::vector<double> q;          // [b,NHl,T,D]  after RoPE
   std::vector<double> k;          // [b,NKVl,T,D] after RoPE
   std::vector<double> v;          // [b,NKVl,T,D]
-  std::vector<double> probs;      // [b,NHl,T,T]  attention probabilities
+  std::vector<double> probs;      // [b,NHl,T,T]  attention probabilities, before dropout
   std::vector<double> attn;       // [N,NHl*D]    attention output before linear_proj
   std::vector<double> x_mid;      // [Nl,H]       residual stream after attention
   std::vector<double> rstd_mlp;   // [Nl]
   std::vector<double> h_mlp;      // [N,H]        pre_mlp_layernorm output, full sequence
   std::vector<double> fc1;        // [N,2Fl]      [gate | up]
   std::vector<double> act;        // [N,Fl]       silu(gate) * up
+
+  // Dropout masks, 0 or 1/(1-p); each empty when its dropout is off.
+  std::vector<double> attention_keep;    // [b,NHl,T,T]  of the attention probabilities
+  std::vector<double> hidden_attn_keep;  // [Nl,H]       of the attention block's output
+  std::vector<double> hidden_mlp_keep;   // [Nl,H]       of the MLP block's output
 };
 
 struct Activations {
@@ -62,8 +79,9 @@ struct Activations {
 
 class Transformer {
  public:
-  Transformer(const ModelConfig& model, bool document_masking, const ParamTable& table, Backend& backend,
-              const TensorParallelRegion& tp, const StageRange& stage);
+  // `dropout_seed` (train.seed) keys the dropout masks; unused when model.*_dropout are 0.
+  Transformer(const ModelConfig& model, bool document_masking, int64_t dropout_seed, const ParamTable& table,
+              Backend& backend, const TensorParallelRegion& tp, const StageRange& stage);
 
   // `input` is the previous stage's output [Nl,H]; unused (may be null) on the first stage.
   void forward(const ParamTensors& params, const MicroBatch& batch, const std::vector<double>* input,
@@ -84,13 +102,23 @@ class Transformer {
   int64_t vocab_local() const { return model_.vocab_size / tp_.tp_size(); }
   int64_t vocab_start() const { return tp_.tp_rank() * vocab_local(); }
 
-  void attention_block_forward(const ParamTensors& params, const LayerParamIds& ids, const MicroBatch& batch,
+  DropoutSite dropout_site(const PhiloxKey& key, double probability, const MicroBatch& batch) const;
+  // Hidden dropout of a block's output out[Nl,H] in place, keeping its mask in `keep` (left empty when off).
+  void hidden_dropout_forward(const PhiloxKey& key, const MicroBatch& batch, std::vector<double>& out,
+                              std::vector<double>& keep) const;
+  // The gradient before the hidden dropout: dx * keep in `scratch`, or dx itself when off.
+  const std::vector<double>& hidden_dropout_backward(const std::vector<double>& dx,
+                                                     const std::vector<double>& keep,
+                                                     std::vector<double>& scratch) const;
+
+  void attention_block_forward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
                                LayerActivations& a, std::vector<double>& x) const;
-  void attention_block_backward(const ParamTensors& params, const LayerParamIds& ids, const MicroBatch& batch,
-                                const LayerActivations& a, std::vector<double>& dx, ParamTensors& grads) const;
-  void mlp_block_forward(const ParamTensors& params, const LayerParamIds& ids, int64_t rows, LayerActivations& a,
-                         std::vector<double>& x) const;
-  void mlp_block_backward(const ParamTensors& params, const LayerParamIds& ids, int64_t rows,
+  void attention_block_backward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
+                                const LayerActivations& a, std::vector<double>& dx,
+                                ParamTensors& grads) const;
+  void mlp_block_forward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
+                         LayerActivations& a, std::vector<double>& x) const;
+  void mlp_block_backward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
                           const LayerActivations& a, std::vector<double>& dx, ParamTensors& grads) const;
   void head_forward(const ParamTensors& params, const MicroBatch& batch, Activations& acts) const;
   void head_backward(const ParamTensors& params, const MicroBatch& batch, const Activations& acts,
@@ -102,6 +130,7 @@ class Transformer {
   Backend& backend_;
   const TensorParallelRegion& tp_;
   StageRange stage_;
+  std::vector<LayerDropoutKeys> dropout_keys_;  // [num_layers], by global layer index
 };
 
 }  // namespace touchstone

@@ -5,8 +5,12 @@ namespace touchstone {
 
 MicroBatch GlobalBatch::micro_batch(int64_t first, int64_t count) const {
   const size_t offset = static_cast<size_t>(first * seq);
-  return MicroBatch{count, tokens.data() + offset, targets.data() + offset, position_ids.data() + offset,
-                    document_ids.data() + offset};
+  return MicroBatch{count,
+                    tokens.data() + offset,
+                    targets.data() + offset,
+                    position_ids.data() + offset,
+                    document_ids.data() + offset,
+                    sample_indices.empty() ? nullptr : sample_indices.data() + first};
 }
 
 int64_t GlobalBatch::loss_tokens(int64_t first, int64_t count) const {

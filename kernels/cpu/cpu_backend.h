@@ -39,10 +39,19 @@ class CpuBackend final : public Backend {
 
   // kernels/cpu/attention.cpp
   void attention_forward(const double* q, const double* k, const double* v, const int32_t* document_ids,
-                         bool document_masking, const AttentionShape& shape, double* out, double* probs) override;
+                         bool document_masking, const double* keep_scale, const AttentionShape& shape,
+                         double* out, double* probs) override;
   void attention_backward(const double* dout, const double* q, const double* k, const double* v,
-                          const double* probs, const AttentionShape& shape, double* dq, double* dk,
-                          double* dv) override;
+                          const double* probs, const double* keep_scale, const AttentionShape& shape,
+                          double* dq, double* dk, double* dv) override;
+
+  // kernels/cpu/dropout.cpp
+  void attention_dropout_mask(const DropoutSite& site, const AttentionShape& shape, int64_t first_head,
+                              double* keep_scale) override;
+  void hidden_dropout_mask(const DropoutSite& site, int64_t first_row, int64_t rows, int64_t seq,
+                           int64_t hidden, double* keep_scale) override;
+  void dropout_forward(const double* x, const double* keep_scale, int64_t n, double* y) override;
+  void dropout_backward(const double* dy, const double* keep_scale, int64_t n, double* dx) override;
 
   // kernels/cpu/loss_and_optimizer.cpp
   void logits_row_max(const double* logits, int64_t rows, int64_t vocab_local, double* row_max) override;

@@ -35,6 +35,11 @@ class TensorParallelRegion {
 
   // Rows of the residual stream this rank holds for `rows` rows of the full sequence.
   int64_t local_rows(int64_t rows) const { return sequence_parallel_ ? rows / tp_.size() : rows; }
+  // The first of those rows in the full sequence: this rank's block starts there (0 without sequence
+  // parallelism, where every rank holds all rows).
+  int64_t first_local_row(int64_t rows) const {
+    return sequence_parallel_ ? tp_.rank() * local_rows(rows) : 0;
+  }
 
   // local[local_rows, cols] -> full[rows, cols]
   void gather(const std::vector<double>& local, int64_t rows, int64_t cols, std::vector<double>& full) const;

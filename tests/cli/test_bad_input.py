@@ -65,6 +65,10 @@ class BadInput(unittest.TestCase):
     def test_heads_do_not_divide_hidden(self):
         self.assert_refused(["--set", "model.num_heads=3"], "model.hidden_size (64) must be divisible by model.num_heads (3)")
 
+    def test_dropout_probability_out_of_range(self):
+        self.assert_refused(["--set", "model.attention_dropout=1"], "model.attention_dropout must be in [0, 1) (got 1)")
+        self.assert_refused(["--set", "model.hidden_dropout=-0.1"], "model.hidden_dropout must be in [0, 1) (got -0.1)")
+
     def test_batch_not_divisible_by_micro_batch(self):
         self.assert_refused(["--set", "train.micro_batch_size=3"], "train.global_batch_size (8) must be divisible")
 
@@ -163,6 +167,8 @@ class GoodInput(unittest.TestCase):
         config = json.loads(result.stdout)
         self.assertEqual(config["model"]["hidden_size"], 32)
         self.assertEqual(config["data"]["source"], "builtin:acceptance")
+        self.assertEqual(config["model"]["attention_dropout"], 0.0)  # dropout is off by default
+        self.assertEqual(config["model"]["hidden_dropout"], 0.0)
 
 
 def datasets(path):

@@ -9,8 +9,9 @@ For each config of a small matrix this script
   3. replays every recorded step with torch_reference.py, starting from /params/init and carrying
      its own parameters from step to step, and compares loss, num_loss_tokens (exactly),
      token_losses, every gradient, grad_norm, lr and every updated parameter;
-  4. shows that the comparison can fail: the reference with the other loss normalization, or with
-     document masking flipped, must disagree with the golden file by a large margin.
+  4. shows that the comparison can fail: the reference with the other loss normalization, with
+     document masking flipped, or (with dropout on) without dropout or with masks of another seed,
+     must disagree with the golden file by a large margin.
 
 Usage (with Debian's /usr/bin/python3, which has python3-torch and h5py):
     crosscheck.py --touchstone build/tools/touchstone --workdir /tmp/crosscheck [--only NAME]
@@ -18,6 +19,7 @@ Prints one line per config with its worst tensor and exits non-zero on any failu
 """
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -80,12 +82,17 @@ CONFIGS = [
      {"model.tie_embeddings": True, "train.loss_normalization": "per_microbatch_mean",
       "data.document_masking": False, "optim.lr": 0.02, "optim.clip_grad": 0.1},
      ["other_normalization"]),
+    # Attention and hidden dropout: the reference draws the masks from the documented mapping
+    # (dropout_masks.py), keyed by the global sample index, so steps 2 and 3 use other masks.
+    ("dropout",
+     {"model.attention_dropout": 0.1, "model.hidden_dropout": 0.1, "optim.lr": 0.01},
+     ["no_dropout", "other_dropout_seed", "flip_masking"]),
 ]
 
 CONFIG_SECTIONS = {
     "model": ["vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
               "ffn_hidden_size", "seq_length", "norm_eps", "rope_theta", "tie_embeddings",
-              "init_std"],
+              "init_std", "attention_dropout", "hidden_dropout"],
     "data": ["source", "eos_token", "pad_token", "eos_loss", "document_masking"],
     "train": ["global_batch_size", "micro_batch_size", "steps", "seed", "loss_normalization"],
     "optim": ["lr", "min_lr", "warmup_steps", "decay_steps", "beta1", "beta2", "eps",
@@ -365,11 +372,11 @@ def worst(errors):
 OTHER_NORMALIZATION = {"global_token_mean": "per_microbatch_mean",
                        "per_microbatch_mean": "global_token_mean"}
 SENSITIVITY_VARIANTS = {
-    "other_normalization": lambda st: ref.Settings(
-        st.shape, st.document_masking, OTHER_NORMALIZATION[st.loss_normalization],
-        st.micro_batch_size, st.optim),
-    "flip_masking": lambda st: ref.Settings(
-        st.shape, not st.document_masking, st.loss_normalization, st.micro_batch_size, st.optim),
+    "other_normalization": lambda st: dataclasses.replace(
+        st, loss_normalization=OTHER_NORMALIZATION[st.loss_normalization]),
+    "flip_masking": lambda st: dataclasses.replace(st, document_masking=not st.document_masking),
+    "no_dropout": lambda st: dataclasses.replace(st, attention_dropout=0.0, hidden_dropout=0.0),
+    "other_dropout_seed": lambda st: dataclasses.replace(st, seed=st.seed + 1),
 }
 
 

@@ -8,7 +8,10 @@ They check properties the contract implies rather than particular numbers:
     second unchanged, and the second document packed after the first gives the same outputs as
     the same document alone at the start of a window (position ids restart at 0);
   - the LR schedule, the per-micro-batch objective and the hand-written AdamW (against
-    torch.optim.AdamW, which implements the same PyTorch form).
+    torch.optim.AdamW, which implements the same PyTorch form);
+  - the dropout masks (dropout_masks.py): Philox4x32-10 against Random123's known answers, the
+    documented coordinate mapping against the known answers the C++ test (test_dropout.cpp) uses,
+    the keep fraction, and a mask of ones as the identity.
 
 Run with /usr/bin/python3 (Debian's python3-torch); takes about a second.
 """
@@ -19,8 +22,10 @@ import unittest
 
 sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+import dropout_masks  # noqa: E402
 import torch_reference as ref  # noqa: E402
 
 torch.set_num_threads(1)
@@ -188,6 +193,60 @@ class ObjectiveAndOptimizerTest(unittest.TestCase):
             torch_optimizer.step()
         for name, torch_param in zip(["matrix", "vector"], torch_params):
             torch.testing.assert_close(params[name], torch_param.detach(), rtol=1e-14, atol=1e-15)
+
+
+class DropoutMaskTest(unittest.TestCase):
+    def test_philox_matches_random123_known_answers(self):
+        # Random123 tests/kat_vectors, "philox4x32 10": counter, key -> output.
+        vectors = [([0, 0, 0, 0], [0, 0], [0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8]),
+                   ([0xffffffff] * 4, [0xffffffff] * 2,
+                    [0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd]),
+                   ([0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344], [0xa4093822, 0x299f31d0],
+                    [0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1])]
+        for counter, key, expected in vectors:
+            self.assertEqual([int(w) for w in dropout_masks.philox4x32_10(counter, key)], expected)
+
+    def test_mapping_matches_the_cpp_known_answers(self):
+        # The same values as tests/unit/test_dropout.cpp: keys, and uniforms of (sample, element),
+        # the last with both above 2^32 so the high counter words are used.
+        key = dropout_masks.stream_key(1234, "dropout/attention/layer0")
+        self.assertEqual(key, (0x2092ce47, 0x490cfe60))
+        key_mlp = dropout_masks.stream_key(1234, "dropout/hidden_mlp/layer1")
+        self.assertEqual(key_mlp, (0x9c7408e9, 0x4bb4a1f4))
+        self.assertEqual(float(dropout_masks.uniform_at(key, 0, 0)),
+                         float.fromhex("0x1.889cfaab77a14p-2"))
+        self.assertEqual(float(dropout_masks.uniform_at(key, 5, 7)),
+                         float.fromhex("0x1.161d03c00b267p-1"))
+        self.assertEqual(float(dropout_masks.uniform_at(key_mlp, 0x100000003, 0x200000001)),
+                         float.fromhex("0x1.0d5c3e3d8084ep-2"))
+
+    def test_keep_fraction_and_masks_of_other_samples(self):
+        # 16 windows x 64 positions x 256 hidden = 2^18 elements: Binomial(n, 0.9) kept, within 6
+        # standard deviations; the next step's samples drop both an element with probability p^2.
+        p, n = 0.1, 16 * 64 * 256
+        mask = dropout_masks.hidden_mask(1234, "hidden_mlp", 0, p, np.arange(16), 64, 256)
+        self.assertTrue(np.all((mask == 0.0) | (mask == 1.0 / (1.0 - p))))
+        self.assertLessEqual(abs(np.count_nonzero(mask) - n * (1 - p)),
+                             6 * math.sqrt(n * p * (1 - p)))
+        other = dropout_masks.hidden_mask(1234, "hidden_mlp", 0, p, np.arange(16, 32), 64, 256)
+        both = np.count_nonzero((mask == 0) & (other == 0))
+        self.assertLessEqual(abs(both - n * p * p), 6 * math.sqrt(n * p * p * (1 - p * p)))
+
+    def test_a_mask_of_ones_is_the_identity(self):
+        shape = small_shape()
+        params = random_params(shape, seed=4)
+        tokens = torch.tensor([[5, 8, 2, 6, 11, 13, 4, 7, 3, 9, 4, 1]])
+        positions, documents = torch.arange(12)[None], torch.zeros(1, 12, dtype=torch.int64)
+        ones = [{"attention": torch.ones(1, 4, 12, 12, dtype=ref.DTYPE),
+                 "hidden_attn": torch.ones(1, 12, 16, dtype=ref.DTYPE),
+                 "hidden_mlp": torch.ones(1, 12, 16, dtype=ref.DTYPE)}] * 2
+        plain = ref.forward(params, tokens, positions, documents, shape, True)
+        with_ones = ref.forward(params, tokens, positions, documents, shape, True, ones)
+        self.assertTrue(torch.equal(with_ones, plain))
+        masks = [{site: torch.from_numpy(m) for site, m in layer.items()}
+                 for layer in dropout_masks.layer_masks(shape, 0.2, 0.2, 1234, np.arange(1))]
+        dropped = ref.forward(params, tokens, positions, documents, shape, True, masks)
+        self.assertGreater(float((dropped - plain).abs().max()), 1e-3)
 
 
 if __name__ == "__main__":

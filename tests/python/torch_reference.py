@@ -4,8 +4,9 @@ Everything here follows the contract (CONTRACTS.md sections 1 to 4) and is meant
 be read top to bottom:
 
   1. the model (Llama-style, no biases): embedding, per layer RMSNorm -> grouped QKV projection ->
-     RoPE -> masked GQA softmax attention -> output projection -> residual, RMSNorm -> SwiGLU MLP ->
-     residual, then a final RMSNorm and the output projection (the embedding when tied);
+     RoPE -> masked GQA softmax attention (dropout on the probabilities) -> output projection ->
+     dropout -> residual, RMSNorm -> SwiGLU MLP -> dropout -> residual, then a final RMSNorm and the
+     output projection (the embedding when tied); the dropout masks come from dropout_masks.py;
   2. the per-position cross entropy and the two loss normalizations;
   3. one training update: autograd gradients, global norm, clipping, learning-rate schedule and a
      hand-written AdamW;
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 import h5py
 import numpy as np
 import torch
+
+import dropout_masks
 
 DTYPE = torch.float64
 IGNORE_INDEX = -100
@@ -150,11 +153,12 @@ def attention_allowed(document_ids, document_masking):
     return allowed
 
 
-def masked_softmax_attention(q, k, v, allowed):
-    """softmax(q k^T / sqrt(D) + mask) v with grouped-query attention.
+def masked_softmax_attention(q, k, v, allowed, keep_scale=None):
+    """(softmax(q k^T / sqrt(D) + mask) * keep_scale) v with grouped-query attention.
 
     q: [B, NH, T, D], k, v: [B, NKV, T, D], allowed: [B, T, T]  ->  [B, NH, T, D]
-    Query head h reads key/value head h // G, G = NH / NKV.
+    Query head h reads key/value head h // G, G = NH / NKV. keep_scale [B, NH, T, T] is the
+    attention dropout mask (0 or 1/(1-p)), None without dropout.
     """
     num_heads, num_kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[-1]
     G = num_heads // num_kv_heads
@@ -168,6 +172,8 @@ def masked_softmax_attention(q, k, v, allowed):
     row_max = scores.max(dim=-1, keepdim=True).values.detach()          # [B, NH, T, 1]
     weights = torch.exp(scores - row_max)                               # [B, NH, T, T], 0 if masked
     probs = weights / weights.sum(dim=-1, keepdim=True)                 # [B, NH, T, T]
+    if keep_scale is not None:
+        probs = probs * keep_scale                                      # [B, NH, T, T]
     return probs @ v                                                    # [B, NH, T, D]
 
 
@@ -175,8 +181,18 @@ def silu(x):
     return x * torch.sigmoid(x)
 
 
-def decoder_layer(x, params, layer, shape, cos, sin, allowed):
-    """One pre-norm transformer layer.   x: [B, T, H] -> [B, T, H]"""
+def dropout(x, keep_scale):
+    """Inverted dropout with a given mask: x * keep_scale, or x when there is none."""
+    return x if keep_scale is None else x * keep_scale
+
+
+def decoder_layer(x, params, layer, shape, cos, sin, allowed, masks=None):
+    """One pre-norm transformer layer.   x: [B, T, H] -> [B, T, H]
+
+    masks: this layer's dropout masks {"attention": [B, NH, T, T], "hidden_attn": [B, T, H],
+    "hidden_mlp": [B, T, H]}, each None when its dropout is off; None for no dropout at all.
+    """
+    masks = masks or {"attention": None, "hidden_attn": None, "hidden_mlp": None}
     p = lambda name: params[f"decoder.layers.{layer}.{name}"]
     B, T, H = x.shape
     NH, NKV, D, F = shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.ffn_hidden_size
@@ -186,26 +202,32 @@ def decoder_layer(x, params, layer, shape, cos, sin, allowed):
     qkv = h @ p("self_attention.linear_qkv.weight").T                         # [B, T, (NH+2NKV)*D]
     q, k, v = split_qkv(qkv, NH, NKV, D)                       # [B, NH, T, D], [B, NKV, T, D] x 2
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    a = masked_softmax_attention(q, k, v, allowed)                               # [B, NH, T, D]
+    a = masked_softmax_attention(q, k, v, allowed, masks["attention"])           # [B, NH, T, D]
     a = a.transpose(1, 2).reshape(B, T, NH * D)                                  # [B, T, NH*D]
-    x = x + a @ p("self_attention.linear_proj.weight").T                         # [B, T, H]
+    attention_out = a @ p("self_attention.linear_proj.weight").T                 # [B, T, H]
+    x = x + dropout(attention_out, masks["hidden_attn"])                         # [B, T, H]
 
     # SwiGLU MLP block.
     h = rms_norm(x, p("pre_mlp_layernorm.weight"), shape.norm_eps)               # [B, T, H]
     f = h @ p("mlp.linear_fc1.weight").T                                         # [B, T, 2F]
     gate, up = f[..., :F], f[..., F:]                                            # [B, T, F] each
-    x = x + (silu(gate) * up) @ p("mlp.linear_fc2.weight").T                     # [B, T, H]
+    mlp_out = (silu(gate) * up) @ p("mlp.linear_fc2.weight").T                  # [B, T, H]
+    x = x + dropout(mlp_out, masks["hidden_mlp"])                                # [B, T, H]
     return x
 
 
-def forward(params, tokens, position_ids, document_ids, shape, document_masking):
-    """Logits of the model.   tokens, position_ids, document_ids: [B, T] (int64) -> [B, T, V]"""
+def forward(params, tokens, position_ids, document_ids, shape, document_masking, masks=None):
+    """Logits of the model.   tokens, position_ids, document_ids: [B, T] (int64) -> [B, T, V]
+
+    masks: per layer, the dropout masks (dropout_masks.layer_masks as tensors); None for none.
+    """
     embedding = params["embedding.word_embeddings.weight"]                       # [V, H]
     x = embedding[tokens]                                                        # [B, T, H]
     cos, sin = rope_cos_sin(position_ids, shape.head_dim, shape.rope_theta)      # [B, T, D] x 2
     allowed = attention_allowed(document_ids, document_masking)                  # [B, T, T]
     for layer in range(shape.num_layers):
-        x = decoder_layer(x, params, layer, shape, cos, sin, allowed)
+        layer_masks = masks[layer] if masks else None
+        x = decoder_layer(x, params, layer, shape, cos, sin, allowed, layer_masks)
     x = rms_norm(x, params["decoder.final_layernorm.weight"], shape.norm_eps)    # [B, T, H]
     output = embedding if shape.tie_embeddings else params["output_layer.weight"]  # [V, H]
     return x @ output.T                                                          # [B, T, V]
@@ -314,6 +336,9 @@ class Settings:
     loss_normalization: str
     micro_batch_size: int
     optim: dict
+    attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0
+    seed: int = 0                   # train.seed: keys the dropout masks
 
     @staticmethod
     def from_config(config):
@@ -322,7 +347,10 @@ class Settings:
             document_masking=bool(config["data"]["document_masking"]),
             loss_normalization=str(config["train"]["loss_normalization"]),
             micro_batch_size=int(config["train"]["micro_batch_size"]),
-            optim=dict(config["optim"]))
+            optim=dict(config["optim"]),
+            attention_dropout=float(config["model"].get("attention_dropout", 0.0)),
+            hidden_dropout=float(config["model"].get("hidden_dropout", 0.0)),
+            seed=int(config["train"]["seed"]))
 
 
 def train_step(params, state, batch, step, settings):
@@ -332,8 +360,17 @@ def train_step(params, state, batch, step, settings):
     batch: dict of int64 tensors tokens, targets, position_ids, document_ids, each [B, T].
     """
     leaves = {name: p.detach().clone().requires_grad_(True) for name, p in params.items()}
+    B = batch["tokens"].shape[0]
+    samples = np.arange((step - 1) * B, step * B)        # the global sample index of each window
+    masks = None
+    if settings.attention_dropout > 0 or settings.hidden_dropout > 0:
+        masks = [{site: None if mask is None else torch.from_numpy(mask)
+                  for site, mask in layer.items()}
+                 for layer in dropout_masks.layer_masks(settings.shape, settings.attention_dropout,
+                                                        settings.hidden_dropout, settings.seed,
+                                                        samples)]
     logits = forward(leaves, batch["tokens"], batch["position_ids"], batch["document_ids"],
-                     settings.shape, settings.document_masking)                  # [B, T, V]
+                     settings.shape, settings.document_masking, masks)           # [B, T, V]
     token_losses = token_cross_entropy(logits, batch["targets"])                 # [B, T]
     loss = objective(token_losses, batch["targets"], settings.loss_normalization,
                      settings.micro_batch_size)

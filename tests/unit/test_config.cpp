@@ -72,6 +72,11 @@ TEST(Config, ImpossibleShapesAreRefused) {
   EXPECT_NE(invalid("parallel.pp=3").find("parallel.pp (3) must divide model.num_layers (2)"), std::string::npos);
   EXPECT_NE(invalid("precision=fp16").find("precision must be"), std::string::npos);
   EXPECT_NE(invalid("model.norm_eps=0").find("model.norm_eps must be > 0"), std::string::npos);
+  EXPECT_EQ(invalid("model.attention_dropout=1"),
+            "config: model.attention_dropout must be in [0, 1) (got 1)");
+  EXPECT_EQ(invalid("model.hidden_dropout=-0.5"),
+            "config: model.hidden_dropout must be in [0, 1) (got -0.5)");
+  EXPECT_EQ(invalid("model.hidden_dropout=0.999"), "");
 }
 
 }  // namespace

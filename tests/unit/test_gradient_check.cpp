@@ -76,6 +76,15 @@ TEST(GradientCheck, TiedEmbeddings) {
   check_every_gradient(config, LossNormalization::kGlobalTokenMean);
 }
 
+// The masks depend only on (seed, site, sample, coordinates), never on the parameters, so with both
+// dropouts on the objective is a smooth function of the parameters and the same bounds apply.
+TEST(GradientCheck, AttentionAndHiddenDropout) {
+  Config config = testing::tiny_config();
+  config.model.attention_dropout = 0.3;
+  config.model.hidden_dropout = 0.2;
+  check_every_gradient(config, LossNormalization::kGlobalTokenMean);
+}
+
 TEST(GradientCheck, MhaWithoutDocumentMaskingPerMicrobatchMean) {
   Config config = testing::tiny_config();
   config.model.num_kv_heads = 2;

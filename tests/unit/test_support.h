@@ -38,7 +38,7 @@ inline Transformer whole_model(const Config& c, const ParamTable& table, Backend
   static SingleRankGroup group{"tp"};
   static std::vector<std::unique_ptr<TensorParallelRegion>> regions;
   regions.push_back(std::make_unique<TensorParallelRegion>(group, false, backend));
-  return Transformer(c.model, c.data.document_masking, table, backend, *regions.back(),
+  return Transformer(c.model, c.data.document_masking, c.train.seed, table, backend, *regions.back(),
                      StageRange{0, c.model.num_layers, true, true});
 }
 

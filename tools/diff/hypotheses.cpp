@@ -81,7 +81,7 @@ ObjectiveResult evaluate_rule(const Rule& rule, const Config& config, const Para
   for (int64_t l = 0; rule.qkv_read_separate && l < config.model.num_layers; ++l) {
     p[table.layer(l).qkv] = qkv_grouped_from_separate(config.model, p[table.layer(l).qkv], H);
   }
-  const Transformer model(config.model, rule.document_masking, table, backend, region,
+  const Transformer model(config.model, rule.document_masking, config.train.seed, table, backend, region,
                           StageRange{0, config.model.num_layers, true, true});
   ObjectiveResult r =
       evaluate_objective(model, table, p, b, config.train.micro_batch_size, rule.normalization, true);

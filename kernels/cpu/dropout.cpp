@@ -1,0 +1,78 @@
+// CPU inverted dropout: the masks drawn from global coordinates, and the forward and backward of
+// applying one.
+//
+// A mask element is a pure function of (the site's stream key, the window's global sample index, the
+// element's index in that sample's global tensor) through uniform_at (model/rng.h). A tensor-parallel
+// shard of heads, a sequence-parallel block of rows or one micro-batch therefore draws exactly its
+// slice of the one global mask, whatever the layout, and a resumed run draws the same masks again.
+#include "kernels/cpu/cpu_backend.h"
+
+namespace touchstone {
+
+namespace {
+
+// 1 / (1 - p) in the format the multiply runs in: FP32 unless FP64, as PyTorch's dropout kernel
+// scales a BF16 tensor in float.
+double kept_value(double probability, const cpu::Rounding& r) { return r.state(1.0 / (1.0 - probability)); }
+
+double keep_scale_at(const DropoutSite& site, int64_t sample, int64_t element, double kept) {
+  const double u = uniform_at(site.key, static_cast<uint64_t>(sample), static_cast<uint64_t>(element));
+  return u > site.probability ? kept : 0.0;  // u in (0, 1]: kept with probability 1 - p
+}
+
+// y[n] = x[n] * keep_scale[n] computed in T and stored as an activation.
+template <typename T>
+void multiply(const double* x, const double* keep_scale, int64_t n, double* y, const cpu::Rounding& r) {
+  for (int64_t i = 0; i < n; ++i) {
+    y[i] = r.activation(static_cast<double>(static_cast<T>(x[i]) * static_cast<T>(keep_scale[i])));
+  }
+}
+
+}  // namespace
+
+void CpuBackend::attention_dropout_mask(const DropoutSite& site, const AttentionShape& s, int64_t first_head,
+                                        double* keep_scale) {
+  const int64_t T = s.seq;
+  const double kept = kept_value(site.probability, rounding_);
+  for (int64_t w = 0; w < s.windows; ++w) {
+    for (int64_t h = 0; h < s.num_heads; ++h) {
+      double* mask = keep_scale + (w * s.num_heads + h) * T * T;  // [T(query), T(key)]
+      const int64_t first_element = (first_head + h) * T * T;     // of the global head in its sample
+      for (int64_t ij = 0; ij < T * T; ++ij) {
+        mask[ij] = keep_scale_at(site, site.sample_indices[w], first_element + ij, kept);
+      }
+    }
+  }
+}
+
+void CpuBackend::hidden_dropout_mask(const DropoutSite& site, int64_t first_row, int64_t rows, int64_t seq,
+                                     int64_t hidden, double* keep_scale) {
+  const double kept = kept_value(site.probability, rounding_);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t row = first_row + r;  // in the micro-batch's N = b*T rows
+    const int64_t window = row / seq, position = row % seq;
+    for (int64_t c = 0; c < hidden; ++c) {
+      keep_scale[r * hidden + c] =
+          keep_scale_at(site, site.sample_indices[window], position * hidden + c, kept);
+    }
+  }
+}
+
+void CpuBackend::dropout_forward(const double* x, const double* keep_scale, int64_t n, double* y) {
+  if (precision() == Precision::kFp64) {
+    multiply<double>(x, keep_scale, n, y, rounding_);
+  } else {
+    multiply<float>(x, keep_scale, n, y, rounding_);
+  }
+}
+
+void CpuBackend::dropout_backward(const double* dy, const double* keep_scale, int64_t n, double* dx) {
+  // d(x * m) / dx = m: the gradient passes where the element was kept, scaled the same way.
+  if (precision() == Precision::kFp64) {
+    multiply<double>(dy, keep_scale, n, dx, rounding_);
+  } else {
+    multiply<float>(dy, keep_scale, n, dx, rounding_);
+  }
+}
+
+}  // namespace touchstone
