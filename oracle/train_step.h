@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "data/sampler_order.h"  // micro_batch_starts: Megatron-LM's sampler order
 #include "kernels/backend.h"
 #include "model/config.h"
 #include "model/param_table.h"
@@ -29,11 +30,6 @@ enum class LossNormalization {
   kPerMicrobatchMean,  // mean over micro-batches of (micro-batch token-loss sum / max(its count, 1))
 };
 LossNormalization parse_loss_normalization(const std::string& name);
-
-// First window of each micro-batch data-parallel rank `dp_rank` runs: micro-batch j holds the global
-// samples j*mbs*dp + dp_rank*mbs ... + mbs - 1 (Megatron-LM's sampler order).
-std::vector<int64_t> micro_batch_starts(int64_t global_batch_size, int64_t micro_batch_size, int dp,
-                                        int dp_rank);
 
 // d(objective) / d(token loss) for each micro-batch of `starts`, given the global loss-token count.
 std::vector<double> loss_weights(const GlobalBatch& batch, const std::vector<int64_t>& starts,
