@@ -29,6 +29,7 @@ struct MemoryPlanInput {
   int64_t tp = 1, pp = 1;
   std::vector<int64_t> dps{1};
   std::vector<int64_t> stage_layers;  // empty: layers / pp on every stage
+  std::string schedule = "1f1b";      // pipeline schedule of the FP64 trainer: "1f1b" or "afab"
   int64_t micro_batch = 1;            // b, sequences per micro-batch
   int64_t global_batch = 0;           // sequences per update; 0: unknown (1F1B then holds pp - stage)
   bool sequence_parallel = false;
