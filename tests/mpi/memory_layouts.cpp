@@ -68,8 +68,8 @@ int LayoutComparison::failures() const {
 // send), so a rank measures less only if the trainer stopped allocating a buffer the replay still counts.
 // Above, two things the prediction leaves out:
 //   - send copies whose peer has not received them yet: how many depends on timing; at most every copy
-//     lives until the stage's wait_sends, and the replay computes that bound (total_sends_held). It is
-//     0 to (micro-batches - 1) x Nl h x 8 bytes: up to 196,608 bytes (2.1%) on these layouts.
+//     lives until the stage's wait_sends, and the replay computes that bound (total_sends_held). On
+//     these layouts it is 0 to 5 more copies of Nl h (65,536 bytes each), up to 5.7% of a rank's peak.
 //   - bookkeeping: std::vector headers of the per-tensor and per-micro-batch lists, the parameter names
 //     of the Trainer's table, the schedule's action list, the timeline recorder's events (which grow by
 //     one per action each step), the transfer counters: measured 13-22 kB on these layouts, 0.06-0.35%

@@ -150,6 +150,8 @@ void add_megatron_activations(const MemoryPlanInput& in, StageMemory& s) {
 
 void add_fp64_activations(const MemoryPlanInput& in, int64_t dp, int64_t micro_batches, StageMemory& s) {
   const Fp64Rank rank = fp64_rank(in, dp, micro_batches > 0 ? micro_batches : in.pp, s.stage, 0, 0);
+  // The state above counts the stage's parameters by formula, the replay takes them from the trainer's
+  // ShardPlan: a disagreement is a bug in one of them, not bad input.
   if (std::abs(rank.params() - s.state.params) > 0.5) {
     throw std::logic_error("stage " + str(s.stage) + ": the parameter formula counts " +
                            std::to_string(s.state.params) + " parameters, the ShardPlan " +
