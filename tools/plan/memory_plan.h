@@ -54,9 +54,8 @@ struct NamedBytes {
 struct StageMemory {
   int64_t stage = 0, first_layer = 0, layers = 0;
   bool first = false, last = false;
-  ModelState state;  // weights, grads, master weights, optimizer moments
-  int64_t in_flight =
-      0;  // micro-batches whose activations are held at once (FP64: the schedule's; else 1F1B)
+  ModelState state;        // weights, grads, master weights, optimizer moments
+  int64_t in_flight = 0;   // micro-batches stored at once (FP64: under its schedule; else 1F1B)
   double activations = 0;  // bytes stored for the backward pass, all in-flight micro-batches
   NamedBytes peak;         // the step's largest live bytes beyond the model state, and when
   std::vector<NamedBytes> stored_per_layer;  // FP64 trainer: one layer's stored tensors (breakdown)
