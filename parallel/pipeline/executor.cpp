@@ -9,9 +9,10 @@ namespace touchstone {
 using pipeline::ActionKind;
 
 PipelineResult run_pipeline(const std::string& schedule, const Transformer& model, const ParamTensors& params,
-                            const std::vector<MicroBatch>& micro_batches, const std::vector<double>& loss_weights,
-                            const ParallelContext& context, int64_t step, bool with_gradients,
-                            ParamTensors& grads, pipeline::TimelineRecorder* recorder) {
+                            const std::vector<MicroBatch>& micro_batches,
+                            const std::vector<double>& loss_weights, const ParallelContext& context,
+                            int64_t step, bool with_gradients, ParamTensors& grads,
+                            pipeline::TimelineRecorder* recorder) {
   const auto m = static_cast<int>(micro_batches.size());
   const int num_stages = context.pp.size(), stage = context.stage();
   const std::vector<pipeline::Action> actions =
@@ -19,14 +20,15 @@ PipelineResult run_pipeline(const std::string& schedule, const Transformer& mode
   const int64_t H = model.hidden_size();
 
   std::vector<Activations> acts(static_cast<size_t>(m));
-  std::vector<std::vector<double>> inputs(static_cast<size_t>(m));       // received activations
-  std::vector<std::vector<double>> d_outputs(static_cast<size_t>(m));    // received gradients
-  std::vector<std::vector<double>> d_inputs(static_cast<size_t>(m));     // gradients to send back
+  std::vector<std::vector<double>> inputs(static_cast<size_t>(m));     // received activations
+  std::vector<std::vector<double>> d_outputs(static_cast<size_t>(m));  // received gradients
+  std::vector<std::vector<double>> d_inputs(static_cast<size_t>(m));   // gradients to send back
   PipelineResult result;
   if (context.last_stage()) result.token_losses.resize(static_cast<size_t>(m));
 
   for (const pipeline::Action& action : actions) {
-    const bool backward_kind = action.kind == ActionKind::kBackward || action.kind == ActionKind::kSendGradient ||
+    const bool backward_kind = action.kind == ActionKind::kBackward ||
+                               action.kind == ActionKind::kSendGradient ||
                                action.kind == ActionKind::kRecvGradient;
     if (!with_gradients && backward_kind) continue;
     const auto j = static_cast<size_t>(action.micro_batch);
@@ -43,7 +45,8 @@ PipelineResult run_pipeline(const std::string& schedule, const Transformer& mode
       case ActionKind::kForward:
         context.set_phase(step, action.micro_batch, "forward");
         model.forward(params, batch, context.first_stage() ? nullptr : &inputs[j], acts[j]);
-        inputs[j] = {};
+        // A new empty vector frees the buffer; `= {}` would assign an empty list and keep the capacity.
+        inputs[j] = std::vector<double>();
         if (context.last_stage()) {
           double sum = 0.0;
           for (double loss : acts[j].token_losses) sum += loss;
@@ -63,10 +66,11 @@ PipelineResult run_pipeline(const std::string& schedule, const Transformer& mode
         break;
       case ActionKind::kBackward:
         context.set_phase(step, action.micro_batch, "backward");
-        model.backward(params, batch, acts[j], loss_weights[j], context.last_stage() ? nullptr : &d_outputs[j],
-                       grads, context.first_stage() ? nullptr : &d_inputs[j]);
+        model.backward(params, batch, acts[j], loss_weights[j],
+                       context.last_stage() ? nullptr : &d_outputs[j], grads,
+                       context.first_stage() ? nullptr : &d_inputs[j]);
         acts[j] = {};
-        d_outputs[j] = {};
+        d_outputs[j] = std::vector<double>();
         break;
       case ActionKind::kSendGradient:
         context.set_phase(step, action.micro_batch, "backward");

@@ -81,6 +81,20 @@ class PlanCli(unittest.TestCase):
         self.assertIn("probs: 262,144", out)
         self.assertRegex(out, r"Peak: model state 4,007,936 \+ [0-9,]+ at micro-batch 3, backward")
 
+    def test_memory_every_rank(self):
+        out = self.ok("memory", "--set", "parallel.tp=2", "--set", "parallel.pp=2", "--set", "parallel.dp=2",
+                      "--set", "model.num_layers=4", "--ranks")
+        per_rank = out[out.index("Per rank, bytes"):]
+        rows = [line.split() for line in per_rank.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
+        self.assertEqual([r[0] for r in rows], [str(rank) for rank in range(8)])
+        self.assertEqual({(r[1], r[2], r[3]) for r in rows},
+                         {(tp, dp, stage) for tp in "01" for dp in "01" for stage in "01"})
+        self.assertIn("dp all-reduce padded copy", out)
+        self.assertIn("pp send copy: activation of micro-batch", out)
+        self.assert_refused(["memory", "--ranks", "--layers", "4"], "--ranks needs a Touchstone config")
+        self.assert_refused(["memory", "--set", "parallel.tp=2", "--ranks", "--tp", "4"],
+                            "instead of --tp, use --set")
+
     def test_memory_errors(self):
         shape = ["--layers", "4", "--hidden", "64", "--heads", "4", "--ffn", "176", "--vocab", "256",
                  "--seq-length", "64"]

@@ -16,6 +16,7 @@
 #include "tools/plan/format.h"
 #include "tools/plan/fp64_trainer_memory.h"
 #include "tools/plan/memory_plan.h"
+#include "tools/plan/rank_memory.h"
 
 namespace touchstone::plan {
 namespace {
@@ -239,6 +240,77 @@ TEST(PlanMemory, Fp64PredictionMatchesTheMeasuredPeak) {
                 predicted.total, measured, 100 * difference, predicted.stage.peak.name.c_str());
     EXPECT_GE(measured, predicted.total) << v.name << ": the trainer no longer allocates a predicted buffer";
     EXPECT_LE(difference, kMeasuredMargin) << v.name;
+  }
+}
+
+// ---- every rank of a layout: the terms of the per-rank prediction ------------------------------------
+
+// The model memory_per_rank measures (tests/parallel/layout_matrix.json): V 256, h 64, 6 layers, 8
+// heads, 4 KV heads, F 176, T 64, B 8, b 2.
+Config layout_config(const std::vector<std::string>& layout) {
+  std::vector<std::string> overrides{"model.num_heads=8", "model.num_kv_heads=4", "model.num_layers=6"};
+  overrides.insert(overrides.end(), layout.begin(), layout.end());
+  return resolve_config(nlohmann::json(), overrides, "test");
+}
+
+double staging_named(const RankMemory& rank, const std::string& name) {
+  double bytes = 0;
+  for (const NamedBytes& b : rank.peak.staging_buffers) bytes += b.name == name ? b.bytes : 0.0;
+  return bytes;
+}
+
+TEST(PlanMemory, RankPredictionTermsAddUpOnEveryRank) {
+  const Config config = layout_config({"parallel.tp=2", "parallel.pp=2", "parallel.dp=2"});
+  const std::vector<RankMemory> ranks = predict_rank_memory(config);
+  ASSERT_EQ(ranks.size(), 8u);
+  const MemoryPlanInput in = plan_input_from_config(config);
+  const LayoutPlan stages = plan_layout(in, 2);
+  for (const RankMemory& r : ranks) {
+    SCOPED_TRACE("rank " + std::to_string(r.world_rank));
+    double named = 0;
+    for (const NamedBytes& b : r.peak.staging_buffers) named += b.bytes;
+    EXPECT_DOUBLE_EQ(named, r.peak.staging);
+    EXPECT_DOUBLE_EQ(r.total(), r.state.total() + r.activations() + r.transient() + r.peak.staging);
+    // Every peak here is in a backward, with all the schedule's in-flight micro-batches stored.
+    EXPECT_EQ(r.in_flight,
+              pipeline::peak_in_flight(pipeline::build_schedule("1f1b", 2, static_cast<int>(r.stage), 2)));
+    EXPECT_EQ(r.peak.stored_micro_batches, r.in_flight);
+    EXPECT_GT(r.transient(), 0);
+    EXPECT_GE(r.total_sends_held, r.total());
+    // The per-stage plan is tp rank 0, dp rank 0 of the stage; here every tp and dp rank holds the same.
+    EXPECT_DOUBLE_EQ(r.total(), stages.stages[static_cast<size_t>(r.stage)].total());
+    EXPECT_DOUBLE_EQ(r.state.params, stages.stages[static_cast<size_t>(r.stage)].state.params);
+  }
+}
+
+TEST(PlanMemory, AfabStoresEveryMicroBatch) {
+  const Config config = layout_config({"parallel.pp=2", "parallel.schedule=afab"});
+  for (const RankMemory& r : predict_rank_memory(config)) {
+    EXPECT_EQ(r.in_flight, 4);
+    EXPECT_EQ(r.peak.stored_micro_batches, 4);
+  }
+}
+
+// The communication layer's scratch at the peak against hand arithmetic, with N h = 128 x 64 elements
+// and the flat gradient of 310,080 parameters (8 bytes each).
+TEST(PlanMemory, CommunicationScratchHasItsClosedForm) {
+  const double flat = 310080 * 8.0, rows = 128 * 64 * 8.0, world = 2 * 8.0;
+  const auto only = [](const Config& config) { return predict_rank_memory(config); };
+  for (const RankMemory& r : only(layout_config({"parallel.dp=2"}))) {
+    EXPECT_DOUBLE_EQ(staging_named(r, "dp all-reduce padded copy"), flat);
+    EXPECT_DOUBLE_EQ(staging_named(r, "dp reduce-scatter exchange"), flat);
+    EXPECT_DOUBLE_EQ(r.peak.staging, 2 * flat + 2 * world);
+  }
+  for (const RankMemory& r : only(layout_config({"parallel.dp=2", "parallel.distributed_optimizer=true"}))) {
+    EXPECT_DOUBLE_EQ(r.peak.staging, flat + 2 * world);  // the reduce-scatter needs no padded copy
+    EXPECT_DOUBLE_EQ(r.state.moments, 16 * 310080 / 2.0);
+  }
+  for (const RankMemory& r : only(layout_config({"parallel.tp=2"}))) {
+    EXPECT_DOUBLE_EQ(r.peak.staging, 2 * rows + 2 * world);
+  }
+  // Sequence parallelism: the reduce-scatter of N h; the padded copy serves the head's sums of N.
+  for (const RankMemory& r : only(layout_config({"parallel.tp=2", "parallel.sequence_parallel=true"}))) {
+    EXPECT_DOUBLE_EQ(r.peak.staging, rows + 128 * 8.0 + 2 * world);
   }
 }
 

@@ -2,7 +2,9 @@
 #include "tools/plan/memory_plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
+#include <stdexcept>
 
 #include "model/errors.h"
 #include "tools/plan/fp64_trainer_memory.h"
@@ -67,6 +69,8 @@ void validate_activations(const MemoryPlanInput& in) {
             "--sequence-parallel: --tp (" + str(in.tp) + ") must divide the micro-batch's tokens (" +
                 str(m.seq * in.micro_batch) + ")");
   }
+  require(in.schedule == "1f1b" || in.schedule == "afab",
+          "parallel.schedule: unknown schedule \"" + in.schedule + "\" (1f1b or afab)");
   require(!in.flash_attention || in.activations == ActivationModel::kMegatron16Bit,
           "--flash-attention applies to --activations megatron-16bit only (Touchstone's trainer stores the "
           "attention probabilities)");
@@ -145,22 +149,18 @@ void add_megatron_activations(const MemoryPlanInput& in, StageMemory& s) {
 }
 
 void add_fp64_activations(const MemoryPlanInput& in, int64_t dp, int64_t micro_batches, StageMemory& s) {
-  Fp64Rank rank;
-  rank.shape = in.shape;
-  rank.micro_batch = in.micro_batch;
-  rank.micro_batches = micro_batches > 0 ? micro_batches : in.pp;
-  rank.tp = in.tp;
-  rank.pp = in.pp;
-  rank.dp = dp;
-  rank.stage = s.stage;
-  rank.first_layer = s.first_layer;
-  rank.layers = s.layers;
-  rank.sequence_parallel = in.sequence_parallel;
-  rank.distributed_optimizer = in.distributed_optimizer;
-  rank.params = s.state.params;
+  const Fp64Rank rank = fp64_rank(in, dp, micro_batches > 0 ? micro_batches : in.pp, s.stage, 0, 0);
+  // The state above counts the stage's parameters by formula, the replay takes them from the trainer's
+  // ShardPlan: a disagreement is a bug in one of them, not bad input.
+  if (std::abs(rank.params() - s.state.params) > 0.5) {
+    throw std::logic_error("stage " + str(s.stage) + ": the parameter formula counts " +
+                           std::to_string(s.state.params) + " parameters, the ShardPlan " +
+                           std::to_string(rank.params()));
+  }
   const Fp64StepReplay replay = replay_fp64_step(rank);
+  s.in_flight = replay.in_flight;
   s.activations = static_cast<double>(s.in_flight) * replay.stored_per_micro_batch;
-  s.peak = replay.peak;
+  s.peak = replay.peak.at;
   s.stored_per_layer = replay.stored_per_layer;
   s.stored_head = replay.stored_head;
 }

@@ -29,6 +29,7 @@ struct MemoryPlanInput {
   int64_t tp = 1, pp = 1;
   std::vector<int64_t> dps{1};
   std::vector<int64_t> stage_layers;  // empty: layers / pp on every stage
+  std::string schedule = "1f1b";      // pipeline schedule of the FP64 trainer: "1f1b" or "afab"
   int64_t micro_batch = 1;            // b, sequences per micro-batch
   int64_t global_batch = 0;           // sequences per update; 0: unknown (1F1B then holds pp - stage)
   bool sequence_parallel = false;
@@ -54,7 +55,7 @@ struct StageMemory {
   int64_t stage = 0, first_layer = 0, layers = 0;
   bool first = false, last = false;
   ModelState state;        // weights, grads, master weights, optimizer moments
-  int64_t in_flight = 0;   // micro-batches whose activations are held at once (1F1B)
+  int64_t in_flight = 0;   // micro-batches stored at once (FP64: under its schedule; else 1F1B)
   double activations = 0;  // bytes stored for the backward pass, all in-flight micro-batches
   NamedBytes peak;         // the step's largest live bytes beyond the model state, and when
   std::vector<NamedBytes> stored_per_layer;  // FP64 trainer: one layer's stored tensors (breakdown)

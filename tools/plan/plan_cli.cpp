@@ -12,6 +12,7 @@
 #include "tools/plan/format.h"
 #include "tools/plan/fp64_trainer_memory.h"
 #include "tools/plan/memory_plan.h"
+#include "tools/plan/rank_memory.h"
 #include "tools/plan/scaling_plan.h"
 
 namespace touchstone::plan {
@@ -23,7 +24,7 @@ struct MemoryOptions {
   std::vector<std::string> overrides;
   int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0, seq = 0;
   bool tied = false, distributed_optimizer = false, sequence_parallel = false, flash_attention = false;
-  bool breakdown = false;
+  bool breakdown = false, ranks = false;
   int64_t tp = 1, pp = 1, micro_batch = 1, global_batch = 0, vocab_multiple = 1;
   std::vector<int64_t> dps{1}, stage_layers;
   double gpu_memory_gb = 0;
@@ -45,6 +46,8 @@ class PlanCommandImpl final : public PlanCommand {
 
  private:
   void add_memory_options();
+  bool has_config() const { return !m_.config_path.empty() || !m_.overrides.empty(); }
+  Config config() const;
   MemoryPlanInput memory_input() const;
   int run_memory(std::ostream& out) const;
   int run_scaling(std::ostream& out) const;
@@ -137,17 +140,23 @@ void PlanCommandImpl::add_memory_options() {
                 "GPU memory in GB (1e9 bytes): flag stages that do not fit");
   c->add_flag("--breakdown", m_.breakdown,
               "Touchstone FP64 trainer: list stored tensors and the peak moment");
+  c->add_flag("--ranks", m_.ranks,
+              "Touchstone FP64 trainer, layout from --config / --set: every rank's predicted peak, term "
+              "by term, with the communication buffers");
+}
+
+Config PlanCommandImpl::config() const {
+  const nlohmann::json file = m_.config_path.empty() ? nlohmann::json() : read_config_file(m_.config_path);
+  Config config = resolve_config(file, m_.overrides, m_.config_path.empty() ? "config" : m_.config_path);
+  validate_config(config, static_cast<int>(config.parallel.tp * config.parallel.pp * config.parallel.dp));
+  return config;
 }
 
 MemoryPlanInput PlanCommandImpl::memory_input() const {
   MemoryPlanInput in;
   in.recipe = find_recipe(m_.recipe);
-  if (!m_.config_path.empty() || !m_.overrides.empty()) {
-    const nlohmann::json file = m_.config_path.empty() ? nlohmann::json() : read_config_file(m_.config_path);
-    const Config config =
-        resolve_config(file, m_.overrides, m_.config_path.empty() ? "config" : m_.config_path);
-    validate_config(config, static_cast<int>(config.parallel.tp * config.parallel.pp * config.parallel.dp));
-    in = plan_input_from_config(config);
+  if (has_config()) {
+    in = plan_input_from_config(config());
     if (given("--recipe")) in.recipe = find_recipe(m_.recipe);
   }
   ModelShape& s = in.shape;
@@ -189,8 +198,22 @@ MemoryPlanInput PlanCommandImpl::memory_input() const {
 }
 
 int PlanCommandImpl::run_memory(std::ostream& out) const {
+  if (m_.ranks) {
+    if (!has_config())
+      throw InputError("--ranks needs a Touchstone config: --config FILE and/or --set key=value");
+    for (const char* option :
+         {"--layers", "--hidden", "--heads", "--kv-heads", "--ffn", "--vocab", "--seq-length",
+          "--tied-embeddings", "--tp", "--pp", "--dp", "--stage-layers", "--micro-batch", "--global-batch",
+          "--distributed-optimizer", "--sequence-parallel", "--recipe"}) {
+      if (given(option)) {
+        throw InputError(std::string("--ranks takes the layout and shapes from the config; instead of ") +
+                         option + ", use --set (e.g. --set parallel.tp=2)");
+      }
+    }
+  }
   const MemoryPlanInput in = memory_input();
   print_memory_plan(in, out);
+  if (m_.ranks) print_rank_memory(predict_rank_memory(config()), out);
   if (m_.breakdown) {
     if (in.activations != ActivationModel::kTouchstoneFp64) {
       throw InputError("--breakdown lists the tensors of --activations touchstone-fp64 only");

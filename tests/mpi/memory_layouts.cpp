@@ -1,0 +1,159 @@
+// Layouts, margin and the printed comparison of memory_per_rank.
+#include "tests/mpi/memory_layouts.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ostream>
+
+#include "model/errors.h"
+#include "tools/plan/format.h"
+
+namespace touchstone {
+
+const std::vector<MemoryLayout>& memory_layouts() {
+  // The uneven stages assume the 6 layers of tests/parallel/layout_matrix.json.
+  static const std::vector<MemoryLayout> kLayouts = {
+      {"dp2", 2, "data parallel", {"parallel.dp=2"}},
+      {"dp2_zero",
+       2,
+       "data parallel, distributed optimizer",
+       {"parallel.dp=2", "parallel.distributed_optimizer=true"}},
+      {"tp2", 2, "tensor parallel", {"parallel.tp=2"}},
+      {"tp2_sp", 2, "tensor + sequence parallel", {"parallel.tp=2", "parallel.sequence_parallel=true"}},
+      {"pp2_1f1b", 2, "pipeline, 1F1B", {"parallel.pp=2", "parallel.schedule=1f1b"}},
+      {"pp2_afab", 2, "pipeline, AFAB", {"parallel.pp=2", "parallel.schedule=afab"}},
+      {"pp4_uneven_1f1b",
+       4,
+       "pipeline, stages of 1, 3, 1, 1 layers, 1F1B",
+       {"parallel.pp=4", "parallel.stage_layers=[1,3,1,1]", "parallel.schedule=1f1b"}},
+      {"pp4_uneven_afab",
+       4,
+       "pipeline, stages of 1, 3, 1, 1 layers, AFAB",
+       {"parallel.pp=4", "parallel.stage_layers=[1,3,1,1]", "parallel.schedule=afab"}},
+      {"tp2_pp2_dp2", 8, "all three", {"parallel.tp=2", "parallel.pp=2", "parallel.dp=2"}},
+      {"tp2_pp2_dp2_sp_zero",
+       8,
+       "all three, sequence parallel, distributed optimizer",
+       {"parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.sequence_parallel=true",
+        "parallel.distributed_optimizer=true"}},
+  };
+  return kLayouts;
+}
+
+std::string memory_layout_help() {
+  std::string help = "Layout to run:";
+  for (const MemoryLayout& l : memory_layouts()) help += " " + l.name;
+  return help;
+}
+
+const MemoryLayout& find_memory_layout(const std::string& name) {
+  const auto& layouts = memory_layouts();
+  const auto it =
+      std::find_if(layouts.begin(), layouts.end(), [&](const MemoryLayout& l) { return l.name == name; });
+  if (it == layouts.end())
+    throw InputError("--layout: unknown layout '" + name + "' (" + memory_layout_help() + ")");
+  return *it;
+}
+
+int LayoutComparison::failures() const {
+  return static_cast<int>(
+      std::count_if(ranks.begin(), ranks.end(), [](const RankComparison& r) { return !r.within(); }));
+}
+
+// The margin, per rank: predicted <= measured <= total_sends_held x (1 + kBookkeeping).
+//
+// Below: the prediction counts every buffer of the step at its exact size, the communication scratch
+// included, and frees each pipeline send's copy at the earliest moment the code can (the stage's next
+// send), so a rank measures less only if the trainer stopped allocating a buffer the replay still counts.
+// Above, two things the prediction leaves out:
+//   - send copies whose peer has not received them yet: how many depends on timing; at most every copy
+//     lives until the stage's wait_sends, and the replay computes that bound (total_sends_held). On
+//     these layouts it is 0 to 5 more copies of Nl h (65,536 bytes each), up to 5.7% of a rank's peak.
+//   - bookkeeping: std::vector headers of the per-tensor and per-micro-batch lists, the parameter names
+//     of the Trainer's table, the schedule's action list, the timeline recorder's events (which grow by
+//     one per action each step), the transfer counters: measured 13-22 kB on these layouts, 0.06-0.35%
+//     of a rank's peak.
+// kBookkeeping is test_plan_memory's 1%: three times the largest bookkeeping measured here.
+constexpr double kBookkeeping = 0.01;
+
+LayoutComparison compare_layout(const MemoryLayout& layout, const Config& config,
+                                const std::vector<plan::RankMemory>& predicted,
+                                const std::vector<int64_t>& measured) {
+  LayoutComparison comparison;
+  comparison.layout = layout;
+  const auto steps = static_cast<size_t>(config.train.steps);
+  for (size_t rank = 0; rank < predicted.size(); ++rank) {
+    RankComparison r;
+    r.predicted = predicted[rank];
+    r.measured_steps.assign(measured.begin() + static_cast<std::ptrdiff_t>(rank * steps),
+                            measured.begin() + static_cast<std::ptrdiff_t>((rank + 1) * steps));
+    r.measured = static_cast<double>(*std::max_element(r.measured_steps.begin(), r.measured_steps.end()));
+    r.lower = r.predicted.total();
+    r.upper = r.predicted.total_sends_held * (1 + kBookkeeping);
+    comparison.ranks.push_back(r);
+  }
+  return comparison;
+}
+
+namespace {
+
+std::string signed_bytes(double bytes, double of) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%s%s (%+.2f%%)", bytes < 0 ? "-" : "+",
+                plan::grouped(std::abs(bytes)).c_str(), 100 * bytes / of);
+  return text;
+}
+
+std::string steps_of(const RankComparison& r) {
+  std::string text;
+  for (int64_t s : r.measured_steps)
+    text += (text.empty() ? "" : " / ") + plan::grouped(static_cast<double>(s));
+  return text;
+}
+
+}  // namespace
+
+void print_comparison(const LayoutComparison& c, bool markdown, std::ostream& out) {
+  using plan::grouped;
+  out << "Layout " << c.layout.name << " (" << c.layout.what << "), " << c.ranks.size()
+      << " ranks; bytes; measured: the largest step peak above the live bytes before the Trainer\n";
+  char line[768];
+  if (markdown) {
+    out << "\n| rank | tp | dp | stage | predicted | measured | difference | bound with every send copy held "
+           "| "
+           "staging at the peak | peak at |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+  } else {
+    std::snprintf(line, sizeof line, "%4s %3s %3s %5s %12s %12s %20s %12s %12s  %s\n", "rank", "tp", "dp",
+                  "stage", "predicted", "measured", "difference", "sends held", "staging",
+                  "measured per step");
+    out << line;
+  }
+  for (const RankComparison& r : c.ranks) {
+    const plan::RankMemory& p = r.predicted;
+    const std::string difference = signed_bytes(r.difference(), p.total());
+    if (markdown) {
+      out << "| " << p.world_rank << " | " << p.tp_rank << " | " << p.dp_rank << " | " << p.stage << " | "
+          << grouped(p.total()) << " | " << grouped(r.measured) << " | " << difference << " | "
+          << grouped(p.total_sends_held) << " | " << grouped(p.peak.staging) << " | " << p.peak.at.name
+          << " |\n";
+      continue;
+    }
+    std::snprintf(line, sizeof line, "%4d %3lld %3lld %5lld %12s %12s %20s %12s %12s  %s%s\n", p.world_rank,
+                  static_cast<long long>(p.tp_rank), static_cast<long long>(p.dp_rank),
+                  static_cast<long long>(p.stage), grouped(p.total()).c_str(), grouped(r.measured).c_str(),
+                  difference.c_str(), grouped(p.total_sends_held).c_str(), grouped(p.peak.staging).c_str(),
+                  steps_of(r).c_str(), r.within() ? "" : "  OUTSIDE THE MARGIN");
+    out << line;
+  }
+  if (!markdown) {
+    std::vector<plan::RankMemory> predicted;
+    for (const RankComparison& r : c.ranks) predicted.push_back(r.predicted);
+    plan::print_rank_memory(predicted, out);
+  }
+  out << "\nMargin: predicted <= measured <= sends held x " << 1 + kBookkeeping << ": "
+      << (c.failures() == 0 ? "every rank within it" : std::to_string(c.failures()) + " rank(s) outside it")
+      << "\n";
+}
+
+}  // namespace touchstone
