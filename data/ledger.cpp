@@ -286,13 +286,20 @@ void LedgerWriter::start(const StartInfo& info) {
              .dump());
 }
 
-void LedgerWriter::step(int64_t step, const std::vector<std::vector<int64_t>>& samples_per_dp_rank) {
-  append(json{{"event", "step"},
-              {"attempt", attempt_},
-              {"step", step},
-              {"time", unix_time_now()},
-              {"samples", samples_per_dp_rank}}
-             .dump());
+void LedgerWriter::step(int64_t step, const std::vector<std::vector<int64_t>>& samples_per_dp_rank,
+                        const StepTotals* totals) {
+  json line{{"event", "step"},
+            {"attempt", attempt_},
+            {"step", step},
+            {"time", unix_time_now()},
+            {"samples", samples_per_dp_rank}};
+  if (totals) {  // nlohmann writes doubles with enough digits to read back the same bits
+    line["loss"] = totals->loss;
+    line["num_loss_tokens"] = totals->num_loss_tokens;
+    line["grad_norm"] = totals->grad_norm;
+    line["lr"] = totals->lr;
+  }
+  append(line.dump());
 }
 
 void LedgerWriter::checkpoint(int64_t step, const std::string& checkpoint_path) {

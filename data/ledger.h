@@ -7,7 +7,8 @@
 // only, except possibly a torn last line, which readers ignore with a note.
 //   {"event":"start","attempt":A,"time":T,"resumed_from_step":K,"world_size":N,"tp":..,"pp":..,"dp":..,
 //    "global_batch_size":B,"micro_batch_size":M,"num_windows":W,"steps":S}
-//   {"event":"step","attempt":A,"step":s,"time":T,"samples":[[dp rank 0's samples],[dp rank 1's],...]}
+//   {"event":"step","attempt":A,"step":s,"time":T,"samples":[[dp rank 0's samples],[dp rank 1's],...],
+//    "loss":L,"num_loss_tokens":N,"grad_norm":G,"lr":R}     (the last four written by the trainer)
 //   {"event":"checkpoint","attempt":A,"step":s,"time":T,"path":"step_00000005"}
 //   {"event":"end","attempt":A,"time":T,"steps":s}
 // A fault-injected rank writes one line to faults.jsonl next to the ledger before it kills itself:
@@ -87,6 +88,14 @@ std::string ledger_path(const std::string& file_or_directory);
 // Unix time in seconds, as recorded in the ledger.
 double unix_time_now();
 
+// What a step computed, recorded with its samples: "loss", "num_loss_tokens", "grad_norm", "lr".
+struct StepTotals {
+  double loss = 0.0;
+  int64_t num_loss_tokens = 0;
+  double grad_norm = 0.0;
+  double lr = 0.0;
+};
+
 // Appends events for one attempt. Opening counts the start events already in the file: this attempt
 // is that count + 1. Each append is one write of one whole line, followed by fsync.
 class LedgerWriter {
@@ -103,7 +112,10 @@ class LedgerWriter {
 
   void start(const StartInfo& info);
   // `samples_per_dp_rank[r]`: the global sample indices dp rank r consumed in step `step`, in order.
-  void step(int64_t step, const std::vector<std::vector<int64_t>>& samples_per_dp_rank);
+  // `totals`, when given, adds what the step computed (exact doubles), so that two ledgers also show
+  // whether two runs computed the same losses.
+  void step(int64_t step, const std::vector<std::vector<int64_t>>& samples_per_dp_rank,
+            const StepTotals* totals = nullptr);
   // Call after the checkpoint of `step` is committed; `checkpoint_path` as the resume would name it.
   void checkpoint(int64_t step, const std::string& checkpoint_path);
   // A clean end of this attempt after `steps_completed` steps.

@@ -9,6 +9,7 @@
 #include <ostream>
 
 #include "checkpoint/checkpoint_store.h"
+#include "data/ledger.h"
 #include "data/sources.h"
 #include "model/errors.h"
 #include "model/params.h"
@@ -169,6 +170,18 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
   if (writer_rank && !checkpoints.directory.empty()) store.remove_partial_saves();
   const auto steps = static_cast<int64_t>(run.batches.size());
   const int64_t first_step = trainer.steps_done() + 1;
+  // The sample ledger: world rank 0 records every step's consumed samples and every committed save.
+  std::unique_ptr<ledger::LedgerWriter> sample_ledger;
+  if (writer_rank && !checkpoints.directory.empty()) {
+    sample_ledger = std::make_unique<ledger::LedgerWriter>(
+        (std::filesystem::path(checkpoints.directory) / ledger::kLedgerFileName).string());
+    const ParallelConfig& p = config.parallel;
+    sample_ledger->start(ledger::StartInfo{
+        first_step - 1,
+        ledger::Layout{static_cast<int>(p.tp * p.pp * p.dp), static_cast<int>(p.tp), static_cast<int>(p.pp),
+                       static_cast<int>(p.dp), config.train.global_batch_size, config.train.micro_batch_size},
+        static_cast<int64_t>(run.windows.size()), steps});
+  }
   const auto start = std::chrono::steady_clock::now();
   int64_t tokens_done = 0;
   std::vector<pipeline::TimelineEvent> timeline;
@@ -192,9 +205,16 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
     }
     on_step(step);
     if (!checkpoints.directory.empty()) {
+      const std::vector<std::vector<int64_t>> samples = gather_consumed_samples(batch, config, context);
+      if (sample_ledger) {
+        const ledger::StepTotals totals{step.record.loss, step.record.num_loss_tokens, step.record.grad_norm,
+                                        step.record.lr};
+        sample_ledger->step(s, samples, &totals);
+      }
       const bool save = s == steps || (checkpoints.save_every > 0 && s % checkpoints.save_every == 0);
       if (save) {
         const SaveReport saved = save_checkpoint(trainer, context, config, store, s, step.record.lr);
+        if (sample_ledger) sample_ledger->checkpoint(s, saved.directory.filename().string());
         if (writer_rank) {
           char line[256];
           std::snprintf(line, sizeof line, "saved %s (%.1f MB in %.2f s, %.0f MB/s)", saved.directory.c_str(),
@@ -222,6 +242,7 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
     if (options.trace)
       out << pipeline::render_timeline_text(timeline, static_cast<int>(grid.layout().pp)) << std::flush;
   }
+  if (sample_ledger) sample_ledger->end(steps);
   if (writer_rank && !options.timeline_svg.empty()) {
     std::ofstream svg(options.timeline_svg);
     svg << pipeline::render_timeline_svg(timeline, static_cast<int>(grid.layout().pp));
@@ -237,7 +258,7 @@ void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, 
     const std::string record =
         options.checkpoint.directory.empty()
             ? ""
-            : (std::filesystem::path(options.checkpoint.directory) / "faults.jsonl").string();
+            : (std::filesystem::path(options.checkpoint.directory) / ledger::kFaultsFileName).string();
     if (!options.checkpoint.directory.empty())
       std::filesystem::create_directories(options.checkpoint.directory);
     arm_process_fault(parse_process_fault(options.checkpoint.fail_at), grid.global_rank(), record);

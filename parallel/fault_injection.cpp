@@ -1,16 +1,13 @@
 // The armed process fault and the abrupt death it causes.
 #include "parallel/fault_injection.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <fstream>
-#include <nlohmann/json.hpp>
+#include <filesystem>
 #include <optional>
+#include <stdexcept>
 
+#include "data/ledger.h"
 #include "model/errors.h"
 
 namespace touchstone {
@@ -29,23 +26,6 @@ std::optional<ArmedFault>& armed() {
 
 bool known_phase(const std::string& phase) {
   return phase == "forward" || phase == "backward" || phase == "optimizer" || phase == "save";
-}
-
-void append_record(const ArmedFault& armed_fault) {
-  if (armed_fault.record_path.empty()) return;
-  const double now =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  char line[256];
-  const int length =
-      std::snprintf(line, sizeof line,
-                    "{\"event\":\"injected_failure\",\"step\":%lld,\"rank\":%d,\"phase\":\"%s\","
-                    "\"time\":%.6f}\n",
-                    static_cast<long long>(armed_fault.fault.step), armed_fault.fault.rank,
-                    armed_fault.fault.phase.c_str(), now);
-  const int fd = ::open(armed_fault.record_path.c_str(), O_WRONLY | O_APPEND | O_CREAT, 0644);
-  if (fd < 0) return;  // the failure itself is what matters; the record is best effort
-  if (::write(fd, line, static_cast<size_t>(length)) == length) ::fsync(fd);
-  ::close(fd);
 }
 
 }  // namespace
@@ -79,18 +59,9 @@ namespace {
 
 // Whether `record_path` already holds this fault's record: it has fired in an earlier attempt.
 bool already_fired(const ProcessFault& fault, const std::string& record_path) {
-  std::ifstream in(record_path);
-  std::string line;
-  while (std::getline(in, line)) {
-    try {
-      const nlohmann::json record = nlohmann::json::parse(line);
-      if (record.value("step", int64_t{-1}) == fault.step && record.value("rank", -1) == fault.rank &&
-          record.value("phase", std::string()) == fault.phase) {
-        return true;
-      }
-    } catch (const nlohmann::json::exception&) {
-      // a torn line from a process killed while writing it: not a record
-    }
+  if (!std::filesystem::exists(record_path)) return false;
+  for (const ledger::InjectedFailure& failure : ledger::read_faults(record_path)) {
+    if (failure.step == fault.step && failure.rank == fault.rank && failure.phase == fault.phase) return true;
   }
   return false;
 }
@@ -106,7 +77,15 @@ void arm_process_fault(const ProcessFault& fault, int world_rank, std::string re
 void process_fault_point(int64_t step, std::string_view phase) {
   const std::optional<ArmedFault>& fault = armed();
   if (!fault || fault->fault.step != step || fault->fault.phase != phase) return;
-  append_record(*fault);
+  if (!fault->record_path.empty()) {
+    try {
+      ledger::append_injected_failure(fault->record_path,
+                                      ledger::InjectedFailure{fault->fault.step, fault->fault.rank,
+                                                              fault->fault.phase, ledger::unix_time_now()});
+    } catch (const std::runtime_error&) {
+      // the failure itself is what matters; its record is best effort
+    }
+  }
   std::fprintf(stderr, "touchstone: injected failure: rank %d dies in %s of step %lld\n", fault->fault.rank,
                fault->fault.phase.c_str(), static_cast<long long>(step));
   std::raise(SIGKILL);
