@@ -173,6 +173,7 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
   // The sample ledger: world rank 0 records every step's consumed samples and every committed save.
   std::unique_ptr<ledger::LedgerWriter> sample_ledger;
   if (writer_rank && !checkpoints.directory.empty()) {
+    std::filesystem::create_directories(checkpoints.directory);
     sample_ledger = std::make_unique<ledger::LedgerWriter>(
         (std::filesystem::path(checkpoints.directory) / ledger::kLedgerFileName).string());
     const ParallelConfig& p = config.parallel;
