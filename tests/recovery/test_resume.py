@@ -1,9 +1,10 @@
 """Checkpoint and resume seen from the command line (docs/checkpoints.md): a run saved at step k and
 resumed continues bitwise as if it had not stopped at the same layout, and within the FP64 layout
-tolerance at other layouts; a fresh --resume starts from the initial weights.
+tolerance at other layouts, with dropout off and on; a fresh --resume starts from the initial weights.
 
 Usage: test_resume.py PATH_TO_TOUCHSTONE   (/usr/bin/python3 with h5py and numpy)
 """
+import json
 import os
 import subprocess
 import sys
@@ -48,16 +49,33 @@ def final_state(directory, step=STEPS):
     return tensors
 
 
+def ledger_steps(directory):
+    """step -> (samples per dp rank, loss, loss tokens, grad norm, lr) of its last record."""
+    steps = {}
+    with open(os.path.join(directory, "ledger.jsonl")) as f:
+        for line in f:
+            e = json.loads(line)
+            if e["event"] == "step":
+                steps[e["step"]] = (e["samples"], e["loss"], e["num_loss_tokens"], e["grad_norm"], e["lr"])
+    return steps
+
+
 class Resume(unittest.TestCase):
+    extra = ()  # config overrides of every run of the class
+
+    @classmethod
+    def run_layout(cls, layout, *args, steps=STEPS):
+        return run(layout, *args, steps=steps, extra=cls.extra)
+
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.continuous = os.path.join(cls.tmp.name, "continuous")
-        run("tp2_pp2_dp2", "--checkpoint-dir", cls.continuous)
+        cls.run_layout("tp2_pp2_dp2", "--checkpoint-dir", cls.continuous)
         cls.reference = final_state(cls.continuous)
         # The same run stopped after update 3 (its checkpoint is the starting point of every resume).
         cls.stopped = os.path.join(cls.tmp.name, "stopped")
-        run("tp2_pp2_dp2", "--checkpoint-dir", cls.stopped, steps=3)
+        cls.run_layout("tp2_pp2_dp2", "--checkpoint-dir", cls.stopped, steps=3)
 
     @classmethod
     def tearDownClass(cls):
@@ -70,7 +88,7 @@ class Resume(unittest.TestCase):
 
     def test_same_layout_continues_bitwise(self):
         directory = self.resume_copy("same")
-        out = run("tp2_pp2_dp2", "--checkpoint-dir", directory, "--resume")
+        out = self.run_layout("tp2_pp2_dp2", "--checkpoint-dir", directory, "--resume")
         self.assertIn("resumed from", out)
         self.assertIn("next sample index 24", out)  # 3 updates x B = 8
         self.assertNotIn("step 3/6", out)
@@ -78,10 +96,12 @@ class Resume(unittest.TestCase):
         self.assertEqual(sorted(resumed), sorted(self.reference))
         for name, value in self.reference.items():
             self.assertTrue(np.array_equal(resumed[name], value), name)
+        # The ledger: the same samples and the same losses, bit for bit, step by step.
+        self.assertEqual(ledger_steps(directory), ledger_steps(self.continuous))
 
     def check_other_layout(self, layout):
         directory = self.resume_copy(layout)
-        run(layout, "--checkpoint-dir", directory, "--resume")
+        self.run_layout(layout, "--checkpoint-dir", directory, "--resume")
         resumed = final_state(directory)
         for name, value in self.reference.items():
             if name.startswith("state/") or name.startswith("rng/"):
@@ -101,11 +121,22 @@ class Resume(unittest.TestCase):
 
     def test_resume_without_a_checkpoint_starts_fresh(self):
         directory = os.path.join(self.tmp.name, "fresh")
-        out = run("tp2_pp2_dp2", "--checkpoint-dir", directory, "--resume")
+        out = self.run_layout("tp2_pp2_dp2", "--checkpoint-dir", directory, "--resume")
         self.assertNotIn("resumed from", out)
         fresh = final_state(directory)
         for name, value in self.reference.items():
             self.assertTrue(np.array_equal(fresh[name], value), name)
+
+
+class ResumeWithDropout(Resume):
+    """Masks are keyed by (seed, site, layer, global sample index, global element), so a resumed run draws
+    the masks the uninterrupted run drew: bitwise at the same layout, within tolerance at others."""
+    extra = ("model.attention_dropout=0.1", "model.hidden_dropout=0.1")
+
+    def test_dropout_is_on(self):
+        plain = os.path.join(self.tmp.name, "no_dropout")
+        run("tp2_pp2_dp2", "--checkpoint-dir", plain, steps=1)
+        self.assertNotEqual(ledger_steps(plain)[1][1], ledger_steps(self.continuous)[1][1])
 
 
 if __name__ == "__main__":
