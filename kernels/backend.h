@@ -82,8 +82,8 @@ class Backend {
                                   int64_t vocab_start, int64_t vocab_local, double* dtable_accum) = 0;
 
   // y[N,H] = x / sqrt(mean(x^2) + eps) * w[H];  rstd[N] = 1 / sqrt(mean(x^2) + eps) saved for backward
-  virtual void rmsnorm_forward(const double* x, const double* weight, int64_t rows, int64_t hidden, double eps,
-                               double* y, double* rstd) = 0;
+  virtual void rmsnorm_forward(const double* x, const double* weight, int64_t rows, int64_t hidden,
+                               double eps, double* y, double* rstd) = 0;
   // dx[N,H];  dw_accum[H] += sum_n dy * x * rstd
   virtual void rmsnorm_backward(const double* dy, const double* x, const double* weight, const double* rstd,
                                 int64_t rows, int64_t hidden, double* dx, double* dweight_accum) = 0;

@@ -18,12 +18,12 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TrainConfig, global_batch_size, micro_batch_s
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(EnvelopeConfig, k, floor)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OptimConfig, lr, min_lr, warmup_steps, decay_steps, beta1, beta2, eps,
                                    weight_decay, clip_grad)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ParallelConfig, tp, pp, dp, schedule, sequence_parallel, distributed_optimizer,
-                                   stage_layers)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ParallelConfig, tp, pp, dp, schedule, sequence_parallel,
+                                   distributed_optimizer, stage_layers)
 
 nlohmann::json to_json(const Config& config) {
-  return nlohmann::json{{"model", config.model},         {"data", config.data},
-                        {"train", config.train},         {"optim", config.optim},
+  return nlohmann::json{{"model", config.model},       {"data", config.data},
+                        {"train", config.train},       {"optim", config.optim},
                         {"parallel", config.parallel}, {"precision", config.precision},
                         {"envelope", config.envelope}};
 }
@@ -47,7 +47,8 @@ bool same_kind(const nlohmann::json& default_value, const nlohmann::json& value)
   if (default_value.is_number_integer()) return value.is_number_integer();
   if (default_value.is_number_float()) return value.is_number();
   if (default_value.is_array()) {  // the only list keys hold integers (parallel.stage_layers)
-    return value.is_array() && std::all_of(value.begin(), value.end(), [](const auto& v) { return v.is_number_integer(); });
+    return value.is_array() &&
+           std::all_of(value.begin(), value.end(), [](const auto& v) { return v.is_number_integer(); });
   }
   return default_value.type() == value.type();
 }
@@ -149,8 +150,9 @@ void validate_config(const Config& c, int world_size) {
   require(m.hidden_size % m.num_heads == 0, "model.hidden_size",
           "(" + std::to_string(m.hidden_size) + ") must be divisible by model.num_heads (" +
               std::to_string(m.num_heads) + ")");
-  require(m.head_dim() % 2 == 0, "model.hidden_size",
-          "/ model.num_heads = head_dim " + std::to_string(m.head_dim()) + " must be even (RoPE rotates pairs)");
+  require(
+      m.head_dim() % 2 == 0, "model.hidden_size",
+      "/ model.num_heads = head_dim " + std::to_string(m.head_dim()) + " must be even (RoPE rotates pairs)");
   require(m.num_kv_heads >= 1 && m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
           "(" + std::to_string(m.num_kv_heads) + ") must be >= 1 and divide model.num_heads (" +
               std::to_string(m.num_heads) + ")");
@@ -177,8 +179,9 @@ void validate_config(const Config& c, int world_size) {
   require(t.global_batch_size >= 1, "train.global_batch_size", "must be >= 1");
   require(t.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1");
   require(p.dp >= 1 && t.global_batch_size % (t.micro_batch_size * p.dp) == 0, "train.global_batch_size",
-          "(" + std::to_string(t.global_batch_size) + ") must be divisible by parallel.dp x train.micro_batch_size (" +
-              std::to_string(p.dp) + " x " + std::to_string(t.micro_batch_size) + ")");
+          "(" + std::to_string(t.global_batch_size) +
+              ") must be divisible by parallel.dp x train.micro_batch_size (" + std::to_string(p.dp) + " x " +
+              std::to_string(t.micro_batch_size) + ")");
   require(t.steps >= 1, "train.steps", "must be >= 1");
   require(t.seed >= 0, "train.seed", "must be >= 0");
   require(t.loss_normalization == "global_token_mean" || t.loss_normalization == "per_microbatch_mean",
@@ -215,7 +218,8 @@ void validate_config(const Config& c, int world_size) {
       total += layers;
     }
     require(static_cast<int64_t>(p.stage_layers.size()) == p.pp, "parallel.stage_layers",
-            "has " + std::to_string(p.stage_layers.size()) + " entries but parallel.pp is " + std::to_string(p.pp));
+            "has " + std::to_string(p.stage_layers.size()) + " entries but parallel.pp is " +
+                std::to_string(p.pp));
     require(total == m.num_layers, "parallel.stage_layers",
             "sums to " + std::to_string(total) + " but model.num_layers is " + std::to_string(m.num_layers));
   }

@@ -3,10 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace touchstone {
 
@@ -67,7 +66,7 @@ struct ParallelConfig {
   int64_t tp = 1;
   int64_t pp = 1;
   int64_t dp = 1;
-  std::string schedule = "1f1b";  // or "afab"
+  std::string schedule = "1f1b";       // or "afab"
   bool sequence_parallel = false;      // shard norm and residual regions along the sequence over tp
   bool distributed_optimizer = false;  // ZeRO-1: optimizer state and master weights sharded over dp
   std::vector<int64_t> stage_layers;   // layers per pipeline stage; empty: num_layers / pp each

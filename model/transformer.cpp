@@ -90,7 +90,8 @@ void Transformer::attention_block_forward(const ParamTensors& params, int64_t la
   a.v = buffer(N * s.num_kv_heads * D);
   backend_.qkv_split(qkv.data(), s, a.q.data(), a.k.data(), a.v.data());
   backend_.rope(a.q.data(), batch.position_ids, s.windows, s.num_heads, s.seq, D, model_.rope_theta, false);
-  backend_.rope(a.k.data(), batch.position_ids, s.windows, s.num_kv_heads, s.seq, D, model_.rope_theta, false);
+  backend_.rope(a.k.data(), batch.position_ids, s.windows, s.num_kv_heads, s.seq, D, model_.rope_theta,
+                false);
   a.probs = buffer(s.windows * s.num_heads * s.seq * s.seq);
   if (model_.attention_dropout > 0.0) {
     // This rank's heads are global heads [tp_rank * NHl, (tp_rank + 1) * NHl): whole KV groups in order.
@@ -136,8 +137,8 @@ void Transformer::attention_block_backward(const ParamTensors& params, int64_t l
   backend_.linear_backward(dqkv.data(), a.h_attn.data(), params[ids.qkv].data(), N, H, qkv_cols,
                            dh_partial.data(), grads[ids.qkv].data());
   tp_.reduce(dh_partial, N, H, dh);  // backward of the ColumnParallelLinear entry
-  backend_.rmsnorm_backward(dh.data(), a.x_in.data(), params[ids.input_norm].data(), a.rstd_attn.data(), Nl, H,
-                            dnorm_in.data(), grads[ids.input_norm].data());
+  backend_.rmsnorm_backward(dh.data(), a.x_in.data(), params[ids.input_norm].data(), a.rstd_attn.data(), Nl,
+                            H, dnorm_in.data(), grads[ids.input_norm].data());
   backend_.add_inplace(dx.data(), dnorm_in.data(), Nl * H);  // the residual branch joins the skip path
 }
 
@@ -178,11 +179,11 @@ void Transformer::mlp_block_backward(const ParamTensors& params, int64_t layer, 
                            grads[ids.fc2].data());
   backend_.swiglu_backward(dact.data(), a.fc1.data(), N, F, dfc1.data());
   std::vector<double> dh_partial = buffer(N * H), dh, dnorm_in = buffer(Nl * H);
-  backend_.linear_backward(dfc1.data(), a.h_mlp.data(), params[ids.fc1].data(), N, H, 2 * F, dh_partial.data(),
-                           grads[ids.fc1].data());
+  backend_.linear_backward(dfc1.data(), a.h_mlp.data(), params[ids.fc1].data(), N, H, 2 * F,
+                           dh_partial.data(), grads[ids.fc1].data());
   tp_.reduce(dh_partial, N, H, dh);
-  backend_.rmsnorm_backward(dh.data(), a.x_mid.data(), params[ids.pre_mlp_norm].data(), a.rstd_mlp.data(), Nl, H,
-                            dnorm_in.data(), grads[ids.pre_mlp_norm].data());
+  backend_.rmsnorm_backward(dh.data(), a.x_mid.data(), params[ids.pre_mlp_norm].data(), a.rstd_mlp.data(), Nl,
+                            H, dnorm_in.data(), grads[ids.pre_mlp_norm].data());
   backend_.add_inplace(dx.data(), dnorm_in.data(), Nl * H);
 }
 
@@ -231,8 +232,8 @@ void Transformer::head_backward(const ParamTensors& params, const MicroBatch& ba
 
 // ---- one stage: [embedding] -> layers -> [head] ----------------------------------------------------------
 
-void Transformer::forward(const ParamTensors& params, const MicroBatch& batch, const std::vector<double>* input,
-                          Activations& acts) const {
+void Transformer::forward(const ParamTensors& params, const MicroBatch& batch,
+                          const std::vector<double>* input, Activations& acts) const {
   const int64_t N = batch.windows * model_.seq_length, H = model_.hidden_size;
   std::vector<double> x;  // [Nl,H] the residual stream
   if (stage_.first_stage) {

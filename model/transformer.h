@@ -66,8 +66,8 @@ struct LayerActivations {
 
 struct Activations {
   std::vector<LayerActivations> layers;  // this stage's layers
-  std::vector<double> x_final;       // [Nl,H] residual stream after the stage's last layer (the stage's
-                                     //        output, sent to the next stage when not the last)
+  std::vector<double> x_final;           // [Nl,H] residual stream after the stage's last layer (the stage's
+                                         //        output, sent to the next stage when not the last)
   // Last stage only:
   std::vector<double> rstd_final;    // [Nl]
   std::vector<double> h_final;       // [N,H]  final_layernorm output (the final hidden states)
@@ -90,8 +90,9 @@ class Transformer {
   // Adds the gradient of sum_n loss_weight * token_losses[n] to grads. On the last stage the loss is the
   // start (d_output unused); otherwise d_output [Nl,H] is the gradient of the stage's output. On other
   // than the first stage, d_input receives the gradient of the stage's input [Nl,H].
-  void backward(const ParamTensors& params, const MicroBatch& batch, const Activations& acts, double loss_weight,
-                const std::vector<double>* d_output, ParamTensors& grads, std::vector<double>* d_input) const;
+  void backward(const ParamTensors& params, const MicroBatch& batch, const Activations& acts,
+                double loss_weight, const std::vector<double>* d_output, ParamTensors& grads,
+                std::vector<double>* d_input) const;
 
   const StageRange& stage() const { return stage_; }
   int64_t local_rows(int64_t windows) const { return tp_.local_rows(windows * model_.seq_length); }

@@ -15,11 +15,13 @@ MicroBatch GlobalBatch::micro_batch(int64_t first, int64_t count) const {
 
 int64_t GlobalBatch::loss_tokens(int64_t first, int64_t count) const {
   int64_t n = 0;
-  for (int64_t i = first * seq; i < (first + count) * seq; ++i) n += targets[static_cast<size_t>(i)] != data::kIgnoreTarget;
+  for (int64_t i = first * seq; i < (first + count) * seq; ++i)
+    n += targets[static_cast<size_t>(i)] != data::kIgnoreTarget;
   return n;
 }
 
-GlobalBatch make_global_batch(const std::vector<data::Window>& windows, int64_t global_batch_size, int64_t step) {
+GlobalBatch make_global_batch(const std::vector<data::Window>& windows, int64_t global_batch_size,
+                              int64_t step) {
   GlobalBatch batch;
   batch.windows = global_batch_size;
   batch.seq = static_cast<int64_t>(windows.front().tokens.size());

@@ -20,9 +20,13 @@ namespace {
 
 using cpu::Store;
 
-cpu::RoundTo scores_format(Precision p) { return p == Precision::kFp64 ? cpu::RoundTo::kNone : cpu::RoundTo::kFp32; }
+cpu::RoundTo scores_format(Precision p) {
+  return p == Precision::kFp64 ? cpu::RoundTo::kNone : cpu::RoundTo::kFp32;
+}
 cpu::RoundTo activation_format(Precision p) {
-  return p == Precision::kBf16 ? cpu::RoundTo::kBf16 : p == Precision::kFp32 ? cpu::RoundTo::kFp32 : cpu::RoundTo::kNone;
+  return p == Precision::kBf16   ? cpu::RoundTo::kBf16
+         : p == Precision::kFp32 ? cpu::RoundTo::kFp32
+                                 : cpu::RoundTo::kNone;
 }
 
 // Row-wise softmax of scores[T,T] in place, over the keys query i may attend to.
@@ -31,7 +35,9 @@ void masked_softmax(double* scores, const int32_t* document_ids, bool document_m
   std::vector<T> e(static_cast<size_t>(seq));  // one row of exp(s - max)
   for (int64_t i = 0; i < seq; ++i) {
     double* row = scores + i * seq;
-    auto visible = [&](int64_t j) { return j <= i && (!document_masking || document_ids[j] == document_ids[i]); };
+    auto visible = [&](int64_t j) {
+      return j <= i && (!document_masking || document_ids[j] == document_ids[i]);
+    };
     T row_max = -std::numeric_limits<T>::infinity();
     for (int64_t j = 0; j <= i; ++j) {
       if (visible(j) && static_cast<T>(row[j]) > row_max) row_max = static_cast<T>(row[j]);
@@ -53,7 +59,8 @@ void softmax_backward(const double* p, double* ds, int64_t seq) {
     T dot = 0;
     for (int64_t j = 0; j <= i; ++j) dot += static_cast<T>(p[i * seq + j]) * static_cast<T>(ds[i * seq + j]);
     for (int64_t j = 0; j < seq; ++j) {
-      ds[i * seq + j] = static_cast<double>(static_cast<T>(p[i * seq + j]) * (static_cast<T>(ds[i * seq + j]) - dot));
+      ds[i * seq + j] =
+          static_cast<double>(static_cast<T>(p[i * seq + j]) * (static_cast<T>(ds[i * seq + j]) - dot));
     }
   }
 }
@@ -125,8 +132,8 @@ void CpuBackend::attention_backward(const double* dout, const double* q, const d
   const int64_t out_width = s.num_heads * D;
   const int64_t kv_elements = s.windows * s.num_kv_heads * T * D;
   for (int64_t i = 0; i < kv_elements; ++i) dk[i] = dv[i] = 0.0;  // summed over the heads of a group
-  const cpu::RoundTo accumulate = scores_format(precision());      // FP32 unless FP64, then stored once
-  std::vector<double> dscores(static_cast<size_t>(T * T));          // [T,T]
+  const cpu::RoundTo accumulate = scores_format(precision());     // FP32 unless FP64, then stored once
+  std::vector<double> dscores(static_cast<size_t>(T * T));        // [T,T]
   std::vector<double> dropped(keep_scale ? static_cast<size_t>(T * T) : 0);  // [T,T] P' of one head
   std::vector<double> scratch;
   for (int64_t b = 0; b < s.windows; ++b) {
@@ -161,10 +168,10 @@ void CpuBackend::attention_backward(const double* dout, const double* q, const d
       }
       // dQ_h = dS K_g * scale;  dK_g += dS^T Q_h * scale
       const double* ds_in = gemm_input(ds, T * T, precision(), scratch);
-      cpu::gemm(precision(), activation_format(precision()), false, false, T, D, T, s.scale(), ds_in, T, kg, D,
-                Store::kOverwrite, dqh, D);
-      cpu::gemm(precision(), accumulate, true, false, T, D, T, s.scale(), ds_in, T, qh, D, Store::kAccumulate, dkg,
-                D);
+      cpu::gemm(precision(), activation_format(precision()), false, false, T, D, T, s.scale(), ds_in, T, kg,
+                D, Store::kOverwrite, dqh, D);
+      cpu::gemm(precision(), accumulate, true, false, T, D, T, s.scale(), ds_in, T, qh, D, Store::kAccumulate,
+                dkg, D);
     }
   }
   round(TensorRole::kActivation, dk, kv_elements);

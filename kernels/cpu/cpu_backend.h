@@ -25,17 +25,18 @@ class CpuBackend final : public Backend {
   void add_inplace(double* x, const double* y, int64_t n) override;
 
   // kernels/cpu/normalization.cpp (RMSNorm, RoPE, SwiGLU, the qkv layout)
-  void rmsnorm_forward(const double* x, const double* weight, int64_t rows, int64_t hidden, double eps, double* y,
-                       double* rstd) override;
+  void rmsnorm_forward(const double* x, const double* weight, int64_t rows, int64_t hidden, double eps,
+                       double* y, double* rstd) override;
   void rmsnorm_backward(const double* dy, const double* x, const double* weight, const double* rstd,
                         int64_t rows, int64_t hidden, double* dx, double* dweight_accum) override;
   void qkv_split(const double* qkv, const AttentionShape& shape, double* q, double* k, double* v) override;
   void qkv_merge(const double* dq, const double* dk, const double* dv, const AttentionShape& shape,
                  double* dqkv) override;
-  void rope(double* x, const int32_t* position_ids, int64_t windows, int64_t heads, int64_t seq, int64_t head_dim,
-            double theta, bool inverse) override;
+  void rope(double* x, const int32_t* position_ids, int64_t windows, int64_t heads, int64_t seq,
+            int64_t head_dim, double theta, bool inverse) override;
   void swiglu_forward(const double* fc1, int64_t rows, int64_t ffn, double* act) override;
-  void swiglu_backward(const double* dact, const double* fc1, int64_t rows, int64_t ffn, double* dfc1) override;
+  void swiglu_backward(const double* dact, const double* fc1, int64_t rows, int64_t ffn,
+                       double* dfc1) override;
 
   // kernels/cpu/attention.cpp
   void attention_forward(const double* q, const double* k, const double* v, const int32_t* document_ids,

@@ -1,15 +1,17 @@
 // CPU linear layers, embedding lookup, the residual add, and storage rounding.
+#include <vector>
+
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/gemm.h"
-
-#include <vector>
 
 namespace touchstone {
 
 namespace {
 
 cpu::RoundTo activation_format(Precision p) {
-  return p == Precision::kBf16 ? cpu::RoundTo::kBf16 : p == Precision::kFp32 ? cpu::RoundTo::kFp32 : cpu::RoundTo::kNone;
+  return p == Precision::kBf16   ? cpu::RoundTo::kBf16
+         : p == Precision::kFp32 ? cpu::RoundTo::kFp32
+                                 : cpu::RoundTo::kNone;
 }
 
 }  // namespace
@@ -17,7 +19,7 @@ cpu::RoundTo activation_format(Precision p) {
 void CpuBackend::round(TensorRole role, double* x, int64_t n) {
   if (precision() == Precision::kFp64) return;
   for (int64_t i = 0; i < n; ++i) {
-    x[i] = role == TensorRole::kState ? rounding_.state(x[i])
+    x[i] = role == TensorRole::kState           ? rounding_.state(x[i])
            : role == TensorRole::kComputeWeight ? rounding_.weight(x[i])
                                                 : rounding_.activation(x[i]);
   }
@@ -33,19 +35,20 @@ void CpuBackend::linear_forward(const double* x, const double* weight, int64_t r
 void CpuBackend::linear_backward(const double* dy, const double* x, const double* weight, int64_t rows,
                                  int64_t in, int64_t out, double* dx, double* dweight_accum) {
   // dx[N,in] = dy[N,out] @ W[out,in]
-  cpu::gemm(precision(), activation_format(precision()), false, false, rows, in, out, 1.0, dy, out, weight, in,
-            cpu::Store::kOverwrite, dx, in);
+  cpu::gemm(precision(), activation_format(precision()), false, false, rows, in, out, 1.0, dy, out, weight,
+            in, cpu::Store::kOverwrite, dx, in);
   // dW[out,in] += dy[N,out]^T @ x[N,in], into the main gradient (FP32 unless FP64). Without
   // gradient-accumulation fusion a BF16 run first stores this micro-batch's result in BF16.
   if (precision() == Precision::kBf16 && !options_.grad_accumulation_fusion) {
     std::vector<double> micro(static_cast<size_t>(out * in));
     cpu::gemm(precision(), cpu::RoundTo::kBf16, true, false, out, in, rows, 1.0, dy, out, x, in,
               cpu::Store::kOverwrite, micro.data(), in);
-    for (int64_t i = 0; i < out * in; ++i) dweight_accum[i] = rounding_.state(dweight_accum[i] + micro[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < out * in; ++i)
+      dweight_accum[i] = rounding_.state(dweight_accum[i] + micro[static_cast<size_t>(i)]);
     return;
   }
-  cpu::gemm(precision(), precision() == Precision::kFp64 ? cpu::RoundTo::kNone : cpu::RoundTo::kFp32, true, false,
-            out, in, rows, 1.0, dy, out, x, in, cpu::Store::kAccumulate, dweight_accum, in);
+  cpu::gemm(precision(), precision() == Precision::kFp64 ? cpu::RoundTo::kNone : cpu::RoundTo::kFp32, true,
+            false, out, in, rows, 1.0, dy, out, x, in, cpu::Store::kAccumulate, dweight_accum, in);
 }
 
 void CpuBackend::embedding_forward(const int32_t* tokens, const double* table, int64_t rows, int64_t hidden,

@@ -28,7 +28,8 @@ TEST(Config, EmptyObjectIsTheDefaults) {
 TEST(Config, FileAndOverridesApplyInOrder) {
   const nlohmann::json file = {{"model", {{"hidden_size", 32}, {"norm_eps", 1}}}, {"precision", "fp64"}};
   const Config config = resolve_config(
-      file, {"model.hidden_size=48", "data.source=docs.jsonl", "optim.lr=0.5", "model.tie_embeddings=true"}, "c.json");
+      file, {"model.hidden_size=48", "data.source=docs.jsonl", "optim.lr=0.5", "model.tie_embeddings=true"},
+      "c.json");
   EXPECT_EQ(config.model.hidden_size, 48);
   EXPECT_EQ(config.model.norm_eps, 1.0);  // an integer is accepted for a float key
   EXPECT_EQ(config.data.source, "docs.jsonl");
@@ -37,39 +38,56 @@ TEST(Config, FileAndOverridesApplyInOrder) {
 }
 
 TEST(Config, UnknownKeysAndWrongTypesNameTheKey) {
-  EXPECT_EQ(error_of([] { resolve_config({{"model", {{"hiden_size", 3}}}}, {}, "c.json"); }),
+  EXPECT_EQ(error_of([] {
+              resolve_config({{"model", {{"hiden_size", 3}}}}, {}, "c.json");
+            }),
             "c.json: unknown config key 'model.hiden_size'");
-  EXPECT_EQ(error_of([] { resolve_config({{"modle", {}}}, {}, "c.json"); }), "c.json: unknown config key 'modle'");
-  EXPECT_EQ(error_of([] { resolve_config({{"model", {{"hidden_size", 3.5}}}}, {}, "c.json"); }),
+  EXPECT_EQ(error_of([] {
+              resolve_config({{"modle", {}}}, {}, "c.json");
+            }),
+            "c.json: unknown config key 'modle'");
+  EXPECT_EQ(error_of([] {
+              resolve_config({{"model", {{"hidden_size", 3.5}}}}, {}, "c.json");
+            }),
             "c.json: model.hidden_size must be an integer, got 3.5");
-  EXPECT_EQ(error_of([] { resolve_config({{"model", 3}}, {}, "c.json"); }), "c.json: model must be a JSON object");
-  EXPECT_EQ(error_of([] { resolve_config(nullptr, {"train.stepz=3"}, "c"); }), "--set: unknown config key 'train.stepz'");
+  EXPECT_EQ(error_of([] {
+              resolve_config({{"model", 3}}, {}, "c.json");
+            }),
+            "c.json: model must be a JSON object");
+  EXPECT_EQ(error_of([] { resolve_config(nullptr, {"train.stepz=3"}, "c"); }),
+            "--set: unknown config key 'train.stepz'");
   EXPECT_EQ(error_of([] { resolve_config(nullptr, {"train.steps=three"}, "c"); }),
             "--set train.steps=three: train.steps must be an integer, got \"three\"");
-  EXPECT_EQ(error_of([] { resolve_config(nullptr, {"train"}, "c"); }), "--set train: expected section.key=value");
-  EXPECT_EQ(error_of([] { resolve_config(nullptr, {"train=1"}, "c"); }), "--set: 'train' is a section, not a key");
+  EXPECT_EQ(error_of([] { resolve_config(nullptr, {"train"}, "c"); }),
+            "--set train: expected section.key=value");
+  EXPECT_EQ(error_of([] { resolve_config(nullptr, {"train=1"}, "c"); }),
+            "--set: 'train' is a section, not a key");
 }
 
 TEST(Config, ImpossibleShapesAreRefused) {
   auto invalid = [](const std::string& assignment, int world_size = 1) {
     return error_of([&] { validate_config(resolve_config(nullptr, {assignment}, "c"), world_size); });
   };
-  EXPECT_NE(invalid("model.num_heads=3").find("model.hidden_size (64) must be divisible by model.num_heads (3)"),
-            std::string::npos);
-  EXPECT_NE(invalid("model.num_kv_heads=3").find("model.num_kv_heads (3) must be >= 1 and divide model.num_heads"),
-            std::string::npos);
+  EXPECT_NE(
+      invalid("model.num_heads=3").find("model.hidden_size (64) must be divisible by model.num_heads (3)"),
+      std::string::npos);
+  EXPECT_NE(
+      invalid("model.num_kv_heads=3").find("model.num_kv_heads (3) must be >= 1 and divide model.num_heads"),
+      std::string::npos);
   EXPECT_NE(invalid("model.hidden_size=12").find("head_dim 3 must be even"), std::string::npos);
   EXPECT_NE(invalid("train.micro_batch_size=3").find("train.global_batch_size (8) must be divisible"),
             std::string::npos);
   EXPECT_NE(invalid("data.eos_token=256").find("data.eos_token (256) must be in [0, model.vocab_size)"),
             std::string::npos);
-  EXPECT_NE(invalid("data.pad_token=1").find("data.pad_token must differ from data.eos_token"), std::string::npos);
+  EXPECT_NE(invalid("data.pad_token=1").find("data.pad_token must differ from data.eos_token"),
+            std::string::npos);
   EXPECT_NE(invalid("train.loss_normalization=mean").find("train.loss_normalization"), std::string::npos);
   EXPECT_NE(invalid("optim.decay_steps=0").find("optim.decay_steps must be >= optim.warmup_steps"),
             std::string::npos);
   EXPECT_NE(invalid("parallel.schedule=gpipe").find("parallel.schedule"), std::string::npos);
   EXPECT_NE(invalid("parallel.tp=2").find("tp x pp x dp = 2 but the run has 1 process"), std::string::npos);
-  EXPECT_NE(invalid("parallel.pp=3").find("parallel.pp (3) must divide model.num_layers (2)"), std::string::npos);
+  EXPECT_NE(invalid("parallel.pp=3").find("parallel.pp (3) must divide model.num_layers (2)"),
+            std::string::npos);
   EXPECT_NE(invalid("precision=fp16").find("precision must be"), std::string::npos);
   EXPECT_NE(invalid("model.norm_eps=0").find("model.norm_eps must be > 0"), std::string::npos);
   EXPECT_EQ(invalid("model.attention_dropout=1"),

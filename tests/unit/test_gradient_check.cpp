@@ -29,7 +29,9 @@ constexpr double kRelativeBound = 1e-7;
 constexpr double kGradientFloor = 3e-5;
 
 // Two windows of T=8 with a document continued across the edge, two packed short documents, padding.
-std::vector<data::Document> fd_documents() { return {{5, 6, 7, 8, 9, 10, 11, 12, 13, 14}, {3, 4}, {15, 2, 9}, {7, 7, 8, 2, 3, 4, 5, 6, 11, 12, 13}}; }
+std::vector<data::Document> fd_documents() {
+  return {{5, 6, 7, 8, 9, 10, 11, 12, 13, 14}, {3, 4}, {15, 2, 9}, {7, 7, 8, 2, 3, 4, 5, 6, 11, 12, 13}};
+}
 
 void check_every_gradient(const Config& config, LossNormalization normalization) {
   auto backend = make_cpu_backend();

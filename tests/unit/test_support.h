@@ -44,9 +44,9 @@ inline Transformer whole_model(const Config& c, const ParamTable& table, Backend
 
 // Packs `documents` with the config's data rules and returns the first global batch of B windows.
 inline GlobalBatch batch_from_documents(const Config& c, const std::vector<data::Document>& documents) {
-  const data::PackingOptions options{static_cast<int>(c.model.seq_length), static_cast<int32_t>(c.data.eos_token),
-                                     static_cast<int32_t>(c.data.pad_token), c.data.eos_loss,
-                                     c.data.document_masking};
+  const data::PackingOptions options{
+      static_cast<int>(c.model.seq_length), static_cast<int32_t>(c.data.eos_token),
+      static_cast<int32_t>(c.data.pad_token), c.data.eos_loss, c.data.document_masking};
   return make_global_batch(data::pack_documents(documents, options), c.train.global_batch_size, 1);
 }
 
