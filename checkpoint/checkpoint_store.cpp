@@ -6,7 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/atomic_file.h"
+#include "common/text_output.h"
 #include "model/errors.h"
 #include "model/hash.h"
 
@@ -106,7 +106,7 @@ void write_manifest(const fs::path& directory, int64_t step) {
   }
   const nlohmann::json manifest = {
       {"format", "touchstone-checkpoint"}, {"format_version", 1}, {"step", step}, {"files", files}};
-  write_file_atomically(directory / kManifest, manifest.dump(2) + "\n");
+  write_text_file_atomically((directory / kManifest).string(), manifest.dump(2) + "\n");
 }
 
 TrainingState load_checkpoint_directory(const fs::path& directory, const Config& config) {
@@ -142,12 +142,12 @@ fs::path CheckpointStore::commit_save(int64_t step) const {
   const fs::path partial = directory_ / (kPartialPrefix + step_directory_name(step));
   const fs::path final_directory = directory_ / step_directory_name(step);
   write_manifest(partial, step);
-  sync_directory(partial);
+  sync_directory(partial.string());
   fs::remove_all(final_directory);  // a step saved again after a restart replaces the older save
   fs::rename(partial, final_directory);
-  sync_directory(directory_);
+  sync_directory(directory_.string());
   const nlohmann::json latest = {{"step", step}, {"directory", step_directory_name(step)}};
-  write_file_atomically(directory_ / kLatest, latest.dump() + "\n");
+  write_text_file_atomically((directory_ / kLatest).string(), latest.dump() + "\n");
   prune();
   return final_directory;
 }
@@ -186,7 +186,7 @@ void CheckpointStore::prune() const {
   for (size_t i = 0; i + static_cast<size_t>(keep_) < steps.size(); ++i) {
     fs::remove_all(directory_ / step_directory_name(steps[i]));
   }
-  sync_directory(directory_);
+  sync_directory(directory_.string());
 }
 
 std::optional<LoadedCheckpoint> CheckpointStore::load_latest(const Config& config, bool fallback) const {

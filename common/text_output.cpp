@@ -74,6 +74,15 @@ void write_text_file_atomically(const std::string& path, const std::string& text
   }
   if (::close(fd) != 0) fail("close " + temp_path);
   if (std::rename(temp_path.c_str(), path.c_str()) != 0) fail("rename " + temp_path + " into place");
+  sync_directory(std::filesystem::absolute(path).parent_path().string());
+}
+
+void sync_directory(const std::string& directory) {
+  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const bool synced = fd >= 0 && ::fsync(fd) == 0;
+  if (fd >= 0) ::close(fd);
+  if (!synced)
+    throw std::runtime_error(directory + ": cannot sync the directory (" + std::strerror(errno) + ")");
 }
 
 }  // namespace touchstone

@@ -1,5 +1,6 @@
 // Writing text outputs that people and other programs read: checking an output path before any work,
-// XML/SVG escaping, and replacing a file atomically so that a reader never sees a half-written report.
+// XML/SVG escaping, and replacing a file atomically (and durably) so that a reader never sees a half-written
+// report.
 #pragma once
 
 #include <string>
@@ -13,9 +14,13 @@ void check_output_path(const std::string& path, const std::string& option);
 // `text` with & < > " ' replaced by their XML entities, for SVG text, titles and attribute values.
 std::string xml_escape(const std::string& text);
 
-// Writes `text` to `<path>.tmp.<pid>` in the same directory, syncs it and renames it over `path`
-// (rename is atomic within one file system). On failure the temporary file is removed and
-// std::runtime_error names the path.
+// Writes `text` to `<path>.tmp.<pid>` in the same directory, syncs it, renames it over `path` (rename
+// is atomic within one file system) and syncs the directory so that the rename survives a crash. On
+// failure the temporary file is removed and std::runtime_error names the path.
 void write_text_file_atomically(const std::string& path, const std::string& text);
+
+// fsync of a directory: makes the creation, rename or removal of its entries durable. Throws
+// std::runtime_error naming the directory.
+void sync_directory(const std::string& directory);
 
 }  // namespace touchstone

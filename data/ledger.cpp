@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "common/text_output.h"
 #include "model/errors.h"
 
 namespace touchstone::ledger {
@@ -188,11 +189,11 @@ void drop_torn_tail(int fd, const std::string& path) {
 
 // Makes a newly created file's directory entry durable.
 void sync_directory_of(const std::string& path) {
-  const std::string directory = std::filesystem::absolute(path).parent_path().string();
-  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;  // the lines themselves are synced; losing the entry needs a crash right now
-  ::fsync(fd);
-  ::close(fd);
+  try {
+    sync_directory(std::filesystem::absolute(path).parent_path().string());
+  } catch (const std::runtime_error&) {
+    // the lines themselves are synced; losing the entry needs a crash right now
+  }
 }
 
 }  // namespace
