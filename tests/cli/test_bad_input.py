@@ -129,6 +129,66 @@ class BadInput(unittest.TestCase):
         self.assertIn("--out", result.stderr)
 
 
+class BadCheckpointInput(unittest.TestCase):
+    """Checkpoint options and checkpoints that cannot be resumed: exit 2 with one line, before any step,
+    and the checkpoint directory left as it was."""
+
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.ckpt = os.path.join(self.dir.name, "ckpt")
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def listing(self):
+        return sorted(os.path.join(root, name) for root, dirs, files in os.walk(self.dir.name) for name in dirs + files)
+
+    def assert_refused(self, args, message):
+        before = self.listing()
+        result = run("train", *SMALL, *args)
+        self.assertEqual(result.returncode, 2, result.stderr + result.stdout)
+        lines = result.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, result.stderr)
+        self.assertIn(message, lines[0])
+        self.assertNotIn("step ", result.stdout, "compute started before the error")
+        self.assertEqual(self.listing(), before, "the checkpoint directory changed")
+
+    def save_one_step(self):
+        result = run("train", *SMALL, "--set", "train.steps=1", "--checkpoint-dir", self.ckpt)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return os.path.join(self.ckpt, "step_00000001", "state.h5")
+
+    def test_options_need_a_checkpoint_directory(self):
+        self.assert_refused(["--resume"], "--resume, --fallback and --save-every need --checkpoint-dir")
+
+    def test_bad_fail_at(self):
+        for spec in ["3", "x:0", "2:0:sideways", "0:0", "2:-1"]:
+            self.assert_refused(["--fail-at", spec], f"--fail-at {spec}: expected step:rank[:phase]")
+        self.assert_refused(["--fail-at", "2:4"], "--fail-at 2:4: rank is not below the world size 1")
+
+    def test_bad_keep_and_directory(self):
+        self.assert_refused(["--checkpoint-dir", self.ckpt, "--keep", "-1"], "--keep must be >= 0")
+        not_a_directory = os.path.join(self.dir.name, "file")
+        open(not_a_directory, "w").close()
+        self.assert_refused(["--checkpoint-dir", not_a_directory], "is not a directory")
+
+    def test_golden_file_of_a_resumed_run(self):
+        result = run("golden", *SMALL, "--checkpoint-dir", self.ckpt, "--resume", "--out",
+                     os.path.join(self.dir.name, "g.h5"))
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("cannot be combined with --resume", result.stderr)
+
+    def test_truncated_checkpoint(self):
+        state = self.save_one_step()
+        os.truncate(state, os.path.getsize(state) // 3)
+        self.assert_refused(["--checkpoint-dir", self.ckpt, "--resume", "--set", "train.steps=2"], "truncated")
+
+    def test_checkpoint_of_another_model(self):
+        self.save_one_step()
+        self.assert_refused(["--checkpoint-dir", self.ckpt, "--resume", "--set", "train.steps=2", "--set",
+                             "model.num_layers=3"], "model.num_layers is 2 in the checkpoint and 3 in this run")
+
+
 class GoodInput(unittest.TestCase):
     def test_help_lists_every_option(self):
         top = run("--help")
