@@ -109,6 +109,14 @@ class Resume(unittest.TestCase):
                 continue
             error = np.linalg.norm(resumed[name] - value) / max(np.linalg.norm(value), 1e-300)
             self.assertLessEqual(error, LAYOUT_TOLERANCE, f"{layout}: {name}")
+        # The ledger: every step read the same global samples (split over this layout's dp ranks), and
+        # computed the same loss within the layout tolerance.
+        reference, steps = ledger_steps(self.continuous), ledger_steps(directory)
+        self.assertEqual(sorted(steps), sorted(reference))
+        for step, (samples, loss, tokens, *_) in reference.items():
+            self.assertEqual(sorted(sum(steps[step][0], [])), sorted(sum(samples, [])), step)
+            self.assertEqual(steps[step][2], tokens)
+            self.assertLessEqual(abs(steps[step][1] - loss), LAYOUT_TOLERANCE * abs(loss), step)
 
     def test_resume_at_dp4_with_distributed_optimizer(self):
         self.check_other_layout("dp4_zero")
