@@ -3,9 +3,9 @@
 // Exit status: 0 success, 2 bad input (config, data, files; reported before any compute and without
 // leaving an output file), 1 anything else.
 #include <CLI/CLI.hpp>
-#include <filesystem>
 #include <iostream>
 
+#include "common/text_output.h"
 #include "model/config.h"
 #include "model/errors.h"
 #include "oracle/run.h"
@@ -77,14 +77,6 @@ touchstone::Config resolve(const ConfigOptions& options) {
                                     options.config_path.empty() ? "config" : options.config_path);
 }
 
-void check_output_path(const std::string& path) {
-  const std::filesystem::path parent = std::filesystem::absolute(path).parent_path();
-  if (!std::filesystem::is_directory(parent)) {
-    throw InputError(path + ": output directory " + parent.string() + " does not exist");
-  }
-  if (std::filesystem::is_directory(path)) throw InputError(path + ": is a directory");
-}
-
 // Every rank validates the same inputs; they agree on the outcome before any communicator is built,
 // so a bad input ends every rank with status 2 (the message printed once, by rank 0) and none waits
 // in a collective for a rank that has already left.
@@ -94,7 +86,7 @@ int run(const ConfigOptions& config_options, touchstone::RunOptions& run_options
   touchstone::PreparedRun prepared;
   try {
     const touchstone::Config config = resolve(config_options);
-    if (!run_options.golden_path.empty()) check_output_path(run_options.golden_path);
+    if (!run_options.golden_path.empty()) touchstone::check_output_path(run_options.golden_path, "--out");
     prepared = touchstone::prepare_run(config, run_options, mpi.world_size());
   } catch (const InputError& e) {
     error = e.what();

@@ -4,35 +4,13 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 
+#include "common/text_output.h"
 #include "model/errors.h"
 #include "tools/diff/report.h"
 
 namespace touchstone {
-
-namespace {
-
-void check_output(const std::string& path, const char* option) {
-  if (path.empty()) return;
-  const std::filesystem::path parent = std::filesystem::absolute(path).parent_path();
-  if (!std::filesystem::is_directory(parent)) {
-    throw InputError(std::string(option) + " " + path + ": directory " + parent.string() + " does not exist");
-  }
-  if (std::filesystem::is_directory(path)) {
-    throw InputError(std::string(option) + " " + path + ": is a directory");
-  }
-}
-
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  if (!out.flush()) throw InputError(path + ": cannot write");
-}
-
-}  // namespace
 
 void add_diff_options(CLI::App* command, DiffOptions& options) {
   command->add_option("golden", options.golden, "Golden file (HDF5) written by `touchstone golden`")
@@ -68,8 +46,8 @@ void add_diff_options(CLI::App* command, DiffOptions& options) {
 }
 
 int run_diff(const DiffOptions& options) {
-  check_output(options.json_path, "--json");
-  check_output(options.report_path, "--report");
+  if (!options.json_path.empty()) check_output_path(options.json_path, "--json");
+  if (!options.report_path.empty()) check_output_path(options.report_path, "--report");
   diff::AnalysisOptions analysis;
   analysis.candidate.format = options.format;
   analysis.candidate.kind = options.candidate_kind;
@@ -81,8 +59,10 @@ int run_diff(const DiffOptions& options) {
   const diff::DiffResult result = diff::run_analysis(options.golden, options.candidate, analysis);
   const bool colour = isatty(STDOUT_FILENO) != 0 && std::getenv("NO_COLOR") == nullptr;
   diff::print_table(result, std::cout, colour);
-  if (!options.json_path.empty()) write_file(options.json_path, diff::to_json(result).dump(2) + "\n");
-  if (!options.report_path.empty()) write_file(options.report_path, diff::html_report(result));
+  if (!options.json_path.empty())
+    write_text_file_atomically(options.json_path, diff::to_json(result).dump(2) + "\n");
+  if (!options.report_path.empty())
+    write_text_file_atomically(options.report_path, diff::html_report(result));
   std::cout.flush();
   return result.exit_status();
 }

@@ -1,33 +1,11 @@
 // The HTML view: one self-contained page (inline CSS and SVG, no scripts, nothing fetched), so it can be
 // attached to a bug report or archived with a CI run.
+#include "common/text_output.h"
 #include "tools/diff/report.h"
 
 namespace touchstone::diff {
 
 namespace {
-
-std::string escape(const std::string& text) {
-  std::string out;
-  for (char ch : text) {
-    switch (ch) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += ch;
-    }
-  }
-  return out;
-}
 
 const char* kStyle = R"(body{font-family:sans-serif;margin:24px;color:#222}
 h1{font-size:22px}h2{font-size:17px;margin-top:28px}
@@ -41,7 +19,7 @@ tr.fail td{background:#fde8e8}tr.first td{background:#f9c5c5;font-weight:bold}tr
 )";
 
 std::string cell(const std::string& text, bool left = false) {
-  return std::string(left ? "<td class=\"l\">" : "<td>") + escape(text) + "</td>";
+  return std::string(left ? "<td class=\"l\">" : "<td>") + xml_escape(text) + "</td>";
 }
 
 }  // namespace
@@ -72,13 +50,13 @@ std::string html_report(const DiffResult& r) {
   if (r.tolerance_override) {
     h += "<div class=\"override\">The tolerance was overridden on the command line (" +
          number(*r.tolerance_override) + " for every tensor); the golden file's tolerance model is " +
-         escape(r.tolerance_model) + ".</div>\n";
+         xml_escape(r.tolerance_model) + ".</div>\n";
   }
   int64_t focus = r.entries.empty() ? 0 : r.entries.back().step;
   if (r.first_failure >= 0) {
     const Entry& first = r.entries[static_cast<size_t>(r.first_failure)];
     focus = first.step;
-    h += "<h2>First failure</h2><p><code>" + escape(first.path) + "</code>";
+    h += "<h2>First failure</h2><p><code>" + xml_escape(first.path) + "</code>";
     if (first.reason.empty() && first.metrics.numel > 0) {
       std::string index;
       for (int64_t i : first.metrics.worst_index) index += (index.empty() ? "" : ", ") + std::to_string(i);
@@ -87,10 +65,10 @@ std::string html_report(const DiffResult& r) {
            number(first.metrics.worst_golden, 10) + ", candidate " +
            number(first.metrics.worst_candidate, 10);
     } else {
-      h += ": " + escape(first.reason);
+      h += ": " + xml_escape(first.reason);
     }
     h += "</p>\n<h2>Verdict</h2>\n";
-    for (const Verdict& v : r.verdicts) h += "<div class=\"verdict\">" + escape(v.message) + "</div>\n";
+    for (const Verdict& v : r.verdicts) h += "<div class=\"verdict\">" + xml_escape(v.message) + "</div>\n";
     if (r.verdicts.empty()) h += "<p>No known signature matches; start from the first failure.</p>\n";
   }
   h += "<h2>Error per layer and tensor kind</h2>\n";
@@ -130,7 +108,7 @@ std::string html_report(const DiffResult& r) {
   h += "</table>\n";
   if (!r.notes.empty()) {
     h += "<h2>Notes</h2><ul>";
-    for (const std::string& n : r.notes) h += "<li>" + escape(n) + "</li>";
+    for (const std::string& n : r.notes) h += "<li>" + xml_escape(n) + "</li>";
     h += "</ul>\n";
   }
   return h + "</body></html>\n";
