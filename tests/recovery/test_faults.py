@@ -16,8 +16,9 @@ import tempfile
 import time
 import unittest
 
-import h5py
 import numpy as np
+
+from checkpoint_files import checkpoint_tensors, ledger_steps
 
 TOUCHSTONE = None
 STEPS, SAVE_EVERY, BATCH = 6, 3, 8
@@ -37,24 +38,6 @@ def train_command(directory, *extra, ranks=8, layout=LAYOUT):
             directory, "--save-every", str(SAVE_EVERY), "--resume", *extra]
 
 
-def final_state(directory):
-    tensors = {}
-    with h5py.File(os.path.join(directory, f"step_{STEPS:08d}", "state.h5"), "r") as f:
-        f.visititems(lambda name, obj: tensors.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
-    return tensors
-
-
-def effective_steps(directory):
-    """step -> (samples, loss, grad_norm, lr) of the last attempt that recorded it."""
-    steps = {}
-    with open(os.path.join(directory, "ledger.jsonl")) as f:
-        for line in f:
-            event = json.loads(line)
-            if event["event"] == "step":
-                steps[event["step"]] = (event["samples"], event["loss"], event["grad_norm"], event["lr"])
-    return steps
-
-
 def leftover_processes(directory):
     """Processes whose command line names the run's directory (the ranks, mpirun, the supervisor)."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
@@ -68,8 +51,8 @@ class Recovery(unittest.TestCase):
         cls.reference_dir = os.path.join(cls.tmp.name, "uninterrupted")
         result = subprocess.run(train_command(cls.reference_dir), capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr
-        cls.reference = final_state(cls.reference_dir)
-        cls.reference_steps = effective_steps(cls.reference_dir)
+        cls.reference = checkpoint_tensors(cls.reference_dir, STEPS)
+        cls.reference_steps = ledger_steps(cls.reference_dir)
 
     @classmethod
     def tearDownClass(cls):
@@ -95,11 +78,11 @@ class Recovery(unittest.TestCase):
 
     def check_recovered(self, directory, report, recomputed_steps):
         # Bitwise: the same layout computes the same numbers in the same order after a resume.
-        state = final_state(directory)
+        state = checkpoint_tensors(directory, STEPS)
         self.assertEqual(sorted(state), sorted(self.reference))
         for name, value in self.reference.items():
             self.assertTrue(np.array_equal(state[name], value), name)
-        self.assertEqual(effective_steps(directory), self.reference_steps)
+        self.assertEqual(ledger_steps(directory), self.reference_steps)
         self.check_ledger(directory)
         self.assertEqual(report["outcome"], "succeeded")
         self.assertEqual(len(report["failures"]), 1)
@@ -147,7 +130,7 @@ class Recovery(unittest.TestCase):
             # The same command again (the fault has fired): it resumes from step 3 and finishes.
             report = self.supervise(directory, train_command(directory, "--fail-at", f"{STEPS}:{rank}:save"))
             self.assertEqual(report["failures"], [])
-            state = final_state(directory)
+            state = checkpoint_tensors(directory, STEPS)
             for name, value in self.reference.items():
                 self.assertTrue(np.array_equal(state[name], value), name)
             self.assertIn("attempt 2: resumed from step 3", self.check_ledger(directory))
@@ -164,13 +147,13 @@ class Recovery(unittest.TestCase):
         report = self.supervise(directory, train_command(directory, "--fail-at", "5:2:backward"),
                                 "--restart-command", restart)
         self.assertEqual(report["failures"][0]["resumed_from_step"], SAVE_EVERY)
-        state = final_state(directory)
+        state = checkpoint_tensors(directory, STEPS)
         for name, value in self.reference.items():
             error = np.linalg.norm(state[name] - value) / max(np.linalg.norm(value), 1e-300)
             self.assertLessEqual(error, LAYOUT_TOLERANCE, name)
         out = self.check_ledger(directory)
         self.assertIn("dp 2 -> 4", out)
-        steps = effective_steps(directory)
+        steps = ledger_steps(directory)
         for step, (samples, *_) in self.reference_steps.items():
             # The same global samples per step, split over 4 dp ranks instead of 2 from step 4 on.
             self.assertEqual(sorted(sum(steps[step][0], [])), sorted(sum(samples, [])), step)

@@ -4,15 +4,15 @@ tolerance at other layouts, with dropout off and on; a fresh --resume starts fro
 
 Usage: test_resume.py PATH_TO_TOUCHSTONE   (/usr/bin/python3 with h5py and numpy)
 """
-import json
 import os
 import subprocess
 import sys
 import tempfile
 import unittest
 
-import h5py
 import numpy as np
+
+from checkpoint_files import checkpoint_tensors, ledger_steps
 
 TOUCHSTONE = None
 STEPS = 6
@@ -41,25 +41,6 @@ def run(layout, *args, steps=STEPS, extra=()):
     return result.stdout
 
 
-def final_state(directory, step=STEPS):
-    path = os.path.join(directory, f"step_{step:08d}", "state.h5")
-    tensors = {}
-    with h5py.File(path, "r") as f:
-        f.visititems(lambda name, obj: tensors.__setitem__(name, obj[()]) if isinstance(obj, h5py.Dataset) else None)
-    return tensors
-
-
-def ledger_steps(directory):
-    """step -> (samples per dp rank, loss, loss tokens, grad norm, lr) of its last record."""
-    steps = {}
-    with open(os.path.join(directory, "ledger.jsonl")) as f:
-        for line in f:
-            e = json.loads(line)
-            if e["event"] == "step":
-                steps[e["step"]] = (e["samples"], e["loss"], e["num_loss_tokens"], e["grad_norm"], e["lr"])
-    return steps
-
-
 class Resume(unittest.TestCase):
     extra = ()  # config overrides of every run of the class
 
@@ -72,7 +53,7 @@ class Resume(unittest.TestCase):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.continuous = os.path.join(cls.tmp.name, "continuous")
         cls.run_layout("tp2_pp2_dp2", "--checkpoint-dir", cls.continuous)
-        cls.reference = final_state(cls.continuous)
+        cls.reference = checkpoint_tensors(cls.continuous, STEPS)
         # The same run stopped after update 3 (its checkpoint is the starting point of every resume).
         cls.stopped = os.path.join(cls.tmp.name, "stopped")
         cls.run_layout("tp2_pp2_dp2", "--checkpoint-dir", cls.stopped, steps=3)
@@ -92,7 +73,7 @@ class Resume(unittest.TestCase):
         self.assertIn("resumed from", out)
         self.assertIn("next sample index 24", out)  # 3 updates x B = 8
         self.assertNotIn("step 3/6", out)
-        resumed = final_state(directory)
+        resumed = checkpoint_tensors(directory, STEPS)
         self.assertEqual(sorted(resumed), sorted(self.reference))
         for name, value in self.reference.items():
             self.assertTrue(np.array_equal(resumed[name], value), name)
@@ -102,7 +83,7 @@ class Resume(unittest.TestCase):
     def check_other_layout(self, layout):
         directory = self.resume_copy(layout)
         self.run_layout(layout, "--checkpoint-dir", directory, "--resume")
-        resumed = final_state(directory)
+        resumed = checkpoint_tensors(directory, STEPS)
         for name, value in self.reference.items():
             if name.startswith("state/") or name.startswith("rng/"):
                 self.assertEqual(resumed[name], value, name)
@@ -131,7 +112,7 @@ class Resume(unittest.TestCase):
         directory = os.path.join(self.tmp.name, "fresh")
         out = self.run_layout("tp2_pp2_dp2", "--checkpoint-dir", directory, "--resume")
         self.assertNotIn("resumed from", out)
-        fresh = final_state(directory)
+        fresh = checkpoint_tensors(directory, STEPS)
         for name, value in self.reference.items():
             self.assertTrue(np.array_equal(fresh[name], value), name)
 
