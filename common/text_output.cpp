@@ -1,10 +1,11 @@
-// XML escaping and atomic text files (see text_output.h).
+// XML escaping, chart ticks and atomic text files (see text_output.h).
 #include "common/text_output.h"
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -75,6 +76,15 @@ void write_text_file_atomically(const std::string& path, const std::string& text
   if (::close(fd) != 0) fail("close " + temp_path);
   if (std::rename(temp_path.c_str(), path.c_str()) != 0) fail("rename " + temp_path + " into place");
   sync_directory(std::filesystem::absolute(path).parent_path().string());
+}
+
+double round_tick_step(double span, int intervals) {
+  const double raw = span / intervals;
+  const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
+  for (const double factor : {1.0, 2.0, 2.5, 5.0}) {
+    if (factor * magnitude >= raw) return factor * magnitude;
+  }
+  return 10.0 * magnitude;
 }
 
 void sync_directory(const std::string& directory) {

@@ -209,16 +209,6 @@ std::string time_label(double value) {
   return buffer;
 }
 
-// A 1, 2 or 5 times a power of ten, giving about eight ticks over the span.
-double tick_step(double span) {
-  const double raw = span / 8.0;
-  const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
-  for (const double factor : {1.0, 2.0, 5.0}) {
-    if (factor * magnitude >= raw) return factor * magnitude;
-  }
-  return 10.0 * magnitude;
-}
-
 constexpr double kLeft = 80.0;  // room for the stage labels
 constexpr double kPlotWidth = 960.0;
 constexpr double kRight = 24.0;
@@ -285,7 +275,7 @@ std::string render_timeline_svg(const std::vector<TimelineEvent>& events, int nu
   }
 
   // Time axis with grid lines under the boxes.
-  const double step = tick_step(span * scale) / scale;
+  const double step = round_tick_step(span * scale, 8) / scale;
   const double axis_y = kPlotTop + plot_height + 6.0;
   svg += "<g stroke=\"#dddddd\" stroke-width=\"1\">\n";
   for (double t = 0.0; t <= span * (1.0 + 1e-9); t += step) {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "common/text_output.h"
 #include "tools/plan/format.h"
 #include "tools/plan/scaling_plan.h"
 
@@ -12,16 +13,6 @@ namespace {
 
 constexpr double kWidth = 800, kHeight = 460;
 constexpr double kLeft = 90, kRight = 710, kTop = 70, kBottom = 380;  // the plot area
-
-// A round tick step giving about five intervals up to `top`.
-double tick_step(double top) {
-  const double raw = top / 5.0;
-  const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
-  for (double factor : {1.0, 2.0, 2.5, 5.0}) {
-    if (factor * magnitude >= raw) return factor * magnitude;
-  }
-  return 10.0 * magnitude;
-}
 
 std::string number(double value) { return fixed(value, 1); }
 
@@ -41,7 +32,7 @@ std::string scaling_chart_svg(const ScalingTable& table) {
   const auto x_of = [&](double gpus) {
     return kLeft + (std::log2(gpus) - x_lo) / (x_hi - x_lo) * (kRight - kLeft);
   };
-  const double step = tick_step(max_tps * 1.1);
+  const double step = round_tick_step(max_tps * 1.1, 5);
   const double y_top = std::ceil(max_tps * 1.1 / step) * step;
   const auto y_of_tps = [&](double tps) { return kBottom - tps / y_top * (kBottom - kTop); };
   const auto y_of_eff = [&](double eff) { return kBottom - eff / 1.2 * (kBottom - kTop); };  // 0..120%

@@ -93,16 +93,6 @@ std::string svg_color(const AttemptRecord& a) {
   return a.exit.success() ? "#27ae60" : "#c0392b";
 }
 
-// A tick spacing of 1, 2 or 5 times a power of ten giving at most ~8 ticks.
-double tick_spacing(double span) {
-  const double raw = span / 8.0;
-  const double power = std::pow(10.0, std::floor(std::log10(raw)));
-  for (const double m : {1.0, 2.0, 5.0}) {
-    if (m * power >= raw) return m * power;
-  }
-  return 10.0 * power;
-}
-
 }  // namespace
 
 const ledger::AttemptSummary* ledger_attempt(const RecoveryReport& report, const AttemptRecord& attempt) {
@@ -162,7 +152,7 @@ std::string render_timeline_svg(const RecoveryReport& r) {
       "<title>" + xml_escape(title) + "</title>\n<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n";
   svg += "<text x=\"10\" y=\"24\" font-size=\"15\" font-weight=\"bold\">" + xml_escape(title) + "</text>\n";
   const double axis_y = kTop + kRow * static_cast<double>(r.attempts.size()) + 6;
-  const double spacing = tick_spacing(span);
+  const double spacing = round_tick_step(span, 8);
   for (double t = 0; t <= span + 1e-9; t += spacing) {
     svg += "<line x1=\"" + x(r.start_time + t) + "\" x2=\"" + x(r.start_time + t) + "\" y1=\"" +
            fixed(kTop - 8, 0) + "\" y2=\"" + fixed(axis_y, 0) + "\" stroke=\"#dddddd\"/>\n<text x=\"" +
