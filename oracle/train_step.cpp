@@ -163,6 +163,8 @@ StepRecord Trainer::step(const GlobalBatch& batch, bool collect_outputs) {
     for (auto& t : bf16_copy.tensors)
       backend_.round(TensorRole::kComputeWeight, t.data(), static_cast<int64_t>(t.size()));
   }
+  // The timeline holds this step only: events nobody collected are dropped, so a long run stays bounded.
+  timeline_.take_events();
   timeline_.reset_origin();
   const PipelineResult run = run_pipeline(
       config_.parallel.schedule, model_, bf16_copy.tensors.empty() ? params_ : bf16_copy, micro_batches,
