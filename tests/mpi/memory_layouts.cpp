@@ -37,6 +37,11 @@ const std::vector<MemoryLayout>& memory_layouts() {
        "all three, sequence parallel, distributed optimizer",
        {"parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.sequence_parallel=true",
         "parallel.distributed_optimizer=true"}},
+      {"tp2_sp_pp2_dropout",
+       4,
+       "tensor + sequence + pipeline parallel, attention and hidden dropout",
+       {"parallel.tp=2", "parallel.pp=2", "parallel.sequence_parallel=true", "model.attention_dropout=0.1",
+        "model.hidden_dropout=0.1"}},
   };
   return kLayouts;
 }

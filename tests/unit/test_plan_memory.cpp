@@ -228,6 +228,9 @@ TEST(PlanMemory, Fp64PredictionMatchesTheMeasuredPeak) {
        }},
       {"distributed optimizer (DP 1)", [](Config& c) { c.parallel.distributed_optimizer = true; }},
       {"sequence parallel (TP 1)", [](Config& c) { c.parallel.sequence_parallel = true; }},
+      {"attention and hidden dropout",
+       [](Config& c) { c.model.attention_dropout = 0.1, c.model.hidden_dropout = 0.1; }},
+      {"hidden dropout only", [](Config& c) { c.model.hidden_dropout = 0.1; }},
   };
   for (const Variation& v : variations) {
     Config config;

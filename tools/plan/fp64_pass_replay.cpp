@@ -66,10 +66,12 @@ void PassReplay::attention_forward(Keeper k) {
   k.keep(d_.N * d_.kv_heads * d_.D, "k");
   k.keep(d_.N * d_.kv_heads * d_.D, "v");
   k.keep(d_.windows * d_.heads * d_.T * d_.T, "probs");
+  if (r_.attention_dropout) k.keep(d_.windows * d_.heads * d_.T * d_.T, "attention_keep (dropout mask)");
   k.keep(d_.N * d_.heads * d_.D, "attn");
   l_.release(l_.alloc(d_.T, "softmax row (inside the attention kernel)"));
   const int proj_partial = l_.alloc(d_.N * d_.H, "proj_partial");
   const int proj = reduce(proj_partial, "proj");
+  if (r_.hidden_dropout) k.keep(d_.Nl * d_.H, "hidden_attn_keep (dropout mask)");
   l_.release({h_local, qkv, proj_partial, proj});
 }
 
@@ -82,6 +84,7 @@ void PassReplay::mlp_forward(Keeper k) {
   k.keep(d_.N * d_.ffn, "act");
   const int out_partial = l_.alloc(d_.N * d_.H, "out_partial");
   const int out = reduce(out_partial, "out");
+  if (r_.hidden_dropout) k.keep(d_.Nl * d_.H, "hidden_mlp_keep (dropout mask)");
   l_.release({h_local, out_partial, out});
 }
 
@@ -127,7 +130,15 @@ std::vector<int> PassReplay::forward(Fp64StepReplay* breakdown) {
   return stored;
 }
 
+// The hidden dropout's backward writes the masked gradient into a scratch buffer of the local rows,
+// alive until the block's backward returns.
+std::vector<int> PassReplay::hidden_dropout_scratch() {
+  if (!r_.hidden_dropout) return {};
+  return {l_.alloc(d_.Nl * d_.H, "hidden dropout backward scratch")};
+}
+
 void PassReplay::attention_backward() {
+  const std::vector<int> scratch = hidden_dropout_scratch();
   const int dproj = gather("dproj");
   const int dattn = l_.alloc(d_.N * d_.heads * d_.D, "dattn");
   const int dq = l_.alloc(d_.N * d_.heads * d_.D, "dq"), dk = l_.alloc(d_.N * d_.kv_heads * d_.D, "dk"),
@@ -137,14 +148,17 @@ void PassReplay::attention_backward() {
   const int dh_partial = l_.alloc(d_.N * d_.H, "dh_partial"), dnorm_in = l_.alloc(d_.Nl * d_.H, "dnorm_in");
   const int dh = reduce(dh_partial, "dh");
   l_.release({dproj, dattn, dq, dk, dv, dqkv, dh_partial, dnorm_in, dh});
+  l_.release(scratch);
 }
 
 void PassReplay::mlp_backward() {
+  const std::vector<int> scratch = hidden_dropout_scratch();
   const int dout = gather("dout");
   const int dact = l_.alloc(d_.N * d_.ffn, "dact"), dfc1 = l_.alloc(d_.N * 2 * d_.ffn, "dfc1");
   const int dh_partial = l_.alloc(d_.N * d_.H, "dh_partial"), dnorm_in = l_.alloc(d_.Nl * d_.H, "dnorm_in");
   const int dh = reduce(dh_partial, "dh");
   l_.release({dout, dact, dfc1, dh_partial, dnorm_in, dh});
+  l_.release(scratch);
 }
 
 int PassReplay::backward() {

@@ -38,6 +38,7 @@ class PassReplay {
   void attention_forward(Keeper k);
   void mlp_forward(Keeper k);
   void head_forward(Keeper k);
+  std::vector<int> hidden_dropout_scratch();
   void attention_backward();
   void mlp_backward();
 

@@ -38,6 +38,7 @@ struct Fp64Rank {
   int64_t first_layer = 0, layers = 0;
   std::string schedule = "1f1b";  // or "afab" (parallel/pipeline/schedule.h)
   bool sequence_parallel = false, distributed_optimizer = false;
+  bool attention_dropout = false, hidden_dropout = false;  // masks kept from forward to backward
   // Trainer::step's collect_outputs (its default, and golden runs): world rank 0 assembles the token
   // losses of the global batch, and the distributed optimizer gathers the whole summed gradient.
   bool collect_outputs = true;

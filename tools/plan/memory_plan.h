@@ -33,6 +33,9 @@ struct MemoryPlanInput {
   int64_t micro_batch = 1;            // b, sequences per micro-batch
   int64_t global_batch = 0;           // sequences per update; 0: unknown (1F1B then holds pp - stage)
   bool sequence_parallel = false;
+  // The FP64 trainer with model.attention_dropout / model.hidden_dropout > 0: it keeps each mask from
+  // the forward to the backward (kTouchstoneFp64 activations only).
+  bool attention_dropout = false, hidden_dropout = false;
   Recompute recompute = Recompute::kNone;
   bool flash_attention = false;  // 16-bit model: attention scores never stored
   ActivationModel activations = ActivationModel::kNone;
