@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import unittest
 
 sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 
@@ -22,6 +23,11 @@ PYTHON = sys.executable
 SMALL = {"model.hidden_size": 32, "model.num_layers": 3, "model.num_heads": 4, "model.num_kv_heads": 2,
          "model.ffn_hidden_size": 64, "model.seq_length": 16, "train.global_batch_size": 24,
          "train.micro_batch_size": 4, "train.steps": 2}
+
+
+# GQA 2:1 with 4 KV groups, so that TP 4 holds one whole group per rank.
+SHARDABLE = {"model__num_heads": 8, "model__num_kv_heads": 4, "train__global_batch_size": 8,
+             "train__micro_batch_size": 2, "train__steps": 1}
 
 
 def setup_from_argv():
@@ -75,3 +81,17 @@ def signatures(report):
 
 def compared(report):
     return [t for t in report["tensors"] if t["status"] != "not_compared"]
+
+
+class ShardableGoldens(unittest.TestCase):
+    """Fixture: an untied and a tied golden file of the SHARDABLE model in a scratch directory."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.scratch = tempfile.TemporaryDirectory()
+        cls.golden = make_golden(os.path.join(cls.scratch.name, "golden.h5"), **SHARDABLE)
+        cls.tied = make_golden(os.path.join(cls.scratch.name, "tied.h5"), model__tie_embeddings=True, **SHARDABLE)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.scratch.cleanup()

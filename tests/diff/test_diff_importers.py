@@ -9,7 +9,6 @@ Usage: test_diff_importers.py PATH_TO_TOUCHSTONE PATH_TO_SOURCE_TREE
 import json
 import os
 import struct
-import tempfile
 import unittest
 
 import h5py
@@ -19,8 +18,6 @@ import torch
 import diff_common as common
 import megatron_layout
 
-SHARDABLE = {"model__num_heads": 8, "model__num_kv_heads": 4, "train__global_batch_size": 8,
-             "train__micro_batch_size": 2, "train__steps": 1}
 TE_NAMES = {"input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
             "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight"}
 
@@ -107,18 +104,7 @@ def hf_tensors(golden, group, tied=False):
         return out
 
 
-class Importers(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.scratch = tempfile.TemporaryDirectory()
-        cls.golden = common.make_golden(os.path.join(cls.scratch.name, "golden.h5"), **SHARDABLE)
-        cls.tied = common.make_golden(os.path.join(cls.scratch.name, "tied.h5"), model__tie_embeddings=True,
-                                      **SHARDABLE)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.scratch.cleanup()
-
+class Importers(common.ShardableGoldens):
     def path(self, *parts):
         return os.path.join(self.scratch.name, *parts)
 

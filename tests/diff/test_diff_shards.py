@@ -7,7 +7,6 @@ Usage: test_diff_shards.py PATH_TO_TOUCHSTONE PATH_TO_SOURCE_TREE
 
 import json
 import os
-import tempfile
 import unittest
 
 import h5py
@@ -16,9 +15,6 @@ import numpy as np
 import diff_common as common
 import megatron_layout
 
-# GQA 2:1 with 4 KV groups, so that TP 4 holds one whole group per rank.
-SHARDABLE = {"model__num_heads": 8, "model__num_kv_heads": 4, "train__global_batch_size": 8,
-             "train__micro_batch_size": 2, "train__steps": 1}
 GROUPS = ("params/init", "steps/1/grads", "steps/1/params")
 SCALARS = ("steps/1/loss", "steps/1/num_loss_tokens", "steps/1/grad_norm", "steps/1/lr")
 
@@ -60,18 +56,7 @@ def write_shards(golden, directory, tp, stage_layers, tied=False, tied_grads="pa
     return directory
 
 
-class ShardReassembly(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.scratch = tempfile.TemporaryDirectory()
-        cls.golden = common.make_golden(os.path.join(cls.scratch.name, "golden.h5"), **SHARDABLE)
-        cls.tied = common.make_golden(os.path.join(cls.scratch.name, "tied.h5"), model__tie_embeddings=True,
-                                      **SHARDABLE)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.scratch.cleanup()
-
+class ShardReassembly(common.ShardableGoldens):
     def directory(self, name):
         return os.path.join(self.scratch.name, name)
 
