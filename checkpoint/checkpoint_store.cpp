@@ -97,6 +97,14 @@ void verify_file_checksums(const fs::path& directory) {
 
 }  // namespace
 
+uintmax_t directory_bytes(const fs::path& directory) {
+  uintmax_t bytes = 0;
+  for (const auto& entry : fs::directory_iterator(directory)) {
+    if (entry.is_regular_file()) bytes += entry.file_size();
+  }
+  return bytes;
+}
+
 void write_manifest(const fs::path& directory, int64_t step) {
   nlohmann::json files = nlohmann::json::object();
   for (const auto& entry : fs::directory_iterator(directory)) {

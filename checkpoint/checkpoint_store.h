@@ -64,6 +64,9 @@ class CheckpointStore {
 // Throws InputError naming the directory, file, tensor or key at fault.
 TrainingState load_checkpoint_directory(const std::filesystem::path& directory, const Config& config);
 
+// The total size of the files directly in `directory` (a checkpoint's size).
+uintmax_t directory_bytes(const std::filesystem::path& directory);
+
 // Writes DIR/manifest.json describing the files in `directory` (used by saves; public so that tools
 // and tests can describe a directory they assembled).
 void write_manifest(const std::filesystem::path& directory, int64_t step);

@@ -2,6 +2,8 @@
 #include "oracle/checkpointing.h"
 
 #include <chrono>
+#include <cstdio>
+#include <ostream>
 
 #include "oracle/gather.h"
 
@@ -39,9 +41,7 @@ SaveReport save_checkpoint(const Trainer& trainer, const ParallelContext& contex
     writer->write_tensors("/optimizer/exp_avg_sq", table, exp_avg_sq);
     writer->commit();
     report.directory = store.commit_save(step);
-    for (const auto& entry : std::filesystem::directory_iterator(report.directory)) {
-      report.bytes += static_cast<int64_t>(entry.file_size());
-    }
+    report.bytes = static_cast<int64_t>(directory_bytes(report.directory));
     report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   return report;
@@ -71,6 +71,53 @@ std::vector<std::vector<int64_t>> gather_consumed_samples(const GlobalBatch& bat
     samples.emplace_back(theirs.begin(), theirs.end());
   }
   return samples;
+}
+
+std::string throughput_text(uintmax_t bytes, double seconds) {
+  const double megabytes = static_cast<double>(bytes) / 1e6;
+  char text[96];
+  std::snprintf(text, sizeof text, "%.1f MB in %.2f s, %.0f MB/s", megabytes, seconds, megabytes / seconds);
+  return text;
+}
+
+RunRecorder::RunRecorder(const CheckpointOptions& options, const Config& config,
+                         const ParallelContext& context, int64_t num_windows, int64_t first_step,
+                         int64_t last_step)
+    : options_(options),
+      config_(config),
+      context_(context),
+      store_(options.directory, options.keep),
+      last_step_(last_step) {
+  if (context.world.rank() != 0) return;
+  store_.remove_partial_saves();  // left by a save that died: no save is in progress when a run starts
+  ledger_ = std::make_unique<ledger::LedgerWriter>(
+      (std::filesystem::path(options.directory) / ledger::kLedgerFileName).string());
+  const ParallelConfig& p = config.parallel;
+  ledger_->start(ledger::StartInfo{
+      first_step - 1,
+      ledger::Layout{static_cast<int>(p.tp * p.pp * p.dp), static_cast<int>(p.tp), static_cast<int>(p.pp),
+                     static_cast<int>(p.dp), config.train.global_batch_size, config.train.micro_batch_size},
+      num_windows, last_step});
+}
+
+void RunRecorder::after_step(const Trainer& trainer, const GlobalBatch& batch, const StepRecord& record,
+                             std::ostream& out) {
+  const std::vector<std::vector<int64_t>> samples = gather_consumed_samples(batch, config_, context_);
+  if (ledger_) {
+    const ledger::StepTotals totals{record.loss, record.num_loss_tokens, record.grad_norm, record.lr};
+    ledger_->step(record.step, samples, &totals);
+  }
+  const int64_t s = record.step;
+  if (s != last_step_ && (options_.save_every == 0 || s % options_.save_every != 0)) return;
+  const SaveReport saved = save_checkpoint(trainer, context_, config_, store_, s, record.lr);
+  if (!ledger_) return;
+  ledger_->checkpoint(s, saved.directory.filename().string());
+  out << "saved " << saved.directory.string() << " ("
+      << throughput_text(static_cast<uintmax_t>(saved.bytes), saved.seconds) << ")" << std::endl;
+}
+
+void RunRecorder::finish() {
+  if (ledger_) ledger_->end(last_step_);
 }
 
 }  // namespace touchstone

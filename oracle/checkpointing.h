@@ -1,19 +1,33 @@
-// A run's checkpoints: saving the trainer's sharded state as one full-tensor checkpoint through world
-// rank 0 (every rank takes part in the gathers), and the data-parallel ranks' consumed samples for the
-// sample ledger.
+// A run's checkpoints and records: saving the trainer's sharded state as one full-tensor checkpoint
+// through world rank 0 (every rank takes part in the gathers), the data-parallel ranks' consumed
+// samples for the sample ledger, and the recorder that does both after every step of a run.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
+#include <iosfwd>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "checkpoint/checkpoint_store.h"
+#include "data/ledger.h"
 #include "model/config.h"
 #include "oracle/global_batch.h"
 #include "oracle/train_step.h"
 #include "parallel/context.h"
 
 namespace touchstone {
+
+// Checkpoints, resume and injected failures (docs/checkpoints.md).
+struct CheckpointOptions {
+  std::string directory;   // checkpoints, latest.json and the sample ledger; empty: none of them
+  int64_t save_every = 0;  // save after every N updates; the last update is always saved
+  int keep = 2;            // complete checkpoints kept (0: all)
+  bool resume = false;     // continue from the latest complete checkpoint of `directory`, if any
+  bool fallback = false;   // if the latest is refused, continue from the newest older one that verifies
+  std::string fail_at;     // "step:rank[:phase]": that rank dies abruptly there (recovery tests)
+};
 
 // Collective over the world group: after update `step` (learning rate `lr`), gathers the master
 // weights and AdamW moments to world rank 0, which writes and publishes the checkpoint in `store`.
@@ -32,5 +46,29 @@ SaveReport save_checkpoint(const Trainer& trainer, const ParallelContext& contex
 // rank's first pipeline stage; empty elsewhere.
 std::vector<std::vector<int64_t>> gather_consumed_samples(const GlobalBatch& batch, const Config& config,
                                                           const ParallelContext& context);
+
+// What a run with a checkpoint directory records (`options.directory` non-empty): after each step the
+// ledger line (world rank 0 appends the samples every dp rank consumed and the step's totals) and,
+// after every `save_every` updates and after the last, a checkpoint. Every rank constructs it and calls
+// after_step (both gathers are collective); world rank 0 prints each save.
+class RunRecorder {
+ public:
+  RunRecorder(const CheckpointOptions& options, const Config& config, const ParallelContext& context,
+              int64_t num_windows, int64_t first_step, int64_t last_step);
+  void after_step(const Trainer& trainer, const GlobalBatch& batch, const StepRecord& record,
+                  std::ostream& out);
+  void finish();  // the ledger's end record of a complete attempt
+
+ private:
+  const CheckpointOptions& options_;
+  const Config& config_;
+  const ParallelContext& context_;
+  CheckpointStore store_;
+  int64_t last_step_;
+  std::unique_ptr<ledger::LedgerWriter> ledger_;  // world rank 0 only
+};
+
+// "1208.2 MB in 7.81 s, 155 MB/s"
+std::string throughput_text(uintmax_t bytes, double seconds);
 
 }  // namespace touchstone

@@ -29,10 +29,6 @@ BackendOptions backend_options(const Config& config) {
   return BackendOptions{parse_precision(config.precision), config.train.grad_accumulation_fusion};
 }
 
-}  // namespace
-
-namespace {
-
 void prepare_checkpoints(const RunOptions& options, const Config& config, int world_size, PreparedRun& run) {
   const CheckpointOptions& c = options.checkpoint;
   if (c.save_every < 0) throw InputError("--save-every must be >= 0");
@@ -142,10 +138,6 @@ std::vector<pipeline::TimelineEvent> gather_timeline(Trainer& trainer, const Par
   return all;
 }
 
-}  // namespace
-
-namespace {
-
 // The full tensors of one step on world rank 0 (empty elsewhere).
 struct StepOutputs {
   StepRecord record;
@@ -165,23 +157,12 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
   if (run.resumed) {
     trainer.restore(run.resumed->step, run.resumed->params, run.resumed->exp_avg, run.resumed->exp_avg_sq);
   }
-  const CheckpointOptions& checkpoints = options.checkpoint;
-  const CheckpointStore store(checkpoints.directory, checkpoints.keep);
-  if (writer_rank && !checkpoints.directory.empty()) store.remove_partial_saves();
   const auto steps = static_cast<int64_t>(run.batches.size());
   const int64_t first_step = trainer.steps_done() + 1;
-  // The sample ledger: world rank 0 records every step's consumed samples and every committed save.
-  std::unique_ptr<ledger::LedgerWriter> sample_ledger;
-  if (writer_rank && !checkpoints.directory.empty()) {
-    std::filesystem::create_directories(checkpoints.directory);
-    sample_ledger = std::make_unique<ledger::LedgerWriter>(
-        (std::filesystem::path(checkpoints.directory) / ledger::kLedgerFileName).string());
-    const ParallelConfig& p = config.parallel;
-    sample_ledger->start(ledger::StartInfo{
-        first_step - 1,
-        ledger::Layout{static_cast<int>(p.tp * p.pp * p.dp), static_cast<int>(p.tp), static_cast<int>(p.pp),
-                       static_cast<int>(p.dp), config.train.global_batch_size, config.train.micro_batch_size},
-        static_cast<int64_t>(run.windows.size()), steps});
+  std::unique_ptr<RunRecorder> recorder;
+  if (!options.checkpoint.directory.empty()) {
+    recorder = std::make_unique<RunRecorder>(options.checkpoint, config, context,
+                                             static_cast<int64_t>(run.windows.size()), first_step, steps);
   }
   const auto start = std::chrono::steady_clock::now();
   int64_t tokens_done = 0;
@@ -205,26 +186,7 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
       }
     }
     on_step(step);
-    if (!checkpoints.directory.empty()) {
-      const std::vector<std::vector<int64_t>> samples = gather_consumed_samples(batch, config, context);
-      if (sample_ledger) {
-        const ledger::StepTotals totals{step.record.loss, step.record.num_loss_tokens, step.record.grad_norm,
-                                        step.record.lr};
-        sample_ledger->step(s, samples, &totals);
-      }
-      const bool save = s == steps || (checkpoints.save_every > 0 && s % checkpoints.save_every == 0);
-      if (save) {
-        const SaveReport saved = save_checkpoint(trainer, context, config, store, s, step.record.lr);
-        if (sample_ledger) sample_ledger->checkpoint(s, saved.directory.filename().string());
-        if (writer_rank) {
-          char line[256];
-          std::snprintf(line, sizeof line, "saved %s (%.1f MB in %.2f s, %.0f MB/s)", saved.directory.c_str(),
-                        static_cast<double>(saved.bytes) / 1e6, saved.seconds,
-                        static_cast<double>(saved.bytes) / 1e6 / saved.seconds);
-          out << line << std::endl;
-        }
-      }
-    }
+    if (recorder) recorder->after_step(trainer, batch, step.record, out);
     tokens_done += real_tokens(batch);
     if (!writer_rank) continue;
     const StepRecord& record = step.record;
@@ -243,7 +205,7 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
     if (options.trace)
       out << pipeline::render_timeline_text(timeline, static_cast<int>(grid.layout().pp)) << std::flush;
   }
-  if (sample_ledger) sample_ledger->end(steps);
+  if (recorder) recorder->finish();
   if (writer_rank && !options.timeline_svg.empty()) {
     std::ofstream svg(options.timeline_svg);
     svg << pipeline::render_timeline_svg(timeline, static_cast<int>(grid.layout().pp));
@@ -255,28 +217,22 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
 
 void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, std::ostream& out) {
   const bool writer_rank = grid.global_rank() == 0;
+  const std::string& checkpoint_dir = options.checkpoint.directory;
+  if (!checkpoint_dir.empty()) std::filesystem::create_directories(checkpoint_dir);
   if (!options.checkpoint.fail_at.empty()) {
-    const std::string record =
-        options.checkpoint.directory.empty()
-            ? ""
-            : (std::filesystem::path(options.checkpoint.directory) / ledger::kFaultsFileName).string();
-    if (!options.checkpoint.directory.empty())
-      std::filesystem::create_directories(options.checkpoint.directory);
-    arm_process_fault(parse_process_fault(options.checkpoint.fail_at), grid.global_rank(), record);
+    arm_process_fault(parse_process_fault(options.checkpoint.fail_at), grid.global_rank(),
+                      checkpoint_dir.empty()
+                          ? ""
+                          : (std::filesystem::path(checkpoint_dir) / ledger::kFaultsFileName).string());
   }
   if (writer_rank) {
     for (const std::string& refusal : run.refused_checkpoints)
       out << "skipped checkpoint: " << refusal << std::endl;
     if (run.resumed) {
-      std::uintmax_t bytes = 0;
-      for (const auto& entry : std::filesystem::directory_iterator(run.resumed_from))
-        bytes += entry.file_size();
-      char timing[128];
-      std::snprintf(timing, sizeof timing, "%.1f MB verified and loaded in %.2f s, %.0f MB/s",
-                    static_cast<double>(bytes) / 1e6, run.load_seconds,
-                    static_cast<double>(bytes) / 1e6 / run.load_seconds);
       out << "resumed from " << run.resumed_from << " (after update " << run.resumed->step
-          << ", next sample index " << run.resumed->consumed_samples << "; " << timing << ")" << std::endl;
+          << ", next sample index " << run.resumed->consumed_samples << "; "
+          << "loaded and verified " << throughput_text(directory_bytes(run.resumed_from), run.load_seconds)
+          << ")" << std::endl;
     }
   }
   std::unique_ptr<TracePrinter> trace;

@@ -12,21 +12,12 @@
 #include "data/packing.h"
 #include "model/config.h"
 #include "model/param_table.h"
+#include "oracle/checkpointing.h"
 #include "oracle/global_batch.h"
 #include "oracle/golden_writer.h"
 #include "parallel/grid.h"
 
 namespace touchstone {
-
-// Checkpoints, resume and injected failures (docs/checkpoints.md).
-struct CheckpointOptions {
-  std::string directory;   // checkpoints, latest.json and the sample ledger; empty: none of them
-  int64_t save_every = 0;  // save after every N updates; the last update is always saved
-  int keep = 2;            // complete checkpoints kept (0: all)
-  bool resume = false;     // continue from the latest complete checkpoint of `directory`, if any
-  bool fallback = false;   // if the latest is refused, continue from the newest older one that verifies
-  std::string fail_at;     // "step:rank[:phase]": that rank dies abruptly there (recovery tests)
-};
 
 struct RunOptions {
   std::string golden_path;                  // where to write the golden file; empty: none

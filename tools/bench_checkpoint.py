@@ -60,7 +60,7 @@ def main():
             directory = os.path.join(tmp, f"ranks{ranks}")
             saved = re.search(r"saved \S+ \(([\d.]+) MB in ([\d.]+) s, (\d+) MB/s\)",
                               train(args.touchstone, ranks, directory, 1))
-            loaded = re.search(r"([\d.]+) MB verified and loaded in ([\d.]+) s, (\d+) MB/s",
+            loaded = re.search(r"loaded and verified ([\d.]+) MB in ([\d.]+) s, (\d+) MB/s",
                                train(args.touchstone, ranks, directory, 2, "--resume"))
             size_mb = float(saved.group(1))
             rows.append((ranks, size_mb, float(saved.group(2)), float(saved.group(1)) / float(saved.group(2)),
