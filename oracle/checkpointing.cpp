@@ -41,7 +41,7 @@ SaveReport save_checkpoint(const Trainer& trainer, const ParallelContext& contex
     writer->write_tensors("/optimizer/exp_avg_sq", table, exp_avg_sq);
     writer->commit();
     report.directory = store.commit_save(step);
-    report.bytes = static_cast<int64_t>(directory_bytes(report.directory));
+    report.bytes = directory_bytes(report.directory);
     report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   return report;
@@ -112,8 +112,8 @@ void RunRecorder::after_step(const Trainer& trainer, const GlobalBatch& batch, c
   const SaveReport saved = save_checkpoint(trainer, context_, config_, store_, s, record.lr);
   if (!ledger_) return;
   ledger_->checkpoint(s, saved.directory.filename().string());
-  out << "saved " << saved.directory.string() << " ("
-      << throughput_text(static_cast<uintmax_t>(saved.bytes), saved.seconds) << ")" << std::endl;
+  out << "saved " << saved.directory.string() << " (" << throughput_text(saved.bytes, saved.seconds) << ")"
+      << std::endl;
 }
 
 void RunRecorder::finish() {

@@ -35,7 +35,7 @@ struct CheckpointOptions {
 // Returns, on world rank 0, the published directory, its size and the wall time of the whole save.
 struct SaveReport {
   std::filesystem::path directory;
-  int64_t bytes = 0;
+  uintmax_t bytes = 0;
   double seconds = 0.0;
 };
 SaveReport save_checkpoint(const Trainer& trainer, const ParallelContext& context, const Config& config,
