@@ -4,6 +4,10 @@
 #include <cmath>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "model/errors.h"
+#if defined(TOUCHSTONE_HAVE_CUDA)
+#include "kernels/cuda/cuda_device.h"
+#endif
 
 namespace touchstone {
 
@@ -11,6 +15,30 @@ double AttentionShape::scale() const { return 1.0 / std::sqrt(static_cast<double
 
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
   return std::make_unique<CpuBackend>(options);
+}
+
+void check_backend_available(const std::string& name) {
+  if (name == "cpu") return;
+  if (name != "cuda") throw InputError("--backend: unknown value \"" + name + "\" (cpu, cuda)");
+#if defined(TOUCHSTONE_HAVE_CUDA)
+  cuda_device_count();
+#else
+  throw InputError(
+      "--backend cuda: this build has no CUDA backend (configure with -DTOUCHSTONE_CUDA=ON where nvcc, "
+      "cuBLAS "
+      "and NCCL are installed)");
+#endif
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options,
+                                      int local_rank) {
+  check_backend_available(name);
+#if defined(TOUCHSTONE_HAVE_CUDA)
+  if (name == "cuda") return make_cuda_backend(options, local_rank);
+#else
+  (void)local_rank;
+#endif
+  return make_cpu_backend(options);
 }
 
 }  // namespace touchstone

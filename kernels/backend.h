@@ -162,4 +162,12 @@ class Backend {
 // The embedded default: plain C++ with OpenBLAS for the GEMMs.
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options = {});
 
+// The backend called `name`: "cpu", or "cuda" (kernels/cuda/, docs/cuda.md) on GPU
+// local_rank % (visible GPUs). Throws InputError for an unknown name, a build without the CUDA
+// backend, or a machine without a usable GPU.
+std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options,
+                                      int local_rank = 0);
+// Throws the InputError make_backend would throw, without making a backend (the up-front check).
+void check_backend_available(const std::string& name);
+
 }  // namespace touchstone

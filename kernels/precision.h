@@ -1,13 +1,15 @@
-// Number formats and the rounding between them. Storage is always double; a value "in" FP32 or BF16
-// is a double that the format represents exactly, produced by the rounding functions below. Which
-// operator rounds where is a property of the backend (kernels/backend.h, Precision), documented in
-// docs/precision.md.
+// Number formats and the rounding between them (host and CUDA device code share these). Storage is always
+// double; a value "in" FP32 or BF16 is a double that the format represents exactly, produced by the rounding
+// functions below. Which operator rounds where is a property of the backend (kernels/backend.h, Precision),
+// documented in docs/precision.md.
 #pragma once
 
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <string>
+
+#include "common/host_device.h"
 
 namespace touchstone {
 
@@ -22,20 +24,40 @@ std::string precision_name(Precision precision);
 
 // FP32 -> BF16, round to nearest, ties to even; NaN stays NaN (quiet), overflow goes to infinity.
 // Returns the upper 16 bits of the BF16 value's FP32 encoding.
-inline uint16_t bf16_bits_from_float(float value) {
-  const auto bits = std::bit_cast<uint32_t>(value);
+TOUCHSTONE_HOST_DEVICE inline uint32_t float_bits(float value) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(value);
+#else
+  return std::bit_cast<uint32_t>(value);
+#endif
+}
+
+TOUCHSTONE_HOST_DEVICE inline float float_from_bits(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#else
+  return std::bit_cast<float>(bits);
+#endif
+}
+
+TOUCHSTONE_HOST_DEVICE inline uint16_t bf16_bits_from_float(float value) {
+  const uint32_t bits = float_bits(value);
   if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);  // NaN, quiet
   const uint32_t lsb = (bits >> 16) & 1u;
   return static_cast<uint16_t>((bits + 0x7fffu + lsb) >> 16);
 }
 
-inline float float_from_bf16_bits(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+TOUCHSTONE_HOST_DEVICE inline float float_from_bf16_bits(uint16_t bits) {
+  return float_from_bits(static_cast<uint32_t>(bits) << 16);
+}
 
 // double -> FP32 -> BF16: rounds twice, as production does when an FP32 result is stored in BF16.
-inline double round_to_bf16(double value) {
+TOUCHSTONE_HOST_DEVICE inline double round_to_bf16(double value) {
   return static_cast<double>(float_from_bf16_bits(bf16_bits_from_float(static_cast<float>(value))));
 }
 
-inline double round_to_fp32(double value) { return static_cast<double>(static_cast<float>(value)); }
+TOUCHSTONE_HOST_DEVICE inline double round_to_fp32(double value) {
+  return static_cast<double>(static_cast<float>(value));
+}
 
 }  // namespace touchstone

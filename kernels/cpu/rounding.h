@@ -1,7 +1,9 @@
-// Where the CPU backend rounds, per precision (docs/precision.md): every kernel computes in Compute<P>
-// (double for FP64, float otherwise) and stores activations and states through these two functions.
+// Where the backends round, per precision (docs/precision.md; the CUDA kernels use this too): every kernel
+// computes in Compute<P> (double for FP64, float otherwise) and stores activations and states through these
+// two functions.
 #pragma once
 
+#include "common/host_device.h"
 #include "kernels/precision.h"
 
 namespace touchstone::cpu {
@@ -10,18 +12,23 @@ struct Rounding {
   Precision precision;
 
   // Activations and activation gradients between operators: BF16 in BF16 mode.
-  double activation(double v) const {
+  TOUCHSTONE_HOST_DEVICE double activation(double v) const {
     switch (precision) {
-      case Precision::kBf16: return round_to_bf16(v);
-      case Precision::kFp32: return round_to_fp32(v);
-      case Precision::kFp64: break;
+      case Precision::kBf16:
+        return round_to_bf16(v);
+      case Precision::kFp32:
+        return round_to_fp32(v);
+      case Precision::kFp64:
+        break;
     }
     return v;
   }
   // Accumulators and optimizer state (main gradients, master weights, Adam moments): FP32 unless FP64.
-  double state(double v) const { return precision == Precision::kFp64 ? v : round_to_fp32(v); }
+  TOUCHSTONE_HOST_DEVICE double state(double v) const {
+    return precision == Precision::kFp64 ? v : round_to_fp32(v);
+  }
   // The weights the forward and backward passes use: the BF16 copy of the FP32 master in BF16 mode.
-  double weight(double v) const { return activation(v); }
+  TOUCHSTONE_HOST_DEVICE double weight(double v) const { return activation(v); }
 };
 
 }  // namespace touchstone::cpu
