@@ -7,6 +7,7 @@
 #include "model/errors.h"
 #if defined(TOUCHSTONE_HAVE_CUDA)
 #include "kernels/cuda/cuda_device.h"
+#include "kernels/cuda/launch.h"
 #endif
 
 namespace touchstone {
@@ -28,6 +29,18 @@ void check_backend_available(const std::string& name) {
       "cuBLAS "
       "and NCCL are installed)");
 #endif
+}
+
+std::string backend_description(const std::string& name, int local_rank) {
+  check_backend_available(name);
+#if defined(TOUCHSTONE_HAVE_CUDA)
+  if (name == "cuda") {
+    return "cuda (" + cuda_device_name(cuda::device_for_local_rank(local_rank, cuda_device_count())) + ")";
+  }
+#else
+  (void)local_rank;
+#endif
+  return name;
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options,

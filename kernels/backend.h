@@ -169,5 +169,8 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOpti
                                       int local_rank = 0);
 // Throws the InputError make_backend would throw, without making a backend (the up-front check).
 void check_backend_available(const std::string& name);
+// What the golden file records about the kernels: "cpu", or "cuda (<GPU name>)" for the GPU that
+// make_backend(name, options, local_rank) drives.
+std::string backend_description(const std::string& name, int local_rank);
 
 }  // namespace touchstone

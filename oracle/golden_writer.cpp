@@ -49,6 +49,7 @@ GoldenWriter::GoldenWriter(const std::string& path, const Config& config, const 
                         config.precision == "fp64" ? std::string(R"({"kind": "fp64", "relative_l2": 1e-10})")
                                                    : std::string(R"({"kind": "unspecified"})"));
   writer_.set_attribute("/", "grad_accumulation_fusion", static_cast<int64_t>(config.train.grad_accumulation_fusion));
+  writer_.set_attribute("/", "backend", options.backend);
   writer_.set_attribute("/", "generator",
                         std::string("touchstone ") + TOUCHSTONE_VERSION + " (" + TOUCHSTONE_GIT_COMMIT + ")");
 }

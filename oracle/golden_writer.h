@@ -18,6 +18,7 @@ namespace touchstone {
 
 struct GoldenOptions {
   bool save_optimizer_state = false;  // also write /steps/<s>/optimizer/exp_avg{,_sq}/<name>
+  std::string backend = "cpu";        // root attribute `backend`: the kernels that computed the file
 };
 
 class GoldenWriter {

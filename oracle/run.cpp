@@ -18,6 +18,7 @@
 #include "oracle/train_step.h"
 #include "parallel/context.h"
 #include "parallel/fault_injection.h"
+#include "parallel/mpi_runtime.h"
 #include "parallel/pipeline/timeline.h"
 #include "parallel/trace.h"
 
@@ -93,6 +94,7 @@ PreparedRun prepare_run(const Config& config, const RunOptions& options, int wor
   if (options.envelope && config.precision == "fp64") {
     throw InputError("--envelope measures a lower precision against FP64: set precision to bf16 or fp32");
   }
+  check_backend_available(options.backend);
   prepare_checkpoints(options, config, world_size, run);
   return run;
 }
@@ -152,7 +154,7 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
   const ParallelContext context = context_of(grid);
   const bool writer_rank = grid.global_rank() == 0;
   const bool outputs = !options.golden_path.empty();
-  auto backend = make_cpu_backend(backend_options(config));
+  auto backend = make_backend(options.backend, backend_options(config), node_local_rank());
   Trainer trainer(config, run.initial_params, *backend, context);
   if (run.resumed) {
     trainer.restore(run.resumed->step, run.resumed->params, run.resumed->exp_avg, run.resumed->exp_avg_sq);
@@ -252,8 +254,10 @@ void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, 
   const ParamTable table(golden_config.model);
   std::unique_ptr<GoldenWriter> golden;
   if (!options.golden_path.empty() && writer_rank) {
+    GoldenOptions golden_options = options.golden;
+    golden_options.backend = backend_description(options.backend, node_local_rank());
     golden = std::make_unique<GoldenWriter>(options.golden_path, golden_config, table, run.batches,
-                                            run.initial_params, options.golden);
+                                            run.initial_params, golden_options);
   }
   run_steps(run, golden_config, options, grid, out, [&](const StepOutputs& step) {
     if (!golden) return;

@@ -27,6 +27,7 @@ struct RunOptions {
   bool trace = false;        // print every transfer and the pipeline timeline
   std::string timeline_svg;  // write the last step's pipeline timeline here (rank 0)
   bool envelope = false;     // also run FP64 and record the error envelope (golden)
+  std::string backend = "cpu";  // the kernels: "cpu" or "cuda" (kernels/backend.h make_backend)
   CheckpointOptions checkpoint;
 };
 

@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/rope_angle.h"
 
 namespace touchstone {
 
@@ -133,9 +134,9 @@ void rope_impl(double* x, const int32_t* position_ids, int64_t windows, int64_t 
     for (int64_t t = 0; t < seq; ++t) {
       const double pos = static_cast<double>(position_ids[b * seq + t]);
       for (int64_t i = 0; i < half; ++i) {
-        const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
-        const auto c = static_cast<T>(std::cos(pos * inv_freq));
-        const auto s = static_cast<T>(direction * std::sin(pos * inv_freq));
+        const double angle = rope_angle(pos, i, head_dim, theta);
+        const auto c = static_cast<T>(std::cos(angle));
+        const auto s = static_cast<T>(direction * std::sin(angle));
         for (int64_t h = 0; h < heads; ++h) {
           double* xh = x + ((b * heads + h) * seq + t) * head_dim;
           const auto x1 = static_cast<T>(xh[i]), x2 = static_cast<T>(xh[i + half]);
