@@ -15,8 +15,8 @@ TOUCHSTONE = None
 SMALL = ["--set", "model.hidden_size=16", "--set", "model.ffn_hidden_size=32", "--set", "model.seq_length=16"]
 
 
-def run(*args, cwd=None):
-    return subprocess.run([TOUCHSTONE, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+def run(*args, cwd=None, env=None):
+    return subprocess.run([TOUCHSTONE, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
 
 
 class BadInput(unittest.TestCase):
@@ -33,10 +33,10 @@ class BadInput(unittest.TestCase):
             f.write(text)
         return path
 
-    def assert_refused(self, args, message):
+    def assert_refused(self, args, message, env=None):
         """Exit 2, exactly one line on stderr containing `message`, and an empty output directory."""
         before = set(os.listdir(self.dir.name))
-        result = run("golden", *args, "--out", self.out)
+        result = run("golden", *args, "--out", self.out, env=env)
         self.assertEqual(result.returncode, 2, result.stderr + result.stdout)
         lines = result.stderr.strip().splitlines()
         self.assertEqual(len(lines), 1, result.stderr)
@@ -123,6 +123,18 @@ class BadInput(unittest.TestCase):
         self.assert_refused([*SMALL, "--set", "model.tie_embeddings=true", "--init-from", other],
                             "tensor /params/init/output_layer.weight is not a parameter of this model")
 
+    # ---- backend ----
+    def test_unknown_backend(self):
+        self.assert_refused(["--backend", "tpu"], '--backend: unknown value "tpu" (cpu, cuda)')
+
+    def test_cuda_backend_without_a_visible_gpu(self):
+        # An empty CUDA_VISIBLE_DEVICES hides every GPU, so this holds on GPU machines too. A build with
+        # the CUDA backend says no device is usable; a build without it says so instead.
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+        self.assert_refused(["--backend", "cuda"], "--backend cuda: ", env=env)
+        result = run("golden", "--backend", "cuda", "--out", self.out, env=env)
+        self.assertRegex(result.stderr, "no CUDA device|this build has no CUDA backend")
+
     def test_missing_out_option(self):
         result = run("golden")
         self.assertEqual(result.returncode, 2)
@@ -197,7 +209,8 @@ class GoodInput(unittest.TestCase):
             self.assertIn(command, top.stdout)
         for command in ("golden", "train"):
             text = run(command, "--help").stdout
-            for option in ("--config", "--set", "--out", "--init-from", "--init-group", "--save-optimizer-state"):
+            for option in ("--config", "--set", "--out", "--init-from", "--init-group", "--save-optimizer-state",
+                           "--backend"):
                 self.assertIn(option, text, f"{command} --help lacks {option}")
 
     def test_init_from_reproduces_the_run_bitwise(self):

@@ -216,7 +216,7 @@ TEST_P(CudaKernels, TwoIdenticalCallsGiveIdenticalBits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllPrecisions, CudaKernels, ::testing::ValuesIn(kAllPrecisions),
-                         [](const auto& info) { return precision_name(info.param); });
+                         [](const auto& test) { return precision_name(test.param); });
 
 }  // namespace
 }  // namespace touchstone::gpu_testing
