@@ -14,9 +14,12 @@ Precision parse_precision(const std::string& name) {
 
 std::string precision_name(Precision precision) {
   switch (precision) {
-    case Precision::kFp32: return "fp32";
-    case Precision::kBf16: return "bf16";
-    case Precision::kFp64: break;
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kBf16:
+      return "bf16";
+    case Precision::kFp64:
+      break;
   }
   return "fp64";
 }

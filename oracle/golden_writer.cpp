@@ -16,7 +16,8 @@ void write_batches(h5::H5Writer& writer, const std::vector<GlobalBatch>& batches
   const int64_t B = batches.front().windows, T = batches.front().seq;
   auto stack = [&](auto member) {
     std::vector<int32_t> all;
-    for (const GlobalBatch& batch : batches) all.insert(all.end(), (batch.*member).begin(), (batch.*member).end());
+    for (const GlobalBatch& batch : batches)
+      all.insert(all.end(), (batch.*member).begin(), (batch.*member).end());
     return all;
   };
   writer.write_i32("/batch/tokens", stack(&GlobalBatch::tokens).data(), {steps, B, T});
@@ -48,7 +49,8 @@ GoldenWriter::GoldenWriter(const std::string& path, const Config& config, const 
   writer_.set_attribute("/", "tolerance_model",
                         config.precision == "fp64" ? std::string(R"({"kind": "fp64", "relative_l2": 1e-10})")
                                                    : std::string(R"({"kind": "unspecified"})"));
-  writer_.set_attribute("/", "grad_accumulation_fusion", static_cast<int64_t>(config.train.grad_accumulation_fusion));
+  writer_.set_attribute("/", "grad_accumulation_fusion",
+                        static_cast<int64_t>(config.train.grad_accumulation_fusion));
   writer_.set_attribute("/", "backend", options.backend);
   writer_.set_attribute("/", "generator",
                         std::string("touchstone ") + TOUCHSTONE_VERSION + " (" + TOUCHSTONE_GIT_COMMIT + ")");
@@ -91,8 +93,10 @@ void GoldenWriter::write_envelope(const std::string& path, const std::vector<dou
     max_diff = std::max(max_diff, std::abs(d));
     max_ref = std::max(max_ref, std::abs(ref[i]));
   }
-  const double error[2] = {norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff), max_ref > 0 ? max_diff / max_ref : max_diff};
-  const double tolerance[2] = {envelope_.k * error[0] + envelope_.floor, envelope_.k * error[1] + envelope_.floor};
+  const double error[2] = {norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff),
+                           max_ref > 0 ? max_diff / max_ref : max_diff};
+  const double tolerance[2] = {envelope_.k * error[0] + envelope_.floor,
+                               envelope_.k * error[1] + envelope_.floor};
   writer_.write_f64("/envelope/error/" + path, error, {2});
   writer_.write_f64("/envelope/tolerance/" + path, tolerance, {2});
 }

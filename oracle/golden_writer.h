@@ -36,15 +36,17 @@ class GoldenWriter {
   // /envelope/error/<path> and /envelope/tolerance/<path> for every dataset of step s (docs/precision.md):
   // error = [relative L2, max |low - ref| / max |ref|] of the low-precision run against the FP64 run,
   // tolerance = envelope.k * error + envelope.floor.
-  void write_envelope_step(const StepRecord& low, const ParamTensors& low_grads, const ParamTensors& low_params,
-                           const StepRecord& ref, const ParamTensors& ref_grads, const ParamTensors& ref_params);
+  void write_envelope_step(const StepRecord& low, const ParamTensors& low_grads,
+                           const ParamTensors& low_params, const StepRecord& ref,
+                           const ParamTensors& ref_grads, const ParamTensors& ref_params);
   // The root attribute `tolerance_model` for an envelope file (k, floor and the precision measured).
   void write_tolerance_model(const Config& measured);
 
   void commit();
 
  private:
-  void write_envelope(const std::string& path, const std::vector<double>& low, const std::vector<double>& ref);
+  void write_envelope(const std::string& path, const std::vector<double>& low,
+                      const std::vector<double>& ref);
   void write_tensors(const std::string& group, const ParamTensors& tensors);
 
   h5::H5Writer writer_;

@@ -24,9 +24,9 @@ struct RunOptions {
   std::string init_from;                    // HDF5 file with initial parameters; empty: RNG init
   std::string init_group = "/params/init";  // group of init_from holding the tensors
   GoldenOptions golden;
-  bool trace = false;        // print every transfer and the pipeline timeline
-  std::string timeline_svg;  // write the last step's pipeline timeline here (rank 0)
-  bool envelope = false;     // also run FP64 and record the error envelope (golden)
+  bool trace = false;           // print every transfer and the pipeline timeline
+  std::string timeline_svg;     // write the last step's pipeline timeline here (rank 0)
+  bool envelope = false;        // also run FP64 and record the error envelope (golden)
   std::string backend = "cpu";  // the kernels: "cpu" or "cuda" (kernels/backend.h make_backend)
   CheckpointOptions checkpoint;
 };

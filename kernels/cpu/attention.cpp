@@ -23,11 +23,6 @@ using cpu::Store;
 cpu::RoundTo scores_format(Precision p) {
   return p == Precision::kFp64 ? cpu::RoundTo::kNone : cpu::RoundTo::kFp32;
 }
-cpu::RoundTo activation_format(Precision p) {
-  return p == Precision::kBf16   ? cpu::RoundTo::kBf16
-         : p == Precision::kFp32 ? cpu::RoundTo::kFp32
-                                 : cpu::RoundTo::kNone;
-}
 
 // Row-wise softmax of scores[T,T] in place, over the keys query i may attend to.
 template <typename T>
@@ -119,7 +114,7 @@ void CpuBackend::attention_forward(const double* q, const double* k, const doubl
         p_used = dropped.data();
       }
       double* oh = out + b * T * out_width + h * D;  // [T,D] with row stride NH*D
-      cpu::gemm(precision(), activation_format(precision()), false, false, T, D, T, 1.0,
+      cpu::gemm(precision(), cpu::activation_format(precision()), false, false, T, D, T, 1.0,
                 gemm_input(p_used, T * T, precision(), scratch), T, vg, D, Store::kOverwrite, oh, out_width);
     }
   }
@@ -168,8 +163,8 @@ void CpuBackend::attention_backward(const double* dout, const double* q, const d
       }
       // dQ_h = dS K_g * scale;  dK_g += dS^T Q_h * scale
       const double* ds_in = gemm_input(ds, T * T, precision(), scratch);
-      cpu::gemm(precision(), activation_format(precision()), false, false, T, D, T, s.scale(), ds_in, T, kg,
-                D, Store::kOverwrite, dqh, D);
+      cpu::gemm(precision(), cpu::activation_format(precision()), false, false, T, D, T, s.scale(), ds_in, T,
+                kg, D, Store::kOverwrite, dqh, D);
       cpu::gemm(precision(), accumulate, true, false, T, D, T, s.scale(), ds_in, T, qh, D, Store::kAccumulate,
                 dkg, D);
     }

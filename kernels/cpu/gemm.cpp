@@ -15,16 +15,20 @@ int blas_int(int64_t value) { return static_cast<int>(value); }
 std::vector<float> to_float(const double* m, int64_t rows, int64_t cols, int64_t ld) {
   std::vector<float> out(static_cast<size_t>(rows * cols));
   for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < cols; ++j) out[static_cast<size_t>(i * cols + j)] = static_cast<float>(m[i * ld + j]);
+    for (int64_t j = 0; j < cols; ++j)
+      out[static_cast<size_t>(i * cols + j)] = static_cast<float>(m[i * ld + j]);
   }
   return out;
 }
 
 double round_as(RoundTo round_to, double value) {
   switch (round_to) {
-    case RoundTo::kFp32: return round_to_fp32(value);
-    case RoundTo::kBf16: return round_to_bf16(value);
-    case RoundTo::kNone: break;
+    case RoundTo::kFp32:
+      return round_to_fp32(value);
+    case RoundTo::kBf16:
+      return round_to_bf16(value);
+    case RoundTo::kNone:
+      break;
   }
   return value;
 }
@@ -34,7 +38,8 @@ double round_as(RoundTo round_to, double value) {
 void gemm(Precision precision, RoundTo round_to, bool transpose_a, bool transpose_b, int64_t M, int64_t N,
           int64_t K, double alpha, const double* A, int64_t lda, const double* B, int64_t ldb, Store store,
           double* C, int64_t ldc) {
-  const CBLAS_TRANSPOSE ta = transpose_a ? CblasTrans : CblasNoTrans, tb = transpose_b ? CblasTrans : CblasNoTrans;
+  const CBLAS_TRANSPOSE ta = transpose_a ? CblasTrans : CblasNoTrans,
+                        tb = transpose_b ? CblasTrans : CblasNoTrans;
   if (precision == Precision::kFp64) {
     cblas_dgemm(CblasRowMajor, ta, tb, blas_int(M), blas_int(N), blas_int(K), alpha, A, blas_int(lda), B,
                 blas_int(ldb), store == Store::kAccumulate ? 1.0 : 0.0, C, blas_int(ldc));
@@ -44,8 +49,8 @@ void gemm(Precision precision, RoundTo round_to, bool transpose_a, bool transpos
   const int64_t b_rows = transpose_b ? N : K, b_cols = transpose_b ? K : N;
   const std::vector<float> a = to_float(A, a_rows, a_cols, lda), b = to_float(B, b_rows, b_cols, ldb);
   std::vector<float> product(static_cast<size_t>(M * N));
-  cblas_sgemm(CblasRowMajor, ta, tb, blas_int(M), blas_int(N), blas_int(K), static_cast<float>(alpha), a.data(),
-              blas_int(a_cols), b.data(), blas_int(b_cols), 0.0f, product.data(), blas_int(N));
+  cblas_sgemm(CblasRowMajor, ta, tb, blas_int(M), blas_int(N), blas_int(K), static_cast<float>(alpha),
+              a.data(), blas_int(a_cols), b.data(), blas_int(b_cols), 0.0f, product.data(), blas_int(N));
   for (int64_t i = 0; i < M; ++i) {
     for (int64_t j = 0; j < N; ++j) {
       const double p = static_cast<double>(product[static_cast<size_t>(i * N + j)]);

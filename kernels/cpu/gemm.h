@@ -18,6 +18,11 @@ enum class Store {
 
 enum class RoundTo { kNone, kFp32, kBf16 };
 
+// The format a GEMM result stored as an activation takes: BF16 in BF16 mode, FP32 in FP32 mode.
+inline RoundTo activation_format(Precision p) {
+  return p == Precision::kBf16 ? RoundTo::kBf16 : p == Precision::kFp32 ? RoundTo::kFp32 : RoundTo::kNone;
+}
+
 // Row-major C[M,N] (row stride ldc) from op(A)[M,K], op(B)[K,N]; op = transpose when the flag is set.
 void gemm(Precision precision, RoundTo round_to, bool transpose_a, bool transpose_b, int64_t M, int64_t N,
           int64_t K, double alpha, const double* A, int64_t lda, const double* B, int64_t ldb, Store store,

@@ -6,16 +6,6 @@
 
 namespace touchstone {
 
-namespace {
-
-cpu::RoundTo activation_format(Precision p) {
-  return p == Precision::kBf16   ? cpu::RoundTo::kBf16
-         : p == Precision::kFp32 ? cpu::RoundTo::kFp32
-                                 : cpu::RoundTo::kNone;
-}
-
-}  // namespace
-
 void CpuBackend::round(TensorRole role, double* x, int64_t n) {
   if (precision() == Precision::kFp64) return;
   for (int64_t i = 0; i < n; ++i) {
@@ -28,15 +18,15 @@ void CpuBackend::round(TensorRole role, double* x, int64_t n) {
 void CpuBackend::linear_forward(const double* x, const double* weight, int64_t rows, int64_t in, int64_t out,
                                 double* y) {
   // y[N,out] = x[N,in] @ W[out,in]^T
-  cpu::gemm(precision(), activation_format(precision()), false, true, rows, out, in, 1.0, x, in, weight, in,
-            cpu::Store::kOverwrite, y, out);
+  cpu::gemm(precision(), cpu::activation_format(precision()), false, true, rows, out, in, 1.0, x, in, weight,
+            in, cpu::Store::kOverwrite, y, out);
 }
 
 void CpuBackend::linear_backward(const double* dy, const double* x, const double* weight, int64_t rows,
                                  int64_t in, int64_t out, double* dx, double* dweight_accum) {
   // dx[N,in] = dy[N,out] @ W[out,in]
-  cpu::gemm(precision(), activation_format(precision()), false, false, rows, in, out, 1.0, dy, out, weight,
-            in, cpu::Store::kOverwrite, dx, in);
+  cpu::gemm(precision(), cpu::activation_format(precision()), false, false, rows, in, out, 1.0, dy, out,
+            weight, in, cpu::Store::kOverwrite, dx, in);
   // dW[out,in] += dy[N,out]^T @ x[N,in], into the main gradient (FP32 unless FP64). Without
   // gradient-accumulation fusion a BF16 run first stores this micro-batch's result in BF16.
   if (precision() == Precision::kBf16 && !options_.grad_accumulation_fusion) {

@@ -27,7 +27,8 @@ void partials_impl(const double* logits, const int32_t* targets, int64_t rows, i
   for (int64_t n = 0; n < rows; ++n) {
     const double* row = logits + n * vocab_local;
     T sum = 0;
-    for (int64_t i = 0; i < vocab_local; ++i) sum += std::exp(static_cast<T>(row[i]) - static_cast<T>(row_max[n]));
+    for (int64_t i = 0; i < vocab_local; ++i)
+      sum += std::exp(static_cast<T>(row[i]) - static_cast<T>(row_max[n]));
     sum_exp[n] = static_cast<double>(sum);
     const int64_t local = static_cast<int64_t>(targets[n]) - vocab_start;
     target_logit[n] = targets[n] != kIgnoreIndex && local >= 0 && local < vocab_local ? row[local] : 0.0;
@@ -35,8 +36,8 @@ void partials_impl(const double* logits, const int32_t* targets, int64_t rows, i
 }
 
 template <typename T>
-void loss_impl(const double* row_max, const double* sum_exp, const double* target_logit, const int32_t* targets,
-               int64_t rows, double* losses) {
+void loss_impl(const double* row_max, const double* sum_exp, const double* target_logit,
+               const int32_t* targets, int64_t rows, double* losses) {
   for (int64_t n = 0; n < rows; ++n) {
     losses[n] = targets[n] == kIgnoreIndex
                     ? 0.0
@@ -56,7 +57,8 @@ void ce_backward_impl(const double* logits, const int32_t* targets, int64_t rows
       for (int64_t i = 0; i < vocab_local; ++i) drow[i] = 0.0;
       continue;
     }
-    const auto w = static_cast<T>(loss_weight), m = static_cast<T>(row_max[n]), z = static_cast<T>(sum_exp[n]);
+    const auto w = static_cast<T>(loss_weight), m = static_cast<T>(row_max[n]),
+               z = static_cast<T>(sum_exp[n]);
     const int64_t local = static_cast<int64_t>(targets[n]) - vocab_start;
     for (int64_t i = 0; i < vocab_local; ++i) {
       T d = w * std::exp(static_cast<T>(row[i]) - m) / z;
@@ -67,7 +69,8 @@ void ce_backward_impl(const double* logits, const int32_t* targets, int64_t rows
 }
 
 template <typename T>
-void adamw_impl(double* param, const double* grad, double* exp_avg, double* exp_avg_sq, int64_t n, const AdamWStep& s) {
+void adamw_impl(double* param, const double* grad, double* exp_avg, double* exp_avg_sq, int64_t n,
+                const AdamWStep& s) {
   const auto b1 = static_cast<T>(s.beta1), b2 = static_cast<T>(s.beta2), lr = static_cast<T>(s.lr);
   const auto eps = static_cast<T>(s.eps), wd = static_cast<T>(s.weight_decay);
   const auto step = static_cast<double>(s.step);
@@ -118,16 +121,16 @@ void CpuBackend::cross_entropy_backward(const double* logits, const int32_t* tar
                                         int64_t vocab_local, int64_t vocab_start, const double* row_max,
                                         const double* sum_exp, double loss_weight, double* dlogits) {
   if (precision() == Precision::kFp64) {
-    ce_backward_impl<double>(logits, targets, rows, vocab_local, vocab_start, row_max, sum_exp, loss_weight, dlogits,
-                             rounding_);
+    ce_backward_impl<double>(logits, targets, rows, vocab_local, vocab_start, row_max, sum_exp, loss_weight,
+                             dlogits, rounding_);
   } else {
-    ce_backward_impl<float>(logits, targets, rows, vocab_local, vocab_start, row_max, sum_exp, loss_weight, dlogits,
-                            rounding_);
+    ce_backward_impl<float>(logits, targets, rows, vocab_local, vocab_start, row_max, sum_exp, loss_weight,
+                            dlogits, rounding_);
   }
 }
 
-void CpuBackend::adamw_update(double* param, const double* grad, double* exp_avg, double* exp_avg_sq, int64_t n,
-                              const AdamWStep& s) {
+void CpuBackend::adamw_update(double* param, const double* grad, double* exp_avg, double* exp_avg_sq,
+                              int64_t n, const AdamWStep& s) {
   if (precision() == Precision::kFp64) {
     adamw_impl<double>(param, grad, exp_avg, exp_avg_sq, n, s);
   } else {

@@ -21,14 +21,16 @@ void rmsnorm_forward_impl(const double* x, const double* weight, int64_t rows, i
     const T inv = T(1) / std::sqrt(sum_squares / static_cast<T>(hidden) + static_cast<T>(eps));
     rstd[n] = static_cast<double>(inv);
     for (int64_t i = 0; i < hidden; ++i) {
-      y[n * hidden + i] = r.activation(static_cast<double>(static_cast<T>(xn[i]) * inv * static_cast<T>(weight[i])));
+      y[n * hidden + i] =
+          r.activation(static_cast<double>(static_cast<T>(xn[i]) * inv * static_cast<T>(weight[i])));
     }
   }
 }
 
 template <typename T>
-void rmsnorm_backward_impl(const double* dy, const double* x, const double* weight, const double* rstd, int64_t rows,
-                           int64_t hidden, double* dx, double* dweight_accum, const cpu::Rounding& r) {
+void rmsnorm_backward_impl(const double* dy, const double* x, const double* weight, const double* rstd,
+                           int64_t rows, int64_t hidden, double* dx, double* dweight_accum,
+                           const cpu::Rounding& r) {
   // With xhat = x * rstd and g = dy * w:  dx = rstd * (g - xhat * mean(g * xhat)),  dw += dy * xhat.
   for (int64_t n = 0; n < rows; ++n) {
     const double* xn = x + n * hidden;
@@ -41,8 +43,8 @@ void rmsnorm_backward_impl(const double* dy, const double* x, const double* weig
     mean_g_xhat /= static_cast<T>(hidden);
     for (int64_t i = 0; i < hidden; ++i) {
       const T xhat = static_cast<T>(xn[i]) * inv;
-      dx[n * hidden + i] = r.activation(
-          static_cast<double>(inv * (static_cast<T>(dyn[i]) * static_cast<T>(weight[i]) - xhat * mean_g_xhat)));
+      dx[n * hidden + i] = r.activation(static_cast<double>(
+          inv * (static_cast<T>(dyn[i]) * static_cast<T>(weight[i]) - xhat * mean_g_xhat)));
       dweight_accum[i] = r.state(dweight_accum[i] + static_cast<double>(static_cast<T>(dyn[i]) * xhat));
     }
   }
@@ -50,8 +52,8 @@ void rmsnorm_backward_impl(const double* dy, const double* x, const double* weig
 
 }  // namespace
 
-void CpuBackend::rmsnorm_forward(const double* x, const double* weight, int64_t rows, int64_t hidden, double eps,
-                                 double* y, double* rstd) {
+void CpuBackend::rmsnorm_forward(const double* x, const double* weight, int64_t rows, int64_t hidden,
+                                 double eps, double* y, double* rstd) {
   if (precision() == Precision::kFp64) {
     rmsnorm_forward_impl<double>(x, weight, rows, hidden, eps, y, rstd, rounding_);
   } else {
@@ -79,7 +81,8 @@ void for_each_qkv_head(const AttentionShape& s, Visit visit) {
   const int64_t queries_per_group = s.num_heads / s.num_kv_heads;
   int64_t offset = 0;
   for (int64_t g = 0; g < s.num_kv_heads; ++g) {
-    for (int64_t j = 0; j < queries_per_group; ++j, offset += s.head_dim) visit(offset, 0, g * queries_per_group + j);
+    for (int64_t j = 0; j < queries_per_group; ++j, offset += s.head_dim)
+      visit(offset, 0, g * queries_per_group + j);
     visit(offset, 1, g);
     offset += s.head_dim;
     visit(offset, 2, g);
@@ -173,7 +176,8 @@ void swiglu_backward_impl(const double* dact, const double* fc1, int64_t rows, i
     double* dgate = dfc1 + n * 2 * ffn;
     double* dup = dgate + ffn;
     for (int64_t i = 0; i < ffn; ++i) {
-      const auto g = static_cast<T>(gate[i]), u = static_cast<T>(up[i]), d = static_cast<T>(dact[n * ffn + i]);
+      const auto g = static_cast<T>(gate[i]), u = static_cast<T>(up[i]),
+                 d = static_cast<T>(dact[n * ffn + i]);
       const T sigmoid = T(1) / (T(1) + std::exp(-g));
       dgate[i] = r.activation(static_cast<double>(d * u * sigmoid * (T(1) + g * (T(1) - sigmoid))));
       dup[i] = r.activation(static_cast<double>(d * g * sigmoid));
@@ -200,7 +204,8 @@ void CpuBackend::swiglu_forward(const double* fc1, int64_t rows, int64_t ffn, do
   }
 }
 
-void CpuBackend::swiglu_backward(const double* dact, const double* fc1, int64_t rows, int64_t ffn, double* dfc1) {
+void CpuBackend::swiglu_backward(const double* dact, const double* fc1, int64_t rows, int64_t ffn,
+                                 double* dfc1) {
   if (precision() == Precision::kFp64) {
     swiglu_backward_impl<double>(dact, fc1, rows, ffn, dfc1, rounding_);
   } else {

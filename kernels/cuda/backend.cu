@@ -19,13 +19,17 @@ cudaStream_t stream_on(int device) {
 }  // namespace
 
 CudaBackend::CudaBackend(const BackendOptions& options, int device)
-    : options_(options), rounding_{options.precision}, device_(device), stream_(stream_on(device)),
+    : options_(options),
+      rounding_{options.precision},
+      device_(device),
+      stream_(stream_on(device)),
       staging_(stream_) {
   cuda::check(cublasCreate(&cublas_), "cublasCreate");
   cuda::check(cublasSetStream(cublas_, stream_), "cublasSetStream");
   // Deterministic by construction: no kernel that reduces with atomics, and for FP32 no TF32.
   cuda::check(cublasSetAtomicsMode(cublas_, CUBLAS_ATOMICS_NOT_ALLOWED), "cublasSetAtomicsMode");
-  cuda::check(cublasSetMathMode(cublas_, precision() == Precision::kFp32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH),
+  cuda::check(cublasSetMathMode(cublas_,
+                                precision() == Precision::kFp32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH),
               "cublasSetMathMode");
 }
 

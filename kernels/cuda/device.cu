@@ -32,7 +32,8 @@ void* DeviceBytes::reserve(size_t bytes) {
   if (data_ != nullptr) check(cudaFree(data_), "cudaFree");
   data_ = nullptr;
   capacity_ = 0;
-  check(cudaMalloc(&data_, bytes == 0 ? 1 : bytes), ("cudaMalloc of " + std::to_string(bytes) + " bytes").c_str());
+  check(cudaMalloc(&data_, bytes == 0 ? 1 : bytes),
+        ("cudaMalloc of " + std::to_string(bytes) + " bytes").c_str());
   capacity_ = bytes;
   return data_;
 }

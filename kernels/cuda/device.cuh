@@ -74,8 +74,8 @@ class Staging {
 #if defined(__CUDACC__)
 
 // for (i = this thread's first element; i < n; i += all threads of the grid)
-#define TOUCHSTONE_GRID_STRIDE_LOOP(i, n)                                                              \
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n);               \
+#define TOUCHSTONE_GRID_STRIDE_LOOP(i, n)                                                \
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
 // Sum of `partial` over the kBlockThreads threads of the block, in the fixed tree order of launch.h;
@@ -101,7 +101,8 @@ __device__ T block_max(T partial) {
   slots[threadIdx.x] = partial;
   __syncthreads();
   for (int stride = kBlockThreads / 2; stride > 0; stride /= 2) {
-    if (static_cast<int>(threadIdx.x) < stride) slots[threadIdx.x] = max(slots[threadIdx.x], slots[threadIdx.x + stride]);
+    if (static_cast<int>(threadIdx.x) < stride)
+      slots[threadIdx.x] = max(slots[threadIdx.x], slots[threadIdx.x + stride]);
     __syncthreads();
   }
   const T result = slots[0];

@@ -7,9 +7,10 @@ namespace touchstone {
 
 namespace {
 
-__device__ double keep_scale_at(uint32_t key0, uint32_t key1, double probability, int64_t sample, int64_t element,
-                                double kept) {
-  const double u = philox::uniform_at(key0, key1, static_cast<uint64_t>(sample), static_cast<uint64_t>(element));
+__device__ double keep_scale_at(uint32_t key0, uint32_t key1, double probability, int64_t sample,
+                                int64_t element, double kept) {
+  const double u =
+      philox::uniform_at(key0, key1, static_cast<uint64_t>(sample), static_cast<uint64_t>(element));
   return u > probability ? kept : 0.0;  // u in (0, 1]: kept with probability 1 - p
 }
 
@@ -20,7 +21,8 @@ __global__ void attention_mask_kernel(uint32_t key0, uint32_t key1, double proba
   const int64_t per_head = seq * seq;
   TOUCHSTONE_GRID_STRIDE_LOOP(e, windows * heads * per_head) {
     const int64_t w = e / (heads * per_head), h = (e / per_head) % heads, ij = e % per_head;
-    keep_scale[e] = keep_scale_at(key0, key1, probability, samples[w], (first_head + h) * per_head + ij, kept);
+    keep_scale[e] =
+        keep_scale_at(key0, key1, probability, samples[w], (first_head + h) * per_head + ij, kept);
   }
 }
 
@@ -31,13 +33,15 @@ __global__ void hidden_mask_kernel(uint32_t key0, uint32_t key1, double probabil
                                    int64_t hidden, double* keep_scale) {
   TOUCHSTONE_GRID_STRIDE_LOOP(e, rows * hidden) {
     const int64_t row = first_row + e / hidden, c = e % hidden;
-    keep_scale[e] = keep_scale_at(key0, key1, probability, samples[row / seq], (row % seq) * hidden + c, kept);
+    keep_scale[e] =
+        keep_scale_at(key0, key1, probability, samples[row / seq], (row % seq) * hidden + c, kept);
   }
 }
 
 // y[n] = x[n] * keep_scale[n] in T, stored as an activation (forward and backward alike).
 template <typename T>
-__global__ void multiply_kernel(const double* x, const double* keep_scale, int64_t n, cpu::Rounding r, double* y) {
+__global__ void multiply_kernel(const double* x, const double* keep_scale, int64_t n, cpu::Rounding r,
+                                double* y) {
   TOUCHSTONE_GRID_STRIDE_LOOP(i, n) {
     y[i] = r.activation(static_cast<double>(static_cast<T>(x[i]) * static_cast<T>(keep_scale[i])));
   }
@@ -45,14 +49,14 @@ __global__ void multiply_kernel(const double* x, const double* keep_scale, int64
 
 }  // namespace
 
-void CudaBackend::attention_dropout_mask(const DropoutSite& site, const AttentionShape& shape, int64_t first_head,
-                                         double* keep_scale) {
+void CudaBackend::attention_dropout_mask(const DropoutSite& site, const AttentionShape& shape,
+                                         int64_t first_head, double* keep_scale) {
   const int64_t n = shape.windows * shape.num_heads * shape.seq * shape.seq;
   if (n == 0) return;
   const double kept = rounding_.state(1.0 / (1.0 - site.probability));  // FP32 unless FP64, as on the CPU
   cuda::Staging& s = begin_call();
   const int64_t* d_samples = s.upload(site.sample_indices, shape.windows);  // [b]
-  double* d_mask = s.output<double>(n);                                    // [b, NHl, T, T]
+  double* d_mask = s.output<double>(n);                                     // [b, NHl, T, T]
   const cuda::Launch launch = cuda::per_element(n);
   attention_mask_kernel<<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
       site.key[0], site.key[1], site.probability, kept, d_samples, shape.windows, shape.num_heads, shape.seq,
@@ -69,7 +73,7 @@ void CudaBackend::hidden_dropout_mask(const DropoutSite& site, int64_t first_row
   const double kept = rounding_.state(1.0 / (1.0 - site.probability));
   cuda::Staging& s = begin_call();
   const int64_t* d_samples = s.upload(site.sample_indices, windows);  // [windows]
-  double* d_mask = s.output<double>(rows * hidden);                  // [rows, H]
+  double* d_mask = s.output<double>(rows * hidden);                   // [rows, H]
   const cuda::Launch launch = cuda::per_element(rows * hidden);
   hidden_mask_kernel<<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
       site.key[0], site.key[1], site.probability, kept, d_samples, first_row, rows, seq, hidden, d_mask);
@@ -86,9 +90,11 @@ void CudaBackend::dropout_forward(const double* x, const double* keep_scale, int
   double* d_y = s.output<double>(n);
   const cuda::Launch launch = cuda::per_element(n);
   if (precision() == Precision::kFp64) {
-    multiply_kernel<double><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_x, d_mask, n, rounding_, d_y);
+    multiply_kernel<double>
+        <<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_x, d_mask, n, rounding_, d_y);
   } else {
-    multiply_kernel<float><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_x, d_mask, n, rounding_, d_y);
+    multiply_kernel<float>
+        <<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_x, d_mask, n, rounding_, d_y);
   }
   cuda::check_launch("dropout_forward");
   s.download(y, d_y, n);

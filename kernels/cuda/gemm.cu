@@ -37,9 +37,12 @@ __global__ void convert_matrix(const double* m, int64_t rows, int64_t cols, int6
 
 __device__ double round_as(cpu::RoundTo round_to, double value) {
   switch (round_to) {
-    case cpu::RoundTo::kFp32: return round_to_fp32(value);
-    case cpu::RoundTo::kBf16: return round_to_bf16(value);
-    case cpu::RoundTo::kNone: break;
+    case cpu::RoundTo::kFp32:
+      return round_to_fp32(value);
+    case cpu::RoundTo::kBf16:
+      return round_to_bf16(value);
+    case cpu::RoundTo::kNone:
+      break;
   }
   return value;
 }
@@ -55,7 +58,8 @@ __global__ void store_product(const float* product, int64_t M, int64_t N, cpu::R
 }
 
 template <typename T>
-T* converted(DeviceBytes& buffer, cudaStream_t stream, const double* m, int64_t rows, int64_t cols, int64_t ld) {
+T* converted(DeviceBytes& buffer, cudaStream_t stream, const double* m, int64_t rows, int64_t cols,
+             int64_t ld) {
   T* out = static_cast<T*>(buffer.reserve(static_cast<size_t>(rows * cols) * sizeof(T)));
   const Launch launch = per_element(rows * cols);
   if (launch.blocks > 0) {
@@ -70,8 +74,9 @@ cublasOperation_t op(bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_O
 }  // namespace
 
 void gemm(cublasHandle_t handle, cudaStream_t stream, GemmScratch& scratch, Precision precision,
-          cpu::RoundTo round_to, bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, double alpha,
-          const double* A, int64_t lda, const double* B, int64_t ldb, cpu::Store store, double* C, int64_t ldc) {
+          cpu::RoundTo round_to, bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K,
+          double alpha, const double* A, int64_t lda, const double* B, int64_t ldb, cpu::Store store,
+          double* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   const bool accumulate = store == cpu::Store::kAccumulate;
   if (precision == Precision::kFp64) {
@@ -105,7 +110,8 @@ void gemm(cublasHandle_t handle, cudaStream_t stream, GemmScratch& scratch, Prec
                      CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx");
   const Launch launch = per_element(M * N);
-  store_product<<<grid_blocks(launch), launch.threads, 0, stream>>>(product, M, N, round_to, accumulate, C, ldc);
+  store_product<<<grid_blocks(launch), launch.threads, 0, stream>>>(product, M, N, round_to, accumulate, C,
+                                                                    ldc);
   check_launch("store_product");
 }
 

@@ -22,7 +22,8 @@ struct GemmScratch {
 };
 
 void gemm(cublasHandle_t handle, cudaStream_t stream, GemmScratch& scratch, Precision precision,
-          cpu::RoundTo round_to, bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K, double alpha,
-          const double* A, int64_t lda, const double* B, int64_t ldb, cpu::Store store, double* C, int64_t ldc);
+          cpu::RoundTo round_to, bool transpose_a, bool transpose_b, int64_t M, int64_t N, int64_t K,
+          double alpha, const double* A, int64_t lda, const double* B, int64_t ldb, cpu::Store store,
+          double* C, int64_t ldc);
 
 }  // namespace touchstone::cuda

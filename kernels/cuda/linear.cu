@@ -6,12 +6,6 @@ namespace touchstone {
 
 namespace {
 
-cpu::RoundTo activation_format(Precision p) {
-  return p == Precision::kBf16   ? cpu::RoundTo::kBf16
-         : p == Precision::kFp32 ? cpu::RoundTo::kFp32
-                                 : cpu::RoundTo::kNone;
-}
-
 __global__ void round_kernel(cpu::Rounding r, TensorRole role, double* x, int64_t n) {
   TOUCHSTONE_GRID_STRIDE_LOOP(i, n) {
     x[i] = role == TensorRole::kState           ? r.state(x[i])
@@ -21,8 +15,9 @@ __global__ void round_kernel(cpu::Rounding r, TensorRole role, double* x, int64_
 }
 
 // y[N,H]: row n is table row tokens[n] - vocab_start when that is in the slice, else 0.
-__global__ void embedding_forward_kernel(const int32_t* tokens, const double* table, int64_t rows, int64_t hidden,
-                                         int64_t vocab_start, int64_t vocab_local, double* y) {
+__global__ void embedding_forward_kernel(const int32_t* tokens, const double* table, int64_t rows,
+                                         int64_t hidden, int64_t vocab_start, int64_t vocab_local,
+                                         double* y) {
   TOUCHSTONE_GRID_STRIDE_LOOP(i, rows * hidden) {
     const int64_t local = static_cast<int64_t>(tokens[i / hidden]) - vocab_start;
     y[i] = local >= 0 && local < vocab_local ? table[local * hidden + i % hidden] : 0.0;
@@ -31,8 +26,8 @@ __global__ void embedding_forward_kernel(const int32_t* tokens, const double* ta
 
 // One thread per (id of the plan, column): adds the id's rows in ascending order (launch.h TokenRows).
 __global__ void embedding_backward_kernel(const int32_t* ids, const int64_t* offsets, const int64_t* rows,
-                                          int64_t unique_ids, const double* dy, int64_t hidden, cpu::Rounding r,
-                                          double* dtable_accum) {
+                                          int64_t unique_ids, const double* dy, int64_t hidden,
+                                          cpu::Rounding r, double* dtable_accum) {
   TOUCHSTONE_GRID_STRIDE_LOOP(i, unique_ids * hidden) {
     const int64_t u = i / hidden, column = i % hidden;
     double& g = dtable_accum[static_cast<int64_t>(ids[u]) * hidden + column];
@@ -62,11 +57,11 @@ void CudaBackend::round(TensorRole role, double* x, int64_t n) {
 void CudaBackend::linear_forward(const double* x, const double* weight, int64_t rows, int64_t in, int64_t out,
                                  double* y) {
   cuda::Staging& s = begin_call();
-  const double* dx = s.upload(x, rows * in);          // [N,in]
-  const double* dw = s.upload(weight, out * in);      // [out,in]
-  double* dy = s.output<double>(rows * out);          // [N,out]
-  cuda::gemm(cublas_, stream_, gemm_scratch_, precision(), activation_format(precision()), false, true, rows, out,
-             in, 1.0, dx, in, dw, in, cpu::Store::kOverwrite, dy, out);
+  const double* dx = s.upload(x, rows * in);      // [N,in]
+  const double* dw = s.upload(weight, out * in);  // [out,in]
+  double* dy = s.output<double>(rows * out);      // [N,out]
+  cuda::gemm(cublas_, stream_, gemm_scratch_, precision(), cpu::activation_format(precision()), false, true,
+             rows, out, in, 1.0, dx, in, dw, in, cpu::Store::kOverwrite, dy, out);
   s.download(y, dy, rows * out);
   s.finish();
 }
@@ -74,28 +69,28 @@ void CudaBackend::linear_forward(const double* x, const double* weight, int64_t 
 void CudaBackend::linear_backward(const double* dy, const double* x, const double* weight, int64_t rows,
                                   int64_t in, int64_t out, double* dx, double* dweight_accum) {
   cuda::Staging& s = begin_call();
-  const double* d_dy = s.upload(dy, rows * out);            // [N,out]
-  const double* d_x = s.upload(x, rows * in);               // [N,in]
-  const double* d_w = s.upload(weight, out * in);           // [out,in]
-  double* d_dx = s.output<double>(rows * in);               // [N,in]
-  double* d_dw = s.upload(dweight_accum, out * in);         // [out,in] main gradient
-  cuda::gemm(cublas_, stream_, gemm_scratch_, precision(), activation_format(precision()), false, false, rows, in,
-             out, 1.0, d_dy, out, d_w, in, cpu::Store::kOverwrite, d_dx, in);
+  const double* d_dy = s.upload(dy, rows * out);     // [N,out]
+  const double* d_x = s.upload(x, rows * in);        // [N,in]
+  const double* d_w = s.upload(weight, out * in);    // [out,in]
+  double* d_dx = s.output<double>(rows * in);        // [N,in]
+  double* d_dw = s.upload(dweight_accum, out * in);  // [out,in] main gradient
+  cuda::gemm(cublas_, stream_, gemm_scratch_, precision(), cpu::activation_format(precision()), false, false,
+             rows, in, out, 1.0, d_dy, out, d_w, in, cpu::Store::kOverwrite, d_dx, in);
   if (precision() == Precision::kBf16 && !options_.grad_accumulation_fusion) {
     // Without fusion the micro-batch's weight gradient is stored in BF16, then added in FP32.
     double* micro = s.output<double>(out * in);
-    cuda::gemm(cublas_, stream_, gemm_scratch_, precision(), cpu::RoundTo::kBf16, true, false, out, in, rows, 1.0,
-               d_dy, out, d_x, in, cpu::Store::kOverwrite, micro, in);
+    cuda::gemm(cublas_, stream_, gemm_scratch_, precision(), cpu::RoundTo::kBf16, true, false, out, in, rows,
+               1.0, d_dy, out, d_x, in, cpu::Store::kOverwrite, micro, in);
     const cuda::Launch launch = cuda::per_element(out * in);
     if (launch.blocks > 0) {
       add_kernel<<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_dw, micro, out * in,
-                                                                          cpu::Rounding{Precision::kFp32});
+                                                                            cpu::Rounding{Precision::kFp32});
       cuda::check_launch("add (weight gradient)");
     }
   } else {
     cuda::gemm(cublas_, stream_, gemm_scratch_, precision(),
-               precision() == Precision::kFp64 ? cpu::RoundTo::kNone : cpu::RoundTo::kFp32, true, false, out, in,
-               rows, 1.0, d_dy, out, d_x, in, cpu::Store::kAccumulate, d_dw, in);
+               precision() == Precision::kFp64 ? cpu::RoundTo::kNone : cpu::RoundTo::kFp32, true, false, out,
+               in, rows, 1.0, d_dy, out, d_x, in, cpu::Store::kAccumulate, d_dw, in);
   }
   s.download(dx, d_dx, rows * in);
   s.download(dweight_accum, d_dw, out * in);
@@ -105,9 +100,9 @@ void CudaBackend::linear_backward(const double* dy, const double* x, const doubl
 void CudaBackend::embedding_forward(const int32_t* tokens, const double* table, int64_t rows, int64_t hidden,
                                     int64_t vocab_start, int64_t vocab_local, double* y) {
   cuda::Staging& s = begin_call();
-  const int32_t* d_tokens = s.upload(tokens, rows);           // [N]
+  const int32_t* d_tokens = s.upload(tokens, rows);               // [N]
   const double* d_table = s.upload(table, vocab_local * hidden);  // [Vl,H]
-  double* d_y = s.output<double>(rows * hidden);              // [N,H]
+  double* d_y = s.output<double>(rows * hidden);                  // [N,H]
   const cuda::Launch launch = cuda::per_element(rows * hidden);
   if (launch.blocks > 0) {
     embedding_forward_kernel<<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
@@ -127,8 +122,8 @@ void CudaBackend::embedding_backward(const int32_t* tokens, const double* dy, in
   const int32_t* d_ids = s.upload(plan.ids.data(), unique_ids);
   const int64_t* d_offsets = s.upload(plan.offsets.data(), unique_ids + 1);
   const int64_t* d_rows = s.upload(plan.rows.data(), static_cast<int64_t>(plan.rows.size()));
-  const double* d_dy = s.upload(dy, rows * hidden);                   // [N,H]
-  double* d_table = s.upload(dtable_accum, vocab_local * hidden);     // [Vl,H]
+  const double* d_dy = s.upload(dy, rows * hidden);                // [N,H]
+  double* d_table = s.upload(dtable_accum, vocab_local * hidden);  // [Vl,H]
   const cuda::Launch launch = cuda::per_element(unique_ids * hidden);
   embedding_backward_kernel<<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
       d_ids, d_offsets, d_rows, unique_ids, d_dy, hidden, rounding_, d_table);

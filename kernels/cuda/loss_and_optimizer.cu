@@ -25,7 +25,8 @@ __global__ void row_max_kernel(const double* logits, int64_t vocab_local, double
 // is the target's logit when it is in this rank's slice (exact, no arithmetic).
 template <typename T>
 __global__ void partials_kernel(const double* logits, const int32_t* targets, int64_t vocab_local,
-                                int64_t vocab_start, const double* row_max, double* sum_exp, double* target_logit) {
+                                int64_t vocab_start, const double* row_max, double* sum_exp,
+                                double* target_logit) {
   const int64_t n = blockIdx.x;
   const double* row = logits + n * vocab_local;
   const auto m = static_cast<T>(row_max[n]);
@@ -43,24 +44,27 @@ template <typename T>
 __global__ void loss_kernel(const double* row_max, const double* sum_exp, const double* target_logit,
                             const int32_t* targets, int64_t rows, double* losses) {
   TOUCHSTONE_GRID_STRIDE_LOOP(n, rows) {
-    losses[n] = targets[n] == kIgnoreIndex ? 0.0
-                                           : static_cast<double>(log(static_cast<T>(sum_exp[n])) +
-                                                                 static_cast<T>(row_max[n]) - static_cast<T>(target_logit[n]));
+    losses[n] = targets[n] == kIgnoreIndex
+                    ? 0.0
+                    : static_cast<double>(log(static_cast<T>(sum_exp[n])) + static_cast<T>(row_max[n]) -
+                                          static_cast<T>(target_logit[n]));
   }
 }
 
 // dlogits[N, Vl] = w * (softmax - onehot(target)), 0 on ignored rows.
 template <typename T>
-__global__ void ce_backward_kernel(const double* logits, const int32_t* targets, int64_t rows, int64_t vocab_local,
-                                   int64_t vocab_start, const double* row_max, const double* sum_exp,
-                                   double loss_weight, cpu::Rounding r, double* dlogits) {
+__global__ void ce_backward_kernel(const double* logits, const int32_t* targets, int64_t rows,
+                                   int64_t vocab_local, int64_t vocab_start, const double* row_max,
+                                   const double* sum_exp, double loss_weight, cpu::Rounding r,
+                                   double* dlogits) {
   TOUCHSTONE_GRID_STRIDE_LOOP(e, rows * vocab_local) {
     const int64_t n = e / vocab_local, i = e % vocab_local;
     if (targets[n] == kIgnoreIndex) {
       dlogits[e] = 0.0;
       continue;
     }
-    const auto w = static_cast<T>(loss_weight), m = static_cast<T>(row_max[n]), z = static_cast<T>(sum_exp[n]);
+    const auto w = static_cast<T>(loss_weight), m = static_cast<T>(row_max[n]),
+               z = static_cast<T>(sum_exp[n]);
     T d = w * exp(static_cast<T>(logits[e]) - m) / z;
     if (i == static_cast<int64_t>(targets[n]) - vocab_start) d -= w;
     dlogits[e] = r.activation(static_cast<double>(d));
@@ -70,9 +74,9 @@ __global__ void ce_backward_kernel(const double* logits, const int32_t* targets,
 // PyTorch's AdamW with bias correction; the corrections are computed on the host in double, as the CPU
 // reference does, then used in T.
 template <typename T>
-__global__ void adamw_kernel(double* param, const double* grad, double* exp_avg, double* exp_avg_sq, int64_t n,
-                             double lr, double beta1, double beta2, double eps, double weight_decay,
-                             double bias_correction1, double bias_correction2) {
+__global__ void adamw_kernel(double* param, const double* grad, double* exp_avg, double* exp_avg_sq,
+                             int64_t n, double lr, double beta1, double beta2, double eps,
+                             double weight_decay, double bias_correction1, double bias_correction2) {
   const auto b1 = static_cast<T>(beta1), b2 = static_cast<T>(beta2), step_lr = static_cast<T>(lr);
   const auto e = static_cast<T>(eps), wd = static_cast<T>(weight_decay);
   const auto c1 = static_cast<T>(bias_correction1), c2 = static_cast<T>(bias_correction2);
@@ -97,9 +101,11 @@ void CudaBackend::logits_row_max(const double* logits, int64_t rows, int64_t voc
   double* d_max = s.output<double>(rows);                         // [N]
   const cuda::Launch launch = cuda::per_row(rows);
   if (precision() == Precision::kFp64) {
-    row_max_kernel<double><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_logits, vocab_local, d_max);
+    row_max_kernel<double>
+        <<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_logits, vocab_local, d_max);
   } else {
-    row_max_kernel<float><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_logits, vocab_local, d_max);
+    row_max_kernel<float>
+        <<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_logits, vocab_local, d_max);
   }
   cuda::check_launch("logits_row_max");
   s.download(row_max, d_max, rows);
@@ -141,11 +147,11 @@ void CudaBackend::cross_entropy_loss(const double* row_max, const double* sum_ex
   double* d_losses = s.output<double>(rows);
   const cuda::Launch launch = cuda::per_element(rows);
   if (precision() == Precision::kFp64) {
-    loss_kernel<double><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_max, d_sum, d_target, d_targets,
-                                                                                  rows, d_losses);
+    loss_kernel<double><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_max, d_sum, d_target,
+                                                                                   d_targets, rows, d_losses);
   } else {
-    loss_kernel<float><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_max, d_sum, d_target, d_targets,
-                                                                                 rows, d_losses);
+    loss_kernel<float><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_max, d_sum, d_target,
+                                                                                  d_targets, rows, d_losses);
   }
   cuda::check_launch("cross_entropy_loss");
   s.download(losses, d_losses, rows);
@@ -161,7 +167,7 @@ void CudaBackend::cross_entropy_backward(const double* logits, const int32_t* ta
   const int32_t* d_targets = s.upload(targets, rows);
   const double* d_max = s.upload(row_max, rows);
   const double* d_sum = s.upload(sum_exp, rows);
-  double* d_dlogits = s.output<double>(rows * vocab_local);       // [N, Vl]
+  double* d_dlogits = s.output<double>(rows * vocab_local);  // [N, Vl]
   const cuda::Launch launch = cuda::per_element(rows * vocab_local);
   if (precision() == Precision::kFp64) {
     ce_backward_kernel<double><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
@@ -175,11 +181,12 @@ void CudaBackend::cross_entropy_backward(const double* logits, const int32_t* ta
   s.finish();
 }
 
-void CudaBackend::adamw_update(double* param, const double* grad, double* exp_avg, double* exp_avg_sq, int64_t n,
-                               const AdamWStep& step) {
+void CudaBackend::adamw_update(double* param, const double* grad, double* exp_avg, double* exp_avg_sq,
+                               int64_t n, const AdamWStep& step) {
   if (n == 0) return;
   const auto t = static_cast<double>(step.step);
-  const double bias_correction1 = 1.0 - std::pow(step.beta1, t), bias_correction2 = 1.0 - std::pow(step.beta2, t);
+  const double bias_correction1 = 1.0 - std::pow(step.beta1, t),
+               bias_correction2 = 1.0 - std::pow(step.beta2, t);
   cuda::Staging& s = begin_call();
   double* d_param = s.upload(param, n);
   const double* d_grad = s.upload(grad, n);
@@ -188,12 +195,12 @@ void CudaBackend::adamw_update(double* param, const double* grad, double* exp_av
   const cuda::Launch launch = cuda::per_element(n);
   if (precision() == Precision::kFp64) {
     adamw_kernel<double><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
-        d_param, d_grad, d_m, d_v, n, step.lr, step.beta1, step.beta2, step.eps, step.weight_decay, bias_correction1,
-        bias_correction2);
+        d_param, d_grad, d_m, d_v, n, step.lr, step.beta1, step.beta2, step.eps, step.weight_decay,
+        bias_correction1, bias_correction2);
   } else {
     adamw_kernel<float><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
-        d_param, d_grad, d_m, d_v, n, step.lr, step.beta1, step.beta2, step.eps, step.weight_decay, bias_correction1,
-        bias_correction2);
+        d_param, d_grad, d_m, d_v, n, step.lr, step.beta1, step.beta2, step.eps, step.weight_decay,
+        bias_correction1, bias_correction2);
   }
   cuda::check_launch("adamw_update");
   s.download(param, d_param, n);

@@ -20,12 +20,14 @@ __global__ void rmsnorm_forward_kernel(const double* x, const double* weight, in
   const int64_t n = blockIdx.x;
   const double* xn = x + n * hidden;
   T partial = 0;
-  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) partial += static_cast<T>(xn[i]) * static_cast<T>(xn[i]);
+  for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x)
+    partial += static_cast<T>(xn[i]) * static_cast<T>(xn[i]);
   const T sum_squares = cuda::block_sum(partial);
   const T inv = T(1) / sqrt(sum_squares / static_cast<T>(hidden) + static_cast<T>(eps));
   if (threadIdx.x == 0) rstd[n] = static_cast<double>(inv);
   for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
-    y[n * hidden + i] = r.activation(static_cast<double>(static_cast<T>(xn[i]) * inv * static_cast<T>(weight[i])));
+    y[n * hidden + i] =
+        r.activation(static_cast<double>(static_cast<T>(xn[i]) * inv * static_cast<T>(weight[i])));
   }
 }
 
@@ -44,16 +46,17 @@ __global__ void rmsnorm_backward_dx_kernel(const double* dy, const double* x, co
   const T mean_g_xhat = cuda::block_sum(partial) / static_cast<T>(hidden);
   for (int64_t i = threadIdx.x; i < hidden; i += blockDim.x) {
     const T xhat = static_cast<T>(xn[i]) * inv;
-    dx[n * hidden + i] =
-        r.activation(static_cast<double>(inv * (static_cast<T>(dyn[i]) * static_cast<T>(weight[i]) - xhat * mean_g_xhat)));
+    dx[n * hidden + i] = r.activation(
+        static_cast<double>(inv * (static_cast<T>(dyn[i]) * static_cast<T>(weight[i]) - xhat * mean_g_xhat)));
   }
 }
 
 // One thread per column i: dw_accum[i] += sum over rows n in ascending order of dy * xhat, the CPU's
 // order, so no atomics are needed.
 template <typename T>
-__global__ void rmsnorm_backward_dw_kernel(const double* dy, const double* x, const double* rstd, int64_t rows,
-                                           int64_t hidden, cpu::Rounding r, double* dweight_accum) {
+__global__ void rmsnorm_backward_dw_kernel(const double* dy, const double* x, const double* rstd,
+                                           int64_t rows, int64_t hidden, cpu::Rounding r,
+                                           double* dweight_accum) {
   TOUCHSTONE_GRID_STRIDE_LOOP(i, hidden) {
     double g = dweight_accum[i];
     for (int64_t n = 0; n < rows; ++n) {
@@ -80,7 +83,8 @@ __device__ QkvColumn qkv_column(int64_t c, int64_t queries_per_group, int64_t he
 }
 
 // split = true: qkv[N, (NH + 2 NKV) D] -> q[b,NH,T,D], k, v[b,NKV,T,D]; false: the inverse (merge).
-__global__ void qkv_layout_kernel(bool split, AttentionShape s, double* qkv, double* q, double* k, double* v) {
+__global__ void qkv_layout_kernel(bool split, AttentionShape s, double* qkv, double* q, double* k,
+                                  double* v) {
   const int64_t width = (s.num_heads + 2 * s.num_kv_heads) * s.head_dim;
   const int64_t queries_per_group = s.num_heads / s.num_kv_heads;
   TOUCHSTONE_GRID_STRIDE_LOOP(i, s.windows * s.seq * width) {
@@ -106,7 +110,8 @@ __global__ void rope_kernel(double* x, const double2* cos_sin, int64_t windows, 
                             int64_t head_dim, cpu::Rounding r) {
   const int64_t half = head_dim / 2;
   TOUCHSTONE_GRID_STRIDE_LOOP(e, windows * heads * seq * half) {
-    const int64_t i = e % half, t = (e / half) % seq, h = (e / (half * seq)) % heads, b = e / (half * seq * heads);
+    const int64_t i = e % half, t = (e / half) % seq, h = (e / (half * seq)) % heads,
+                  b = e / (half * seq * heads);
     const double2 angle = cos_sin[(b * seq + t) * half + i];
     const auto c = static_cast<T>(angle.x), sn = static_cast<T>(angle.y);
     double* xh = x + ((b * heads + h) * seq + t) * head_dim;
@@ -119,7 +124,8 @@ __global__ void rope_kernel(double* x, const double2* cos_sin, int64_t windows, 
 // ---- SwiGLU: act = silu(gate) * up, silu(g) = g * sigmoid(g) ------------------------------------------
 
 template <typename T>
-__global__ void swiglu_forward_kernel(const double* fc1, int64_t rows, int64_t ffn, cpu::Rounding r, double* act) {
+__global__ void swiglu_forward_kernel(const double* fc1, int64_t rows, int64_t ffn, cpu::Rounding r,
+                                      double* act) {
   TOUCHSTONE_GRID_STRIDE_LOOP(e, rows * ffn) {
     const int64_t n = e / ffn, i = e % ffn;
     const auto g = static_cast<T>(fc1[n * 2 * ffn + i]), u = static_cast<T>(fc1[n * 2 * ffn + ffn + i]);
@@ -137,28 +143,29 @@ __global__ void swiglu_backward_kernel(const double* dact, const double* fc1, in
     const auto g = static_cast<T>(fc1[n * 2 * ffn + i]), u = static_cast<T>(fc1[n * 2 * ffn + ffn + i]);
     const auto d = static_cast<T>(dact[e]);
     const T sigmoid = T(1) / (T(1) + exp(-g));
-    dfc1[n * 2 * ffn + i] = r.activation(static_cast<double>(d * u * sigmoid * (T(1) + g * (T(1) - sigmoid))));
+    dfc1[n * 2 * ffn + i] =
+        r.activation(static_cast<double>(d * u * sigmoid * (T(1) + g * (T(1) - sigmoid))));
     dfc1[n * 2 * ffn + ffn + i] = r.activation(static_cast<double>(d * g * sigmoid));
   }
 }
 
 }  // namespace
 
-void CudaBackend::rmsnorm_forward(const double* x, const double* weight, int64_t rows, int64_t hidden, double eps,
-                                  double* y, double* rstd) {
+void CudaBackend::rmsnorm_forward(const double* x, const double* weight, int64_t rows, int64_t hidden,
+                                  double eps, double* y, double* rstd) {
   if (rows == 0) return;
   cuda::Staging& s = begin_call();
-  const double* d_x = s.upload(x, rows * hidden);      // [N,H]
-  const double* d_w = s.upload(weight, hidden);        // [H]
-  double* d_y = s.output<double>(rows * hidden);       // [N,H]
-  double* d_rstd = s.output<double>(rows);             // [N]
+  const double* d_x = s.upload(x, rows * hidden);  // [N,H]
+  const double* d_w = s.upload(weight, hidden);    // [H]
+  double* d_y = s.output<double>(rows * hidden);   // [N,H]
+  double* d_rstd = s.output<double>(rows);         // [N]
   const cuda::Launch launch = cuda::per_row(rows);
   if (precision() == Precision::kFp64) {
-    rmsnorm_forward_kernel<double><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_x, d_w, hidden, eps,
-                                                                                            rounding_, d_y, d_rstd);
+    rmsnorm_forward_kernel<double><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
+        d_x, d_w, hidden, eps, rounding_, d_y, d_rstd);
   } else {
-    rmsnorm_forward_kernel<float><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_x, d_w, hidden, eps,
-                                                                                           rounding_, d_y, d_rstd);
+    rmsnorm_forward_kernel<float><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
+        d_x, d_w, hidden, eps, rounding_, d_y, d_rstd);
   }
   cuda::check_launch("rmsnorm_forward");
   s.download(y, d_y, rows * hidden);
@@ -166,27 +173,30 @@ void CudaBackend::rmsnorm_forward(const double* x, const double* weight, int64_t
   s.finish();
 }
 
-void CudaBackend::rmsnorm_backward(const double* dy, const double* x, const double* weight, const double* rstd,
-                                   int64_t rows, int64_t hidden, double* dx, double* dweight_accum) {
+void CudaBackend::rmsnorm_backward(const double* dy, const double* x, const double* weight,
+                                   const double* rstd, int64_t rows, int64_t hidden, double* dx,
+                                   double* dweight_accum) {
   if (rows == 0) return;
   cuda::Staging& s = begin_call();
-  const double* d_dy = s.upload(dy, rows * hidden);            // [N,H]
-  const double* d_x = s.upload(x, rows * hidden);              // [N,H]
-  const double* d_w = s.upload(weight, hidden);                // [H]
-  const double* d_rstd = s.upload(rstd, rows);                 // [N]
-  double* d_dx = s.output<double>(rows * hidden);              // [N,H]
-  double* d_dw = s.upload(dweight_accum, hidden);              // [H]
+  const double* d_dy = s.upload(dy, rows * hidden);  // [N,H]
+  const double* d_x = s.upload(x, rows * hidden);    // [N,H]
+  const double* d_w = s.upload(weight, hidden);      // [H]
+  const double* d_rstd = s.upload(rstd, rows);       // [N]
+  double* d_dx = s.output<double>(rows * hidden);    // [N,H]
+  double* d_dw = s.upload(dweight_accum, hidden);    // [H]
   const cuda::Launch row_launch = cuda::per_row(rows), column_launch = cuda::per_element(hidden);
   if (precision() == Precision::kFp64) {
-    rmsnorm_backward_dx_kernel<double>
-        <<<cuda::grid_blocks(row_launch), row_launch.threads, 0, stream_>>>(d_dy, d_x, d_w, d_rstd, hidden, rounding_, d_dx);
-    rmsnorm_backward_dw_kernel<double><<<cuda::grid_blocks(column_launch), column_launch.threads, 0, stream_>>>(
-        d_dy, d_x, d_rstd, rows, hidden, rounding_, d_dw);
+    rmsnorm_backward_dx_kernel<double><<<cuda::grid_blocks(row_launch), row_launch.threads, 0, stream_>>>(
+        d_dy, d_x, d_w, d_rstd, hidden, rounding_, d_dx);
+    rmsnorm_backward_dw_kernel<double>
+        <<<cuda::grid_blocks(column_launch), column_launch.threads, 0, stream_>>>(d_dy, d_x, d_rstd, rows,
+                                                                                  hidden, rounding_, d_dw);
   } else {
-    rmsnorm_backward_dx_kernel<float>
-        <<<cuda::grid_blocks(row_launch), row_launch.threads, 0, stream_>>>(d_dy, d_x, d_w, d_rstd, hidden, rounding_, d_dx);
-    rmsnorm_backward_dw_kernel<float><<<cuda::grid_blocks(column_launch), column_launch.threads, 0, stream_>>>(
-        d_dy, d_x, d_rstd, rows, hidden, rounding_, d_dw);
+    rmsnorm_backward_dx_kernel<float><<<cuda::grid_blocks(row_launch), row_launch.threads, 0, stream_>>>(
+        d_dy, d_x, d_w, d_rstd, hidden, rounding_, d_dx);
+    rmsnorm_backward_dw_kernel<float>
+        <<<cuda::grid_blocks(column_launch), column_launch.threads, 0, stream_>>>(d_dy, d_x, d_rstd, rows,
+                                                                                  hidden, rounding_, d_dw);
   }
   cuda::check_launch("rmsnorm_backward");
   s.download(dx, d_dx, rows * hidden);
@@ -199,12 +209,13 @@ void CudaBackend::qkv_split(const double* qkv, const AttentionShape& shape, doub
   const int64_t rows = shape.windows * shape.seq, D = shape.head_dim;
   if (rows == 0) return;
   cuda::Staging& s = begin_call();
-  double* d_qkv = s.upload(qkv, rows * width);                            // [N, (NH + 2 NKV) D]
-  double* d_q = s.output<double>(rows * shape.num_heads * D);             // [b,NH,T,D]
-  double* d_k = s.output<double>(rows * shape.num_kv_heads * D);          // [b,NKV,T,D]
-  double* d_v = s.output<double>(rows * shape.num_kv_heads * D);          // [b,NKV,T,D]
+  double* d_qkv = s.upload(qkv, rows * width);                    // [N, (NH + 2 NKV) D]
+  double* d_q = s.output<double>(rows * shape.num_heads * D);     // [b,NH,T,D]
+  double* d_k = s.output<double>(rows * shape.num_kv_heads * D);  // [b,NKV,T,D]
+  double* d_v = s.output<double>(rows * shape.num_kv_heads * D);  // [b,NKV,T,D]
   const cuda::Launch launch = cuda::per_element(rows * width);
-  qkv_layout_kernel<<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(true, shape, d_qkv, d_q, d_k, d_v);
+  qkv_layout_kernel<<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(true, shape, d_qkv, d_q, d_k,
+                                                                               d_v);
   cuda::check_launch("qkv_split");
   s.download(q, d_q, rows * shape.num_heads * D);
   s.download(k, d_k, rows * shape.num_kv_heads * D);
@@ -223,7 +234,8 @@ void CudaBackend::qkv_merge(const double* dq, const double* dk, const double* dv
   double* d_v = s.upload(dv, rows * shape.num_kv_heads * D);
   double* d_qkv = s.output<double>(rows * width);
   const cuda::Launch launch = cuda::per_element(rows * width);
-  qkv_layout_kernel<<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(false, shape, d_qkv, d_q, d_k, d_v);
+  qkv_layout_kernel<<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(false, shape, d_qkv, d_q, d_k,
+                                                                               d_v);
   cuda::check_launch("qkv_merge");
   s.download(dqkv, d_qkv, rows * width);
   s.finish();
@@ -247,14 +259,15 @@ void CudaBackend::rope(double* x, const int32_t* position_ids, int64_t windows, 
   cuda::Staging& s = begin_call();
   const int64_t n = windows * heads * seq * head_dim;
   double* d_x = s.upload(x, n);  // [b, heads, T, D]
-  const auto* d_angles = reinterpret_cast<const double2*>(s.upload(angles.data(), static_cast<int64_t>(angles.size())));
+  const auto* d_angles =
+      reinterpret_cast<const double2*>(s.upload(angles.data(), static_cast<int64_t>(angles.size())));
   const cuda::Launch launch = cuda::per_element(windows * heads * seq * half);
   if (precision() == Precision::kFp64) {
-    rope_kernel<double><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_x, d_angles, windows, heads, seq,
-                                                                                  head_dim, rounding_);
+    rope_kernel<double><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
+        d_x, d_angles, windows, heads, seq, head_dim, rounding_);
   } else {
-    rope_kernel<float><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_x, d_angles, windows, heads, seq,
-                                                                                 head_dim, rounding_);
+    rope_kernel<float><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
+        d_x, d_angles, windows, heads, seq, head_dim, rounding_);
   }
   cuda::check_launch("rope");
   s.download(x, d_x, n);
@@ -268,30 +281,31 @@ void CudaBackend::swiglu_forward(const double* fc1, int64_t rows, int64_t ffn, d
   double* d_act = s.output<double>(rows * ffn);         // [N, F]
   const cuda::Launch launch = cuda::per_element(rows * ffn);
   if (precision() == Precision::kFp64) {
-    swiglu_forward_kernel<double><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_fc1, rows, ffn,
-                                                                                            rounding_, d_act);
+    swiglu_forward_kernel<double>
+        <<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_fc1, rows, ffn, rounding_, d_act);
   } else {
-    swiglu_forward_kernel<float><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_fc1, rows, ffn,
-                                                                                           rounding_, d_act);
+    swiglu_forward_kernel<float>
+        <<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_fc1, rows, ffn, rounding_, d_act);
   }
   cuda::check_launch("swiglu_forward");
   s.download(act, d_act, rows * ffn);
   s.finish();
 }
 
-void CudaBackend::swiglu_backward(const double* dact, const double* fc1, int64_t rows, int64_t ffn, double* dfc1) {
+void CudaBackend::swiglu_backward(const double* dact, const double* fc1, int64_t rows, int64_t ffn,
+                                  double* dfc1) {
   if (rows * ffn == 0) return;
   cuda::Staging& s = begin_call();
-  const double* d_dact = s.upload(dact, rows * ffn);   // [N, F]
+  const double* d_dact = s.upload(dact, rows * ffn);    // [N, F]
   const double* d_fc1 = s.upload(fc1, rows * 2 * ffn);  // [N, 2F]
   double* d_dfc1 = s.output<double>(rows * 2 * ffn);    // [N, 2F]
   const cuda::Launch launch = cuda::per_element(rows * ffn);
   if (precision() == Precision::kFp64) {
-    swiglu_backward_kernel<double><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_dact, d_fc1, rows,
-                                                                                             ffn, rounding_, d_dfc1);
+    swiglu_backward_kernel<double><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
+        d_dact, d_fc1, rows, ffn, rounding_, d_dfc1);
   } else {
-    swiglu_backward_kernel<float><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_dact, d_fc1, rows, ffn,
-                                                                                            rounding_, d_dfc1);
+    swiglu_backward_kernel<float><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
+        d_dact, d_fc1, rows, ffn, rounding_, d_dfc1);
   }
   cuda::check_launch("swiglu_backward");
   s.download(dfc1, d_dfc1, rows * 2 * ffn);

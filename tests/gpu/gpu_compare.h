@@ -22,7 +22,8 @@ inline std::vector<double> random_values(const std::string& name, int64_t n, Pre
                                          double scale = 1.0, TensorRole role = TensorRole::kActivation) {
   std::vector<double> v(static_cast<size_t>(n));
   const PhiloxKey key = stream_key(1234, name);
-  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = scale * normal_at(key, static_cast<uint64_t>(i));
+  for (int64_t i = 0; i < n; ++i)
+    v[static_cast<size_t>(i)] = scale * normal_at(key, static_cast<uint64_t>(i));
   make_cpu_backend(BackendOptions{precision, true})->round(role, v.data(), n);
   return v;
 }
@@ -47,9 +48,12 @@ inline double relative_l2(const std::vector<double>& gpu, const std::vector<doub
 inline double tolerance(Precision precision, int64_t reduction_length, bool stored_in_bf16) {
   const auto L = static_cast<double>(reduction_length);
   switch (precision) {
-    case Precision::kFp64: return 8.0 * L * 0x1.0p-53;
-    case Precision::kFp32: return 0x1.0p-23 + 8.0 * L * 0x1.0p-24;
-    case Precision::kBf16: return (stored_in_bf16 ? 0x1.0p-7 : 0x1.0p-23) + 8.0 * L * 0x1.0p-24;
+    case Precision::kFp64:
+      return 8.0 * L * 0x1.0p-53;
+    case Precision::kFp32:
+      return 0x1.0p-23 + 8.0 * L * 0x1.0p-24;
+    case Precision::kBf16:
+      return (stored_in_bf16 ? 0x1.0p-7 : 0x1.0p-23) + 8.0 * L * 0x1.0p-24;
   }
   return 0.0;
 }
@@ -66,10 +70,10 @@ struct BackendPair {
 
 inline const Precision kAllPrecisions[] = {Precision::kFp64, Precision::kFp32, Precision::kBf16};
 
-#define EXPECT_GPU_MATCHES(gpu_values, cpu_values, tol)                                            \
-  do {                                                                                            \
+#define EXPECT_GPU_MATCHES(gpu_values, cpu_values, tol)                                             \
+  do {                                                                                              \
     const double touchstone_error = ::touchstone::gpu_testing::relative_l2(gpu_values, cpu_values); \
-    EXPECT_LE(touchstone_error, tol) << #gpu_values " vs CPU, relative L2";                      \
+    EXPECT_LE(touchstone_error, tol) << #gpu_values " vs CPU, relative L2";                         \
   } while (0)
 
 }  // namespace touchstone::gpu_testing

@@ -13,7 +13,8 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   try {
     const int count = touchstone::cuda_device_count();
-    std::cout << "GPU tests on " << touchstone::cuda_device_name(0) << " (" << count << " visible)" << std::endl;
+    std::cout << "GPU tests on " << touchstone::cuda_device_name(0) << " (" << count << " visible)"
+              << std::endl;
   } catch (const touchstone::InputError& e) {
     std::cout << "SKIPPED: the GPU tests need a CUDA device: " << e.what() << std::endl;
     return 77;

@@ -42,7 +42,8 @@ TEST_P(CudaKernels, EmbeddingLookupAndGradientOfAVocabSlice) {
   BackendPair b(p());
   const int64_t N = 29, H = 7, vocab_start = 8, vocab_local = 8;
   std::vector<int32_t> tokens(N);
-  for (int64_t n = 0; n < N; ++n) tokens[n] = static_cast<int32_t>((n * 5) % 20);  // repeats, and out of slice
+  for (int64_t n = 0; n < N; ++n)
+    tokens[n] = static_cast<int32_t>((n * 5) % 20);  // repeats, and out of slice
   const auto table = random_values("table", vocab_local * H, p(), 1.0, TensorRole::kComputeWeight);
   std::vector<double> y_cpu(N * H), y_gpu(N * H);
   b.cpu->embedding_forward(tokens.data(), table.data(), N, H, vocab_start, vocab_local, y_cpu.data());
@@ -166,18 +167,20 @@ TEST_P(CudaKernels, VocabParallelCrossEntropy) {
   b.cpu->logits_row_max(logits.data(), N, V, m_c.data());
   b.gpu->logits_row_max(logits.data(), N, V, m_g.data());
   EXPECT_EQ(m_g, m_c);  // a max is exact
-  b.cpu->cross_entropy_partials(logits.data(), targets.data(), N, V, vocab_start, m_c.data(), z_c.data(), t_c.data());
-  b.gpu->cross_entropy_partials(logits.data(), targets.data(), N, V, vocab_start, m_c.data(), z_g.data(), t_g.data());
+  b.cpu->cross_entropy_partials(logits.data(), targets.data(), N, V, vocab_start, m_c.data(), z_c.data(),
+                                t_c.data());
+  b.gpu->cross_entropy_partials(logits.data(), targets.data(), N, V, vocab_start, m_c.data(), z_g.data(),
+                                t_g.data());
   EXPECT_GPU_MATCHES(z_g, z_c, tolerance(p(), V, false));  // sums over the slice
   EXPECT_EQ(t_g, t_c);
   b.cpu->cross_entropy_loss(m_c.data(), z_c.data(), t_c.data(), targets.data(), N, l_c.data());
   b.gpu->cross_entropy_loss(m_c.data(), z_c.data(), t_c.data(), targets.data(), N, l_g.data());
   EXPECT_GPU_MATCHES(l_g, l_c, tolerance(p(), 2, false));  // log and two additions
   std::vector<double> d_c(N * V), d_g(N * V);
-  b.cpu->cross_entropy_backward(logits.data(), targets.data(), N, V, vocab_start, m_c.data(), z_c.data(), 0.01,
-                                d_c.data());
-  b.gpu->cross_entropy_backward(logits.data(), targets.data(), N, V, vocab_start, m_c.data(), z_c.data(), 0.01,
-                                d_g.data());
+  b.cpu->cross_entropy_backward(logits.data(), targets.data(), N, V, vocab_start, m_c.data(), z_c.data(),
+                                0.01, d_c.data());
+  b.gpu->cross_entropy_backward(logits.data(), targets.data(), N, V, vocab_start, m_c.data(), z_c.data(),
+                                0.01, d_g.data());
   EXPECT_GPU_MATCHES(d_g, d_c, tolerance(p(), 4, bf16()));  // exp and a division per element
 }
 

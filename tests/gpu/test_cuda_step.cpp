@@ -93,7 +93,8 @@ TEST(CudaStep, Bf16StepsStayInsideTheCpuBf16Envelope) {
   for (size_t t = 0; t < fp64.grads[first].tensors.size(); ++t) {
     const std::vector<double>& reference = fp64.grads[first].tensors[t];
     const double reference_error = relative_l2(cpu.grads[first].tensors[t], reference);
-    EXPECT_LE(relative_l2(gpu.grads[first].tensors[t], reference), 4.0 * reference_error + 1e-6) << "grad " << t;
+    EXPECT_LE(relative_l2(gpu.grads[first].tensors[t], reference), 4.0 * reference_error + 1e-6)
+        << "grad " << t;
   }
   EXPECT_LE(std::abs(gpu.losses[first] - fp64.losses[first]),
             4.0 * std::abs(cpu.losses[first] - fp64.losses[first]) + 1e-6 * std::abs(fp64.losses[first]));
@@ -101,7 +102,8 @@ TEST(CudaStep, Bf16StepsStayInsideTheCpuBf16Envelope) {
 
 TEST(CudaStep, TwoIdenticalGpuRunsAreBitwiseIdentical) {
   for (const std::string precision : {"fp64", "bf16"}) {
-    const TrainedRun first = train(step_config(precision), "cuda"), second = train(step_config(precision), "cuda");
+    const TrainedRun first = train(step_config(precision), "cuda"),
+                     second = train(step_config(precision), "cuda");
     for (size_t s = 0; s < first.losses.size(); ++s) {
       EXPECT_EQ(std::memcmp(&first.losses[s], &second.losses[s], sizeof(double)), 0) << precision;
       EXPECT_TRUE(bitwise_equal(first.grads[s], second.grads[s])) << precision << " step " << s + 1;

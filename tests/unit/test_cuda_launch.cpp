@@ -69,15 +69,15 @@ TEST(CudaLaunch, ColumnMajorMappingComputesTheRowMajorProduct) {
         }
       }
       const ColumnMajorGemm g = column_major_gemm(ta, tb, M, N, K, lda, ldb, ldc);
-      column_major_reference(g.transpose_first, g.transpose_second, g.m, g.n, g.k, B.data(), g.ld_first, A.data(),
-                             g.ld_second, got.data(), g.ld_out);
+      column_major_reference(g.transpose_first, g.transpose_second, g.m, g.n, g.k, B.data(), g.ld_first,
+                             A.data(), g.ld_second, got.data(), g.ld_out);
       EXPECT_EQ(got, expected) << "transpose_a " << ta << ", transpose_b " << tb;
     }
   }
 }
 
 TEST(CudaLaunch, ColumnMajorMappingRejectsShortLeadingDimensions) {
-  EXPECT_THROW(column_major_gemm(false, true, 3, 5, 4, 3, 4, 5), std::invalid_argument);  // lda < K
+  EXPECT_THROW(column_major_gemm(false, true, 3, 5, 4, 3, 4, 5), std::invalid_argument);   // lda < K
   EXPECT_THROW(column_major_gemm(false, false, 3, 5, 4, 4, 4, 5), std::invalid_argument);  // ldb < N
   EXPECT_THROW(column_major_gemm(false, false, 3, 5, 4, 4, 5, 4), std::invalid_argument);  // ldc < N
   EXPECT_NO_THROW(column_major_gemm(true, true, 3, 5, 4, 3, 4, 5));

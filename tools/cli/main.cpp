@@ -46,8 +46,9 @@ void add_run_options(CLI::App* command, touchstone::RunOptions& options) {
   command->add_flag("--trace", options.trace,
                     "Print every collective and point-to-point transfer of every rank, and the pipeline "
                     "timeline of every step");
-  command->add_option("--backend", options.backend,
-                      "Kernels: cpu (the reference, default) or cuda (one GPU per rank; docs/cuda.md)")
+  command
+      ->add_option("--backend", options.backend,
+                   "Kernels: cpu (the reference, default) or cuda (one GPU per rank; docs/cuda.md)")
       ->capture_default_str();
   command->add_option("--timeline", options.timeline_svg, "Write the last step's pipeline timeline as SVG");
   command->add_flag(

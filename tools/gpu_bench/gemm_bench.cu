@@ -38,7 +38,8 @@ double peak_tflops(const std::string& gpu, const std::string& precision) {
     const char* name;
     double fp64, fp32, bf16;
   };
-  const Peak peaks[] = {{"H200", 67.0, 67.0, 989.0}, {"H100", 67.0, 67.0, 989.0}, {"A100", 19.5, 19.5, 312.0}};
+  const Peak peaks[] = {
+      {"H200", 67.0, 67.0, 989.0}, {"H100", 67.0, 67.0, 989.0}, {"A100", 19.5, 19.5, 312.0}};
   for (const Peak& p : peaks) {
     if (gpu.find(p.name) == std::string::npos) continue;
     return precision == "fp64" ? p.fp64 : precision == "fp32" ? p.fp32 : p.bf16;
@@ -52,7 +53,8 @@ __global__ void fill(void* data, int64_t n, int element_bytes) {
     const double value = static_cast<double>((i * 7919) % 1009) / 1009.0 - 0.5;
     if (element_bytes == 8) static_cast<double*>(data)[i] = value;
     if (element_bytes == 4) static_cast<float*>(data)[i] = static_cast<float>(value);
-    if (element_bytes == 2) static_cast<__nv_bfloat16*>(data)[i] = __float2bfloat16_rn(static_cast<float>(value));
+    if (element_bytes == 2)
+      static_cast<__nv_bfloat16*>(data)[i] = __float2bfloat16_rn(static_cast<float>(value));
   }
 }
 
@@ -76,9 +78,10 @@ void run(cublasHandle_t handle, const std::string& gpu, const std::string& preci
       return;
     }
     const cudaDataType_t type = precision == "bf16" ? CUDA_R_16BF : CUDA_R_32F;
-    const cublasComputeType_t compute = precision == "bf16" ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_PEDANTIC;
-    check(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha32, a, type, n, b, type, n, &beta32, c,
-                       CUDA_R_32F, n, compute, CUBLAS_GEMM_DEFAULT),
+    const cublasComputeType_t compute =
+        precision == "bf16" ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_PEDANTIC;
+    check(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha32, a, type, n, b, type, n, &beta32,
+                       c, CUDA_R_32F, n, compute, CUBLAS_GEMM_DEFAULT),
           "cublasGemmEx");
   };
   gemm();  // warm-up: heuristics, clocks
@@ -133,7 +136,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "touchstone-gemm-bench: size must be positive\n");
       return 2;
     }
-    for (const char* precision : {"fp64", "fp32", "bf16"}) run(handle, properties.name, precision, n, n >= 4096 ? 10 : 50);
+    for (const char* precision : {"fp64", "fp32", "bf16"})
+      run(handle, properties.name, precision, n, n >= 4096 ? 10 : 50);
   }
   cublasDestroy(handle);
   return 0;
