@@ -1,0 +1,200 @@
+// CUDA attention against the CPU reference in every precision: the forward (out, probs) and the
+// backward (dq, dk, dv) on shapes that reach the kernels' edges (T not a multiple of the 256-thread
+// block, T = 1, single-token documents, all-padding windows, GQA, head_dim 6, several windows), with and
+// without attention dropout; and bitwise repeatability of two GPU calls.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "data/packing.h"
+#include "tests/gpu/gpu_compare.h"
+
+namespace touchstone::gpu_testing {
+
+namespace {
+
+struct AttentionCase {
+  std::string name;
+  AttentionShape shape;
+  std::vector<int32_t> document_ids;  // [b*T]; empty: no document masking
+};
+
+// ids += `count` positions of document `id`
+void append(std::vector<int32_t>& ids, int32_t id, int64_t count) { ids.insert(ids.end(), count, id); }
+
+std::vector<AttentionCase> cases() {
+  std::vector<AttentionCase> all;
+  {  // GQA, two windows of several documents; one single-token document, trailing padding.
+    AttentionCase c{"gqa_documents", AttentionShape{2, 37, 4, 2, 8}, {}};
+    append(c.document_ids, 0, 10);
+    append(c.document_ids, 1, 1);
+    append(c.document_ids, 2, 15);
+    append(c.document_ids, 3, 11);  // window 0 ends
+    append(c.document_ids, 3, 20);  // the document continued into window 1
+    append(c.document_ids, data::kPaddingDocument, 17);
+    all.push_back(c);
+  }
+  // Plain causal attention with T = 37: rows of every length up to T, no tile size divides T.
+  all.push_back(AttentionCase{"causal_37", AttentionShape{1, 37, 4, 1, 16}, {}});
+  // T = 300 > 256 threads: rows with more keys than threads, with and without documents; head_dim 6.
+  all.push_back(AttentionCase{"causal_300", AttentionShape{1, 300, 2, 1, 6}, {}});
+  {
+    AttentionCase c{"documents_300", AttentionShape{2, 300, 4, 2, 8}, {}};
+    append(c.document_ids, 0, 130);
+    append(c.document_ids, 1, 1);
+    append(c.document_ids, 2, 169);  // window 0 ends; document 2 spans keys below and above 256
+    append(c.document_ids, 2, 280);
+    append(c.document_ids, data::kPaddingDocument, 20);
+    all.push_back(c);
+  }
+  {  // T = 1: each row sees only itself; one window is padding.
+    AttentionCase c{"seq_1", AttentionShape{3, 1, 4, 1, 6}, {5, data::kPaddingDocument, 7}};
+    all.push_back(c);
+  }
+  {  // Every document a single token: P = 1 on the diagonal, dS = 0, out = P' v.
+    AttentionCase c{"single_token_documents", AttentionShape{2, 9, 2, 2, 4}, {}};
+    for (int32_t i = 0; i < 18; ++i) append(c.document_ids, i, 1);
+    all.push_back(c);
+  }
+  {  // A window that is all padding (one document of id -1), and one that is mostly padding.
+    AttentionCase c{"all_padding", AttentionShape{2, 20, 3, 1, 6}, {}};
+    append(c.document_ids, data::kPaddingDocument, 20);
+    append(c.document_ids, 3, 5);
+    append(c.document_ids, data::kPaddingDocument, 15);
+    all.push_back(c);
+  }
+  return all;
+}
+
+struct Operands {
+  std::vector<double> q, k, v, dout;  // [b,NH,T,D], [b,NKV,T,D] x 2, [N, NH*D]
+  std::vector<double> keep_scale;     // [b,NH,T,T], empty without dropout
+};
+
+Operands operands(const AttentionCase& c, Precision precision, double dropout) {
+  const AttentionShape& s = c.shape;
+  const int64_t q_elements = s.windows * s.num_heads * s.seq * s.head_dim;
+  const int64_t kv_elements = s.windows * s.num_kv_heads * s.seq * s.head_dim;
+  Operands o{random_values(c.name + "/q", q_elements, precision),
+             random_values(c.name + "/k", kv_elements, precision),
+             random_values(c.name + "/v", kv_elements, precision),
+             random_values(c.name + "/dout", q_elements, precision),
+             {}};
+  if (dropout > 0.0) {
+    std::vector<int64_t> samples(static_cast<size_t>(s.windows));
+    for (int64_t w = 0; w < s.windows; ++w) samples[static_cast<size_t>(w)] = 40 + w;
+    o.keep_scale.resize(static_cast<size_t>(s.windows * s.num_heads * s.seq * s.seq));
+    make_cpu_backend(BackendOptions{precision, true})
+        ->attention_dropout_mask(DropoutSite{stream_key(1234, c.name + "/dropout"), dropout, samples.data()},
+                                 s, 0, o.keep_scale.data());
+  }
+  return o;
+}
+
+struct Forward {
+  std::vector<double> out, probs;  // [N, NH*D], [b,NH,T,T]
+};
+struct Backward {
+  std::vector<double> dq, dk, dv;  // [b,NH,T,D], [b,NKV,T,D] x 2
+};
+
+const double* optional(const std::vector<double>& v) { return v.empty() ? nullptr : v.data(); }
+
+Forward forward(Backend& backend, const AttentionCase& c, const Operands& o) {
+  const AttentionShape& s = c.shape;
+  Forward f{std::vector<double>(static_cast<size_t>(s.windows * s.seq * s.num_heads * s.head_dim)),
+            std::vector<double>(static_cast<size_t>(s.windows * s.num_heads * s.seq * s.seq))};
+  backend.attention_forward(o.q.data(), o.k.data(), o.v.data(),
+                            c.document_ids.empty() ? nullptr : c.document_ids.data(), !c.document_ids.empty(),
+                            optional(o.keep_scale), s, f.out.data(), f.probs.data());
+  return f;
+}
+
+Backward backward(Backend& backend, const AttentionCase& c, const Operands& o,
+                  const std::vector<double>& probs) {
+  const AttentionShape& s = c.shape;
+  Backward g{std::vector<double>(o.q.size()), std::vector<double>(o.k.size()),
+             std::vector<double>(o.v.size())};
+  backend.attention_backward(o.dout.data(), o.q.data(), o.k.data(), o.v.data(), probs.data(),
+                             optional(o.keep_scale), s, g.dq.data(), g.dk.data(), g.dv.data());
+  return g;
+}
+
+// Entries a query may not see must be exactly 0 in probs, not just small.
+int64_t nonzero_masked_entries(const AttentionCase& c, const std::vector<double>& probs) {
+  const AttentionShape& s = c.shape;
+  const int64_t T = s.seq;
+  int64_t count = 0;
+  for (int64_t b = 0; b < s.windows; ++b) {
+    for (int64_t h = 0; h < s.num_heads; ++h) {
+      for (int64_t i = 0; i < T; ++i) {
+        for (int64_t j = 0; j < T; ++j) {
+          const bool visible =
+              j <= i && (c.document_ids.empty() || c.document_ids[static_cast<size_t>(b * T + j)] ==
+                                                       c.document_ids[static_cast<size_t>(b * T + i)]);
+          count += !visible && probs[static_cast<size_t>(((b * s.num_heads + h) * T + i) * T + j)] != 0.0;
+        }
+      }
+    }
+  }
+  return count;
+}
+
+template <typename T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+TEST(CudaAttention, MatchesTheCpuReference) {
+  for (const Precision precision : kAllPrecisions) {
+    BackendPair pair(precision);
+    const bool bf16 = precision == Precision::kBf16;
+    for (const AttentionCase& c : cases()) {
+      for (const double dropout : {0.0, 0.25}) {
+        SCOPED_TRACE(precision_name(precision) + " " + c.name + (dropout > 0.0 ? " with dropout" : ""));
+        const AttentionShape& s = c.shape;
+        const int64_t T = s.seq, D = s.head_dim, heads_per_group = s.num_heads / s.num_kv_heads;
+        const Operands o = operands(c, precision, dropout);
+        const Forward cpu = forward(*pair.cpu, c, o), gpu = forward(*pair.gpu, c, o);
+        // probs: each score is a D-term dot product, each row's softmax a T-term sum; FP32 outside FP64.
+        EXPECT_GPU_MATCHES(gpu.probs, cpu.probs, tolerance(precision, T + D, false));
+        EXPECT_EQ(nonzero_masked_entries(c, gpu.probs), 0);
+        // out: the T-term sum P'V of probabilities that carry the error above; an activation.
+        EXPECT_GPU_MATCHES(gpu.out, cpu.out, tolerance(precision, T + D, bf16));
+
+        // Both backwards read the CPU's probs, so each result measures the backward kernels alone.
+        const Backward cpu_grad = backward(*pair.cpu, c, o, cpu.probs);
+        const Backward gpu_grad = backward(*pair.gpu, c, o, cpu.probs);
+        // dq: dP is a D-term dot product, P.dP and dS K T-term sums; an activation.
+        EXPECT_GPU_MATCHES(gpu_grad.dq, cpu_grad.dq, tolerance(precision, T + D, bf16));
+        // dk: dS (its D-term dP) summed over the group's heads x T query rows; dv: P' dO over the same
+        // rows. Both accumulated in FP32 (FP64) and stored once as activations.
+        EXPECT_GPU_MATCHES(gpu_grad.dk, cpu_grad.dk, tolerance(precision, heads_per_group * T + D, bf16));
+        EXPECT_GPU_MATCHES(gpu_grad.dv, cpu_grad.dv, tolerance(precision, heads_per_group * T, bf16));
+      }
+    }
+  }
+}
+
+TEST(CudaAttention, TwoCallsGiveIdenticalBits) {
+  for (const Precision precision : kAllPrecisions) {
+    SCOPED_TRACE(precision_name(precision));
+    BackendPair pair(precision);
+    for (const AttentionCase& c : cases()) {
+      if (c.name != "documents_300") continue;  // GQA, documents, rows longer than the block
+      const Operands o = operands(c, precision, 0.25);
+      const Forward first = forward(*pair.gpu, c, o), second = forward(*pair.gpu, c, o);
+      EXPECT_TRUE(same_bits(first.out, second.out));
+      EXPECT_TRUE(same_bits(first.probs, second.probs));
+      const Backward grad = backward(*pair.gpu, c, o, first.probs);
+      const Backward again = backward(*pair.gpu, c, o, first.probs);
+      EXPECT_TRUE(same_bits(grad.dq, again.dq));
+      EXPECT_TRUE(same_bits(grad.dk, again.dk));
+      EXPECT_TRUE(same_bits(grad.dv, again.dv));
+    }
+  }
+}
+
+}  // namespace
+
+}  // namespace touchstone::gpu_testing
