@@ -149,12 +149,12 @@ struct StepOutputs {
 
 // Trains every step of `run` with `config` (which may differ from run.config in precision only) and
 // calls `on_step` after each on every rank.
-void run_steps(const PreparedRun& run, const Config& config, const RunOptions& options, Grid& grid,
+void run_steps(const PreparedRun& run, const Config& config, const RunOptions& options, int local_rank, Grid& grid,
                std::ostream& out, const std::function<void(const StepOutputs&)>& on_step) {
   const ParallelContext context = context_of(grid);
   const bool writer_rank = grid.global_rank() == 0;
   const bool outputs = !options.golden_path.empty();
-  auto backend = make_backend(options.backend, backend_options(config), node_local_rank());
+  auto backend = make_backend(options.backend, backend_options(config), local_rank);
   Trainer trainer(config, run.initial_params, *backend, context);
   if (run.resumed) {
     trainer.restore(run.resumed->step, run.resumed->params, run.resumed->exp_avg, run.resumed->exp_avg_sq);
@@ -219,6 +219,8 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
 
 void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, std::ostream& out) {
   const bool writer_rank = grid.global_rank() == 0;
+  // Which GPU this rank drives with --backend cuda (collective, so every rank asks here, once).
+  const int local_rank = options.backend == "cpu" ? 0 : node_local_rank();
   const std::string& checkpoint_dir = options.checkpoint.directory;
   if (!checkpoint_dir.empty()) std::filesystem::create_directories(checkpoint_dir);
   if (!options.checkpoint.fail_at.empty()) {
@@ -246,7 +248,7 @@ void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, 
   std::vector<StepOutputs> low_precision;
   Config golden_config = run.config;
   if (options.envelope) {
-    run_steps(run, run.config, options, grid, out, [&](const StepOutputs& step) {
+    run_steps(run, run.config, options, local_rank, grid, out, [&](const StepOutputs& step) {
       if (writer_rank) low_precision.push_back(step);
     });
     golden_config.precision = "fp64";
@@ -255,11 +257,11 @@ void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, 
   std::unique_ptr<GoldenWriter> golden;
   if (!options.golden_path.empty() && writer_rank) {
     GoldenOptions golden_options = options.golden;
-    golden_options.backend = backend_description(options.backend, node_local_rank());
+    golden_options.backend = backend_description(options.backend, local_rank);
     golden = std::make_unique<GoldenWriter>(options.golden_path, golden_config, table, run.batches,
                                             run.initial_params, golden_options);
   }
-  run_steps(run, golden_config, options, grid, out, [&](const StepOutputs& step) {
+  run_steps(run, golden_config, options, local_rank, grid, out, [&](const StepOutputs& step) {
     if (!golden) return;
     golden->write_step(step.record, step.grads, step.params, &step.moments);
     if (options.envelope) {

@@ -1,6 +1,8 @@
 // The part of ProcessGroup every implementation shares: byte counters, the record sink and the fault.
 #include "parallel/comm.h"
 
+#include <utility>
+
 namespace touchstone {
 
 int64_t TransferCounts::total_bytes() const {
@@ -20,6 +22,16 @@ void ProcessGroup::report(TransferRecord record) {
   count.calls += 1;
   count.bytes += record.bytes;
   if (sink_) sink_(std::move(record));
+}
+
+void ProcessGroup::report_transfer(const char* op, const Shape& shape, int64_t elements, int peer) {
+  TransferRecord record;
+  record.op = op;
+  record.group = name();
+  record.peer = peer;
+  record.shape = shape;
+  record.bytes = elements * static_cast<int64_t>(sizeof(double));
+  report(std::move(record));
 }
 
 bool ProcessGroup::take_reduction_fault() {

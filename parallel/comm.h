@@ -124,6 +124,8 @@ class ProcessGroup {
   // send posted). It counts the transfer and passes it to the sink, which the grid that made the
   // group sets to its observer (with the trace context filled in).
   void report(TransferRecord record);
+  // report() of a transfer of `elements` doubles (or 8-byte integers): bytes = elements * 8.
+  void report_transfer(const char* op, const Shape& shape, int64_t elements, int peer = -1);
   void set_record_sink(std::function<void(TransferRecord)> sink) { sink_ = std::move(sink); }
   // Implementations call this on the result of every reduction, after it is complete.
   void apply_reduction_fault(double* result, int64_t count);

@@ -10,12 +10,15 @@
 //   pp         same (tp_rank, dp_rank): the stages one micro-batch flows through
 //   embedding  the first and last pipeline stage of a pp group (tied embeddings sum their gradient
 //              there); a group of one rank on the other stages, and when pp == 1
+// Each group is an MpiProcessGroup, or with CommBackend::kNccl an NcclProcessGroup (which keeps the
+// group's MPI communicator for its bootstrap and point-to-point transfers).
 #pragma once
 
 #include <memory>
 #include <string>
 
 #include "parallel/comm.h"
+#include "parallel/comm_backend.h"
 
 namespace touchstone {
 
@@ -35,8 +38,10 @@ class Grid {
  public:
   // Collective over MPI_COMM_WORLD; MPI must be initialised and the world size must equal
   // layout.world_size() (checked by the caller's config validation; a mismatch here throws
-  // std::invalid_argument). The grid must be destroyed before the MpiRuntime.
-  static std::unique_ptr<Grid> create(const GridLayout& layout);
+  // std::invalid_argument). The grid must be destroyed before the MpiRuntime. With kNccl every rank
+  // needs a GPU of its own (docs/communication.md#nccl); the InputError of check_comm_available is
+  // thrown when NCCL cannot run here, and another when two ranks of a group would share a GPU.
+  static std::unique_ptr<Grid> create(const GridLayout& layout, CommBackend comm = CommBackend::kMpi);
   virtual ~Grid() = default;
 
   const GridLayout& layout() const { return layout_; }

@@ -1,13 +1,16 @@
 // The process grid over MPI: rank arithmetic and Grid::create, which splits MPI_COMM_WORLD into the
-// tp, dp, pp and embedding groups documented in grid.h.
-#include <mpi.h>
+// tp, dp, pp and embedding groups documented in grid.h and makes each with the --comm backend.
+#include "parallel/mpi_grid.h"
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "parallel/grid.h"
 #include "parallel/mpi_group.h"
+#if defined(TOUCHSTONE_HAVE_CUDA)
+#include "parallel/nccl/nccl_grid.h"
+#endif
 
 namespace touchstone {
 
@@ -36,15 +39,16 @@ namespace {
 
 class MpiGrid final : public Grid {
  public:
-  MpiGrid(const GridLayout& layout, int rank) : Grid(layout, rank) {
+  MpiGrid(const GridLayout& layout, int rank, const GroupMaker& make_group) : Grid(layout, rank) {
     const GridCoordinates& c = coordinates();
     // Keying every split by world rank orders each group's ranks by their coordinate along it.
-    world_ = make_group("world", 0);
-    tp_ = make_group("tp", c.dp_rank + layout.dp * c.pp_rank);
-    dp_ = make_group("dp", c.tp_rank + layout.tp * c.pp_rank);
-    pp_ = make_group("pp", c.tp_rank + layout.tp * c.dp_rank);
+    world_ = make("world", 0, make_group);
+    tp_ = make("tp", c.dp_rank + layout.dp * c.pp_rank, make_group);
+    dp_ = make("dp", c.tp_rank + layout.tp * c.pp_rank, make_group);
+    pp_ = make("pp", c.tp_rank + layout.tp * c.dp_rank, make_group);
     const bool embedding_stage = is_first_stage() || is_last_stage();
-    embedding_ = make_group("embedding", embedding_stage ? c.tp_rank + layout.tp * c.dp_rank : MPI_UNDEFINED);
+    embedding_ =
+        make("embedding", embedding_stage ? c.tp_rank + layout.tp * c.dp_rank : MPI_UNDEFINED, make_group);
   }
 
   ProcessGroup& world() override { return *world_; }
@@ -56,33 +60,42 @@ class MpiGrid final : public Grid {
  private:
   // Collective over MPI_COMM_WORLD: every rank makes every group, in the same order. A rank that
   // passes MPI_UNDEFINED gets a group of itself alone, which needs no communicator.
-  std::unique_ptr<MpiProcessGroup> make_group(const std::string& name, int color) {
+  std::unique_ptr<ProcessGroup> make(const std::string& name, int color, const GroupMaker& make_group) {
+    GroupMembers members;
+    members.name = name;
+    members.sink = [this](TransferRecord record) { this->record(std::move(record)); };
     MPI_Comm comm = MPI_COMM_NULL;
     MPI_Comm_split(MPI_COMM_WORLD, color, global_rank(), &comm);
-    auto sink = [this](TransferRecord record) { this->record(std::move(record)); };
     if (comm == MPI_COMM_NULL) {
-      return std::make_unique<MpiProcessGroup>(name, MPI_COMM_NULL, std::vector<int>{global_rank()}, 0, sink);
+      members.global_ranks = {global_rank()};
+      return make_group(std::move(members));
     }
-    int group_rank = 0;
     int group_size = 0;
-    MPI_Comm_rank(comm, &group_rank);
+    MPI_Comm_rank(comm, &members.rank);
     MPI_Comm_size(comm, &group_size);
-    std::vector<int> global_ranks(static_cast<size_t>(group_size));
+    members.global_ranks.resize(static_cast<size_t>(group_size));
     int me = global_rank();
-    MPI_Allgather(&me, 1, MPI_INT, global_ranks.data(), 1, MPI_INT, comm);
+    MPI_Allgather(&me, 1, MPI_INT, members.global_ranks.data(), 1, MPI_INT, comm);
     if (group_size == 1) {
-      MPI_Comm_free(&comm);  // a group of one never calls MPI
+      MPI_Comm_free(&comm);  // a group of one never communicates
       comm = MPI_COMM_NULL;
     }
-    return std::make_unique<MpiProcessGroup>(name, comm, std::move(global_ranks), group_rank, sink);
+    members.comm = comm;
+    return make_group(std::move(members));
   }
 
-  std::unique_ptr<MpiProcessGroup> world_, tp_, dp_, pp_, embedding_;
+  std::unique_ptr<ProcessGroup> world_, tp_, dp_, pp_, embedding_;
 };
 
 }  // namespace
 
-std::unique_ptr<Grid> Grid::create(const GridLayout& layout) {
+std::unique_ptr<ProcessGroup> make_mpi_group(GroupMembers members) {
+  return std::make_unique<MpiProcessGroup>(std::move(members.name), members.comm,
+                                           std::move(members.global_ranks), members.rank,
+                                           std::move(members.sink));
+}
+
+std::unique_ptr<Grid> create_grid(const GridLayout& layout, const GroupMaker& make_group) {
   if (layout.tp < 1 || layout.dp < 1 || layout.pp < 1) {
     throw std::invalid_argument("grid layout tp, dp and pp must all be at least 1");
   }
@@ -94,7 +107,15 @@ std::unique_ptr<Grid> Grid::create(const GridLayout& layout) {
     throw std::invalid_argument("grid tp x dp x pp = " + std::to_string(layout.world_size()) +
                                 " ranks, but MPI started " + std::to_string(world_size));
   }
-  return std::make_unique<MpiGrid>(layout, rank);
+  return std::make_unique<MpiGrid>(layout, rank, make_group);
+}
+
+std::unique_ptr<Grid> Grid::create(const GridLayout& layout, CommBackend comm) {
+  check_comm_available(comm);
+#if defined(TOUCHSTONE_HAVE_CUDA)
+  if (comm == CommBackend::kNccl) return create_grid(layout, nccl_group_maker());
+#endif
+  return create_grid(layout, make_mpi_group);
 }
 
 }  // namespace touchstone

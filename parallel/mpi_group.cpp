@@ -3,11 +3,13 @@
 #include "parallel/mpi_group.h"
 
 #include <algorithm>
-#include <cmath>
 #include <exception>
 #include <limits>
 #include <stdexcept>
 #include <utility>
+
+#include "parallel/mpi_runtime.h"
+#include "parallel/ordered_max.h"
 
 namespace touchstone {
 namespace {
@@ -21,23 +23,7 @@ int mpi_count(int64_t count) {
   return static_cast<int>(count);
 }
 
-void check(int code, const std::string& what) {
-  if (code == MPI_SUCCESS) return;
-  char message[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  MPI_Error_string(code, message, &length);
-  throw std::runtime_error(what + ": " + std::string(message, static_cast<size_t>(length)));
-}
-
-// MPI_MAX on doubles is exact but not a total order: max(-0.0, +0.0) and NaN payloads depend on
-// which operand comes first, and ranks combine in different orders. Ordering NaN (one canonical
-// quiet NaN) above everything and +0.0 above -0.0 makes the result independent of the order.
-double ordered_max(double a, double b) {
-  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<double>::quiet_NaN();
-  if (a == b) return std::signbit(a) ? b : a;
-  return a > b ? a : b;
-}
-
+// The MPI operator of all_reduce_max (parallel/ordered_max.h).
 void ordered_max_op(void* in, void* inout, int* length, MPI_Datatype* /*type*/) {
   const double* a = static_cast<const double*>(in);
   double* b = static_cast<double*>(inout);
@@ -85,16 +71,6 @@ int MpiProcessGroup::global_rank(int group_rank) const {
   return global_ranks_[static_cast<size_t>(group_rank)];
 }
 
-void MpiProcessGroup::record(const char* op, const Shape& shape, int64_t elements, int peer) {
-  TransferRecord record;
-  record.op = op;
-  record.group = name_;
-  record.peer = peer;
-  record.shape = shape;
-  record.bytes = elements * static_cast<int64_t>(sizeof(double));
-  report(std::move(record));
-}
-
 void MpiProcessGroup::reduce_scatter_in_order(const double* send, double* recv, int64_t count) {
   const int n = size();
   if (n == 1) {
@@ -105,7 +81,7 @@ void MpiProcessGroup::reduce_scatter_in_order(const double* send, double* recv, 
   exchange_.resize(chunk * static_cast<size_t>(n));
   // After the exchange, row r holds rank r's contribution to this rank's chunk. `send` is read in
   // full before `recv` is written, so recv may alias this rank's chunk of send.
-  check(
+  check_mpi(
       MPI_Alltoall(send, mpi_count(count), MPI_DOUBLE, exchange_.data(), mpi_count(count), MPI_DOUBLE, comm_),
       name_ + " reduce_scatter");
   std::copy(exchange_.begin(), exchange_.begin() + static_cast<std::ptrdiff_t>(chunk), recv);
@@ -123,31 +99,31 @@ void MpiProcessGroup::all_reduce_sum(double* data, int64_t count, const Shape& s
     padded_.assign(static_cast<size_t>(chunk * n), 0.0);
     std::copy(data, data + count, padded_.begin());
     reduce_scatter_in_order(padded_.data(), padded_.data() + rank_ * chunk, chunk);
-    check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, padded_.data(), mpi_count(chunk), MPI_DOUBLE,
-                        comm_),
-          name_ + " all_reduce");
+    check_mpi(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, padded_.data(), mpi_count(chunk), MPI_DOUBLE,
+                            comm_),
+              name_ + " all_reduce");
     std::copy(padded_.begin(), padded_.begin() + count, data);
   }
   apply_reduction_fault(data, count);
-  record("all_reduce", shape, count);
+  report_transfer("all_reduce", shape, count);
 }
 
 void MpiProcessGroup::all_reduce_sum(int64_t* data, int64_t count) {
   if (size() > 1 && count > 0) {
-    check(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_INT64_T, MPI_SUM, comm_),
-          name_ + " all_reduce");
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_INT64_T, MPI_SUM, comm_),
+              name_ + " all_reduce");
   }
   apply_reduction_fault(data, count);
-  record("all_reduce", Shape{count}, count);
+  report_transfer("all_reduce", Shape{count}, count);
 }
 
 void MpiProcessGroup::all_reduce_max(double* data, int64_t count, const Shape& shape) {
   if (size() > 1 && count > 0) {
-    check(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_DOUBLE, max_op_, comm_),
-          name_ + " all_reduce_max");
+    check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_DOUBLE, max_op_, comm_),
+              name_ + " all_reduce_max");
   }
   apply_reduction_fault(data, count);
-  record("all_reduce_max", shape, count);
+  report_transfer("all_reduce_max", shape, count);
 }
 
 void MpiProcessGroup::all_gather(const double* send, double* recv, int64_t count, const Shape& shape) {
@@ -156,20 +132,20 @@ void MpiProcessGroup::all_gather(const double* send, double* recv, int64_t count
   if (n == 1) {
     if (send != own_chunk) std::copy(send, send + count, own_chunk);
   } else if (send == own_chunk) {
-    check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, mpi_count(count), MPI_DOUBLE, comm_),
-          name_ + " all_gather");
+    check_mpi(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, mpi_count(count), MPI_DOUBLE, comm_),
+              name_ + " all_gather");
   } else {
-    check(MPI_Allgather(send, mpi_count(count), MPI_DOUBLE, recv, mpi_count(count), MPI_DOUBLE, comm_),
-          name_ + " all_gather");
+    check_mpi(MPI_Allgather(send, mpi_count(count), MPI_DOUBLE, recv, mpi_count(count), MPI_DOUBLE, comm_),
+              name_ + " all_gather");
   }
-  record("all_gather", shape, count * n);
+  report_transfer("all_gather", shape, count * n);
 }
 
 void MpiProcessGroup::reduce_scatter_sum(const double* send, double* recv, int64_t count,
                                          const Shape& shape) {
   reduce_scatter_in_order(send, recv, count);
   apply_reduction_fault(recv, count);
-  record("reduce_scatter", shape, count * size());
+  report_transfer("reduce_scatter", shape, count * size());
 }
 
 void MpiProcessGroup::broadcast(double* data, int64_t count, int root, const Shape& shape) {
@@ -177,9 +153,9 @@ void MpiProcessGroup::broadcast(double* data, int64_t count, int root, const Sha
     throw std::out_of_range("broadcast root " + std::to_string(root) + " is not a rank of group " + name_);
   }
   if (size() > 1) {
-    check(MPI_Bcast(data, mpi_count(count), MPI_DOUBLE, root, comm_), name_ + " broadcast");
+    check_mpi(MPI_Bcast(data, mpi_count(count), MPI_DOUBLE, root, comm_), name_ + " broadcast");
   }
-  record("broadcast", shape, count);
+  report_transfer("broadcast", shape, count);
 }
 
 void MpiProcessGroup::all_to_all(const double* send, double* recv, int64_t count, const Shape& shape) {
@@ -187,13 +163,13 @@ void MpiProcessGroup::all_to_all(const double* send, double* recv, int64_t count
   if (n == 1) {
     if (send != recv) std::copy(send, send + count, recv);
   } else if (send == recv) {
-    check(MPI_Alltoall(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, mpi_count(count), MPI_DOUBLE, comm_),
-          name_ + " all_to_all");
+    check_mpi(MPI_Alltoall(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, mpi_count(count), MPI_DOUBLE, comm_),
+              name_ + " all_to_all");
   } else {
-    check(MPI_Alltoall(send, mpi_count(count), MPI_DOUBLE, recv, mpi_count(count), MPI_DOUBLE, comm_),
-          name_ + " all_to_all");
+    check_mpi(MPI_Alltoall(send, mpi_count(count), MPI_DOUBLE, recv, mpi_count(count), MPI_DOUBLE, comm_),
+              name_ + " all_to_all");
   }
-  record("all_to_all", shape, count * n);
+  report_transfer("all_to_all", shape, count * n);
 }
 
 void MpiProcessGroup::check_peer(int peer, int tag) const {
@@ -215,10 +191,11 @@ void MpiProcessGroup::send(const double* data, int64_t count, int peer, int tag,
     release_completed_sends();
     PendingSend& pending = pending_sends_.emplace_back();
     pending.data = std::move(copy);
-    check(MPI_Isend(pending.data.data(), mpi_count(count), MPI_DOUBLE, peer, tag, comm_, &pending.request),
-          name_ + " send to rank " + std::to_string(global_rank(peer)));
+    check_mpi(
+        MPI_Isend(pending.data.data(), mpi_count(count), MPI_DOUBLE, peer, tag, comm_, &pending.request),
+        name_ + " send to rank " + std::to_string(global_rank(peer)));
   }
-  record("send", shape, count, global_rank(peer));
+  report_transfer("send", shape, count, global_rank(peer));
 }
 
 void MpiProcessGroup::recv(double* data, int64_t count, int peer, int tag, const Shape& shape) {
@@ -239,7 +216,7 @@ void MpiProcessGroup::recv(double* data, int64_t count, int peer, int tag, const
     std::copy(message.begin(), message.end(), data);
   } else {
     MPI_Status status;
-    check(MPI_Recv(data, mpi_count(count), MPI_DOUBLE, peer, tag, comm_, &status), what);
+    check_mpi(MPI_Recv(data, mpi_count(count), MPI_DOUBLE, peer, tag, comm_, &status), what);
     int received = 0;
     MPI_Get_count(&status, MPI_DOUBLE, &received);
     if (received != count) {
@@ -247,7 +224,7 @@ void MpiProcessGroup::recv(double* data, int64_t count, int peer, int tag, const
                                std::to_string(count));
     }
   }
-  record("recv", shape, count, global_rank(peer));
+  report_transfer("recv", shape, count, global_rank(peer));
 }
 
 void MpiProcessGroup::release_completed_sends() {
@@ -270,12 +247,12 @@ void MpiProcessGroup::wait_sends() {
   for (const PendingSend& pending : pending_sends_) requests.push_back(pending.request);
   const int code = MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
   pending_sends_.clear();
-  check(code, name_ + " wait_sends");
+  check_mpi(code, name_ + " wait_sends");
 }
 
 void MpiProcessGroup::barrier() {
-  if (size() > 1) check(MPI_Barrier(comm_), name_ + " barrier");
-  record("barrier", Shape{}, 0);
+  if (size() > 1) check_mpi(MPI_Barrier(comm_), name_ + " barrier");
+  report_transfer("barrier", Shape{}, 0);
 }
 
 }  // namespace touchstone

@@ -51,7 +51,6 @@ class MpiProcessGroup final : public ProcessGroup {
     std::vector<double> data;  // MPI reads it until the request completes; moving keeps the buffer
   };
 
-  void record(const char* op, const Shape& shape, int64_t elements, int peer = -1);
   // Deterministic reduce-scatter of send[size * count] into recv[count] (no record, no fault).
   void reduce_scatter_in_order(const double* send, double* recv, int64_t count);
   void check_peer(int peer, int tag) const;

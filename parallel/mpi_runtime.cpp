@@ -1,9 +1,10 @@
-// MpiRuntime: initialises and finalises MPI once per process.
+// MpiRuntime: initialises and finalises MPI once per process; MPI error checks and node-local ranks.
 #include "parallel/mpi_runtime.h"
 
 #include <mpi.h>
 
 #include <cstdlib>
+#include <stdexcept>
 
 namespace touchstone {
 
@@ -37,5 +38,26 @@ void MpiRuntime::abort(int code) const {
   MPI_Abort(MPI_COMM_WORLD, code);
   std::exit(code);  // MPI_Abort does not return, but the compiler cannot know that
 }
+
+void check_mpi(int code, const std::string& what) {
+  if (code == MPI_SUCCESS) return;
+  char message[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, message, &length);
+  throw std::runtime_error(what + ": " + std::string(message, static_cast<size_t>(length)));
+}
+
+NodeLocalRanks node_local_ranks() {
+  MPI_Comm node = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
+            "node-local ranks (MPI_Comm_split_type)");
+  NodeLocalRanks ranks;
+  MPI_Comm_rank(node, &ranks.rank);
+  MPI_Comm_size(node, &ranks.size);
+  MPI_Comm_free(&node);
+  return ranks;
+}
+
+int node_local_rank() { return node_local_ranks().rank; }
 
 }  // namespace touchstone

@@ -4,6 +4,8 @@
 // the same on one process. Every Grid and ProcessGroup must be destroyed before the runtime.
 #pragma once
 
+#include <string>
+
 namespace touchstone {
 
 class MpiRuntime {
@@ -32,5 +34,17 @@ class MpiRuntime {
   int world_rank_ = 0;
   int world_size_ = 1;
 };
+
+// Throws std::runtime_error("<what>: <MPI's error string>") unless `code` is MPI_SUCCESS.
+void check_mpi(int code, const std::string& what);
+
+// This process's rank among the processes of the job on its node (MPI_COMM_TYPE_SHARED), and how
+// many there are: which GPU a rank drives. Collective over MPI_COMM_WORLD.
+struct NodeLocalRanks {
+  int rank = 0;
+  int size = 1;
+};
+NodeLocalRanks node_local_ranks();
+int node_local_rank();
 
 }  // namespace touchstone

@@ -201,6 +201,35 @@ class BadCheckpointInput(unittest.TestCase):
                              "model.num_layers=3"], "model.num_layers is 2 in the checkpoint and 3 in this run")
 
 
+class CommOption(unittest.TestCase):
+    """--comm: an unknown backend, and NCCL where it cannot run, are one-line errors with exit status 2
+    before any step."""
+
+    def assert_refused(self, args, pattern, env=None):
+        result = subprocess.run([TOUCHSTONE, "train", *SMALL, "--set", "train.steps=1", *args], capture_output=True,
+                                text=True, timeout=120, env=env)
+        self.assertEqual(result.returncode, 2, result.stderr + result.stdout)
+        lines = result.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, result.stderr)
+        self.assertRegex(lines[0], pattern)
+        self.assertNotIn("step 1/", result.stdout, "compute started before the error")
+
+    def test_unknown_backend(self):
+        self.assert_refused(["--comm", "bogus"], r'^touchstone: error: --comm: unknown value "bogus" \(mpi, nccl\)$')
+
+    def test_nccl_without_a_visible_gpu(self):
+        # A build without CUDA says so; a CUDA build sees no device once none is visible.
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+        self.assert_refused(["--comm", "nccl"], r"^touchstone: error: --comm nccl: (this build has no CUDA backend|no CUDA device)",
+                            env=env)
+
+    def test_mpi_is_the_default_and_runs(self):
+        for args in ([], ["--comm", "mpi"]):
+            result = run("train", *SMALL, "--set", "train.steps=1", *args)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertIn("step 1/1", result.stdout)
+
+
 class GoodInput(unittest.TestCase):
     def test_help_lists_every_option(self):
         top = run("--help")
@@ -210,7 +239,7 @@ class GoodInput(unittest.TestCase):
         for command in ("golden", "train"):
             text = run(command, "--help").stdout
             for option in ("--config", "--set", "--out", "--init-from", "--init-group", "--save-optimizer-state",
-                           "--backend"):
+                           "--backend", "--comm"):
                 self.assertIn(option, text, f"{command} --help lacks {option}")
 
     def test_init_from_reproduces_the_run_bitwise(self):

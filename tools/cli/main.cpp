@@ -9,6 +9,7 @@
 #include "model/config.h"
 #include "model/errors.h"
 #include "oracle/run.h"
+#include "parallel/comm_backend.h"
 #include "parallel/grid.h"
 #include "parallel/mpi_runtime.h"
 #include "tools/check/check_parallel.h"
@@ -34,6 +35,19 @@ void add_config_options(CLI::App* command, ConfigOptions& options) {
       ->add_option("--set", options.overrides,
                    "Override one config key: --set section.key=value (repeatable)")
       ->allow_extra_args(false);
+}
+
+// How the ranks of a run communicate. Not a config key: it changes how the transfers are carried,
+// never what a run computes (both backends give the same bits; docs/communication.md#nccl).
+struct CommOptions {
+  std::string comm = "mpi";
+};
+
+void add_comm_options(CLI::App* command, CommOptions& options) {
+  command
+      ->add_option("--comm", options.comm,
+                   "Communication backend: mpi, or nccl (CUDA builds, one GPU per rank; same results)")
+      ->capture_default_str();
 }
 
 void add_run_options(CLI::App* command, touchstone::RunOptions& options) {
@@ -84,11 +98,15 @@ touchstone::Config resolve(const ConfigOptions& options) {
 // Every rank validates the same inputs; they agree on the outcome before any communicator is built,
 // so a bad input ends every rank with status 2 (the message printed once, by rank 0) and none waits
 // in a collective for a rank that has already left.
-int run(const ConfigOptions& config_options, touchstone::RunOptions& run_options,
-        touchstone::MpiRuntime& mpi) {
+int run(const ConfigOptions& config_options, const CommOptions& comm_options,
+        touchstone::RunOptions& run_options, touchstone::MpiRuntime& mpi) {
   std::string error;
   touchstone::PreparedRun prepared;
+  touchstone::CommBackend comm = touchstone::CommBackend::kMpi;
   try {
+    comm = touchstone::parse_comm_backend(comm_options.comm);
+    // Whether a GPU is usable may differ between ranks, so it is checked here, where ranks agree.
+    touchstone::check_comm_available(comm);
     const touchstone::Config config = resolve(config_options);
     if (!run_options.golden_path.empty()) touchstone::check_output_path(run_options.golden_path, "--out");
     prepared = touchstone::prepare_run(config, run_options, mpi.world_size());
@@ -104,8 +122,10 @@ int run(const ConfigOptions& config_options, touchstone::RunOptions& run_options
     return 2;
   }
   const touchstone::Config& c = prepared.config;
-  auto grid = touchstone::Grid::create(touchstone::GridLayout{
-      static_cast<int>(c.parallel.tp), static_cast<int>(c.parallel.dp), static_cast<int>(c.parallel.pp)});
+  auto grid = touchstone::Grid::create(
+      touchstone::GridLayout{static_cast<int>(c.parallel.tp), static_cast<int>(c.parallel.dp),
+                             static_cast<int>(c.parallel.pp)},
+      comm);
   touchstone::execute_run(prepared, run_options, *grid, std::cout);
   return 0;
 }
@@ -119,6 +139,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   ConfigOptions config_options;
+  CommOptions comm_options;
   touchstone::RunOptions run_options;
 
   CLI::App* golden = app.add_subcommand("golden",
@@ -126,11 +147,13 @@ int main(int argc, char** argv) {
                                         "loss-token counts, gradients, updated parameters)");
   add_config_options(golden, config_options);
   add_run_options(golden, run_options);
+  add_comm_options(golden, comm_options);
   golden->add_option("--out", run_options.golden_path, "Golden file to write (HDF5)")->required();
 
   CLI::App* train = app.add_subcommand("train", "Train train.steps steps, printing the loss of every step");
   add_config_options(train, config_options);
   add_run_options(train, run_options);
+  add_comm_options(train, comm_options);
   train->add_option("--out", run_options.golden_path, "Also write a golden file (HDF5)");
 
   CLI::App* show =
@@ -196,7 +219,7 @@ int main(int argc, char** argv) {
   touchstone::MpiRuntime mpi(&argc, &argv);
   try {
     if (commbench->parsed()) return touchstone::run_commbench(commbench_options, mpi);
-    return run(config_options, run_options, mpi);
+    return run(config_options, comm_options, run_options, mpi);
   } catch (const InputError& e) {
     std::cerr << "touchstone: error: " << e.what() << std::endl;
     if (mpi.world_size() > 1) mpi.abort(2);

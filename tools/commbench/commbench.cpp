@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "model/errors.h"
+#include "parallel/comm_backend.h"
 #include "parallel/grid.h"
 #include "parallel/mpi_runtime.h"
 #include "tools/commbench/commbench_ops.h"
@@ -216,19 +217,19 @@ nlohmann::json to_json(const Measurement& m) {
           {"wrong", m.checked ? nlohmann::json(m.wrong) : nlohmann::json(nullptr)}};
 }
 
-int run_checked(const CommbenchOptions& options, MpiRuntime& mpi) {
-  const GridLayout layout = validate(options, mpi.world_size());
+int run_checked(const CommbenchOptions& options, const GridLayout& layout, CommBackend comm,
+                MpiRuntime& mpi) {
   const std::vector<const OpInfo*> ops = selected_ops(options.op);
-  std::unique_ptr<Grid> grid = Grid::create(layout);
+  std::unique_ptr<Grid> grid = Grid::create(layout, comm);
   ProcessGroup& group = grid->group(options.group);
   const int n = group.size();
   const bool printer = mpi.world_rank() == 0;
   if (printer) {
     std::cout << "# touchstone commbench: " << mpi.world_size() << " ranks, group " << options.group << " of "
-              << n << " ranks (tp " << layout.tp << " dp " << layout.dp << " pp " << layout.pp
-              << "), type double, -b " << options.min_bytes << " -e " << options.max_bytes << " -f "
-              << options.step_factor << " -n " << options.iters << " -w " << options.warmup_iters << " -c "
-              << options.check << "\n";
+              << n << " ranks (tp " << layout.tp << " dp " << layout.dp << " pp " << layout.pp << "), comm "
+              << comm_backend_name(comm) << ", type double, -b " << options.min_bytes << " -e "
+              << options.max_bytes << " -f " << options.step_factor << " -n " << options.iters << " -w "
+              << options.warmup_iters << " -c " << options.check << "\n";
   }
 
   bool fault_pending = options.inject_fault;
@@ -288,6 +289,7 @@ int run_checked(const CommbenchOptions& options, MpiRuntime& mpi) {
           {"world_size", mpi.world_size()},
           {"group", options.group},
           {"group_size", n},
+          {"comm", comm_backend_name(comm)},
           {"layout", {{"tp", layout.tp}, {"dp", layout.dp}, {"pp", layout.pp}}},
           {"type", "double"},
           {"min_bytes", options.min_bytes},
@@ -339,16 +341,39 @@ void add_commbench_options(CLI::App* command, CommbenchOptions& options) {
   command->add_option("-r,--root", options.root, "Broadcast root (a rank of the group)")
       ->capture_default_str();
   command->add_option("--json", options.json_path, "Also write every number to this JSON file");
+  command
+      ->add_option("--comm", options.comm,
+                   "Backend of the groups: mpi, or nccl (CUDA builds, one GPU per rank; same bits)")
+      ->capture_default_str();
   command->add_flag(
       "--inject-fault", options.inject_fault,
       "Test hook: corrupt the first checked reduction, which must show as #wrong > 0 and exit 1");
 }
 
 int run_commbench(const CommbenchOptions& options, MpiRuntime& mpi) {
+  // Every rank sees the same options, but whether a GPU is usable can differ between ranks: the ranks
+  // agree on the outcome, so that every rank stops before any transfer or none does.
+  std::string error;
+  GridLayout layout;
+  CommBackend comm = CommBackend::kMpi;
   try {
-    return run_checked(options, mpi);
+    layout = validate(options, mpi.world_size());
+    comm = parse_comm_backend(options.comm);
+    check_comm_available(comm);
   } catch (const InputError& e) {
-    // Every rank sees the same options, so every rank stops here before any transfer.
+    error = e.what();
+  }
+  if (mpi.sum_over_world(error.empty() ? 0 : 1) > 0) {
+    if (mpi.world_rank() == 0) {
+      std::cerr << "touchstone: error: " << (error.empty() ? "input rejected on another rank" : error)
+                << std::endl;
+    }
+    return 2;
+  }
+  try {
+    return run_checked(options, layout, comm, mpi);
+  } catch (const InputError& e) {
+    // Raised alike on every rank (two ranks of a group on one GPU, found by all of its ranks).
     if (mpi.world_rank() == 0) std::cerr << "touchstone: error: " << e.what() << std::endl;
     return 2;
   }

@@ -31,12 +31,14 @@ struct CommbenchOptions {
   int root = 0;               // broadcast root, a rank of the group
   std::string json_path;      // also write every number here (rank 0)
   bool inject_fault = false;  // corrupt the first checked reduction (tests that #wrong catches it)
+  std::string comm = "mpi";   // the groups' backend: mpi, or nccl (one GPU per rank)
 };
 
 void add_commbench_options(CLI::App* command, CommbenchOptions& options);
 
 // Collective over MPI_COMM_WORLD; rank 0 prints the tables. Returns the exit status: 0 when every
-// element of every result was right, 1 when some were wrong, 2 for bad input (before any transfer).
+// element of every result was right, 1 when some were wrong, 2 for bad input (before any transfer;
+// every rank agrees, including on whether --comm nccl can run).
 int run_commbench(const CommbenchOptions& options, MpiRuntime& mpi);
 
 }  // namespace touchstone
