@@ -30,7 +30,7 @@ void write_batches(h5::H5Writer& writer, const std::vector<GlobalBatch>& batches
 
 GoldenWriter::GoldenWriter(const std::string& path, const Config& config, const ParamTable& table,
                            const std::vector<GlobalBatch>& batches, const ParamTensors& initial_params,
-                           const GoldenOptions& options)
+                           const GoldenOptions& options, const std::string& backend)
     : writer_(path),
       table_(table),
       precision_(config.precision),
@@ -51,7 +51,7 @@ GoldenWriter::GoldenWriter(const std::string& path, const Config& config, const 
                                                    : std::string(R"({"kind": "unspecified"})"));
   writer_.set_attribute("/", "grad_accumulation_fusion",
                         static_cast<int64_t>(config.train.grad_accumulation_fusion));
-  writer_.set_attribute("/", "backend", options.backend);
+  writer_.set_attribute("/", "backend", backend);
   writer_.set_attribute("/", "generator",
                         std::string("touchstone ") + TOUCHSTONE_VERSION + " (" + TOUCHSTONE_GIT_COMMIT + ")");
 }

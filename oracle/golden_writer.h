@@ -18,15 +18,15 @@ namespace touchstone {
 
 struct GoldenOptions {
   bool save_optimizer_state = false;  // also write /steps/<s>/optimizer/exp_avg{,_sq}/<name>
-  std::string backend = "cpu";        // root attribute `backend`: the kernels that computed the file
 };
 
 class GoldenWriter {
  public:
   // Opens the temporary file and writes the root attributes, /batch for every step and /params/init.
+  // `backend` is the root attribute naming the kernels that compute the file ("cpu", "cuda (<GPU>)").
   GoldenWriter(const std::string& path, const Config& config, const ParamTable& table,
                const std::vector<GlobalBatch>& batches, const ParamTensors& initial_params,
-               const GoldenOptions& options);
+               const GoldenOptions& options, const std::string& backend);
 
   // /steps/<s>/...: the record of update s, its full gradients, the full parameters after it and,
   // when the options ask for them, the full AdamW moments after it (may be null otherwise).

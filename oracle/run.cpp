@@ -256,10 +256,9 @@ void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, 
   const ParamTable table(golden_config.model);
   std::unique_ptr<GoldenWriter> golden;
   if (!options.golden_path.empty() && writer_rank) {
-    GoldenOptions golden_options = options.golden;
-    golden_options.backend = backend_description(options.backend, local_rank);
     golden = std::make_unique<GoldenWriter>(options.golden_path, golden_config, table, run.batches,
-                                            run.initial_params, golden_options);
+                                            run.initial_params, options.golden,
+                                            backend_description(options.backend, local_rank));
   }
   run_steps(run, golden_config, options, local_rank, grid, out, [&](const StepOutputs& step) {
     if (!golden) return;
