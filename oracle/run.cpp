@@ -149,8 +149,8 @@ struct StepOutputs {
 
 // Trains every step of `run` with `config` (which may differ from run.config in precision only) and
 // calls `on_step` after each on every rank.
-void run_steps(const PreparedRun& run, const Config& config, const RunOptions& options, int local_rank, Grid& grid,
-               std::ostream& out, const std::function<void(const StepOutputs&)>& on_step) {
+void run_steps(const PreparedRun& run, const Config& config, const RunOptions& options, int local_rank,
+               Grid& grid, std::ostream& out, const std::function<void(const StepOutputs&)>& on_step) {
   const ParallelContext context = context_of(grid);
   const bool writer_rank = grid.global_rank() == 0;
   const bool outputs = !options.golden_path.empty();
