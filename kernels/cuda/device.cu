@@ -29,7 +29,12 @@ DeviceBytes::DeviceBytes(DeviceBytes&& other) noexcept : data_(other.data_), cap
 
 void* DeviceBytes::reserve(size_t bytes) {
   if (bytes <= capacity_ && data_ != nullptr) return data_;
-  if (data_ != nullptr) check(cudaFree(data_), "cudaFree");
+  if (data_ != nullptr) {
+    // Work queued earlier in the same operator call (a GEMM reading its converted operands) may still
+    // read the old buffer; growing is rare (the first calls of a run), so waiting costs nothing.
+    check(cudaDeviceSynchronize(), "synchronize before growing a buffer");
+    check(cudaFree(data_), "cudaFree");
+  }
   data_ = nullptr;
   capacity_ = 0;
   check(cudaMalloc(&data_, bytes == 0 ? 1 : bytes),
