@@ -5,7 +5,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "model/errors.h"
-#if defined(TOUCHSTONE_HAVE_CUDA)
+#if defined(TOUCHSTONE_HAVE_CUDA) || defined(TOUCHSTONE_CUDA_EMULATION)
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/launch.h"
 #endif
@@ -21,7 +21,7 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
 void check_backend_available(const std::string& name) {
   if (name == "cpu") return;
   if (name != "cuda") throw InputError("--backend: unknown value \"" + name + "\" (cpu, cuda)");
-#if defined(TOUCHSTONE_HAVE_CUDA)
+#if defined(TOUCHSTONE_HAVE_CUDA) || defined(TOUCHSTONE_CUDA_EMULATION)
   cuda_device_count();
 #else
   throw InputError(
@@ -33,7 +33,7 @@ void check_backend_available(const std::string& name) {
 
 std::string backend_description(const std::string& name, int local_rank) {
   check_backend_available(name);
-#if defined(TOUCHSTONE_HAVE_CUDA)
+#if defined(TOUCHSTONE_HAVE_CUDA) || defined(TOUCHSTONE_CUDA_EMULATION)
   if (name == "cuda") {
     return "cuda (" + cuda_device_name(cuda::device_for_local_rank(local_rank, cuda_device_count())) + ")";
   }
@@ -46,7 +46,7 @@ std::string backend_description(const std::string& name, int local_rank) {
 std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options,
                                       int local_rank) {
   check_backend_available(name);
-#if defined(TOUCHSTONE_HAVE_CUDA)
+#if defined(TOUCHSTONE_HAVE_CUDA) || defined(TOUCHSTONE_CUDA_EMULATION)
   if (name == "cuda") return make_cuda_backend(options, local_rank);
 #else
   (void)local_rank;

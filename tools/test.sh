@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds Touchstone and runs every test: the Release build's full CTest suite (unit, command line,
-# PyTorch cross-checks; the GPU tests skip without a GPU), then the unit and command-line tests again
-# under ASan and UBSan.
+# PyTorch cross-checks; the GPU tests skip without a GPU), the GPU tests on the CPU emulation of CUDA,
+# then the unit and command-line tests again under ASan and UBSan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install-deps.sh
@@ -14,6 +14,12 @@ if command -v nvcc > /dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then cuda=ON;
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTOUCHSTONE_CUDA=$cuda
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
+
+# The CUDA backend's kernels once more, compiled as C++ against the CPU emulation of the CUDA runtime
+# and cuBLAS, so the GPU tests run here too (docs/cuda.md "Emulation"); only what they need is built.
+cmake -S . -B build-emulation -DCMAKE_BUILD_TYPE=Release -DTOUCHSTONE_CUDA=OFF -DTOUCHSTONE_CUDA_EMULATION=ON
+cmake --build build-emulation -j"$jobs" --target test_gpu
+ctest --test-dir build-emulation --output-on-failure -L emulation
 
 # CPU only: AddressSanitizer does not instrument device code (docs/cuda.md).
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTOUCHSTONE_SANITIZE=ON -DTOUCHSTONE_CUDA=OFF

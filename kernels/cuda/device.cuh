@@ -10,6 +10,9 @@
 #include <vector>
 
 #include "kernels/cuda/launch.h"
+#if defined(TOUCHSTONE_CUDA_EMULATION)
+#include "kernels/cuda/emulation/emulator.h"
+#endif
 
 namespace touchstone::cuda {
 
@@ -71,7 +74,24 @@ class Staging {
   size_t next_ = 0;
 };
 
-#if defined(__CUDACC__)
+#if defined(__CUDACC__) || defined(TOUCHSTONE_CUDA_EMULATION)
+
+// kernel<<<launch.blocks, launch.threads, 0, stream>>>(args...), nothing for an empty grid. One call
+// site for every launch, so the CPU emulation (emulation/) runs the same kernels.
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), const Launch& launch, cudaStream_t stream,
+                   const Args&... args) {
+  if (launch.blocks == 0) return;
+#if defined(TOUCHSTONE_CUDA_EMULATION)
+  (void)stream;
+  emulation::run_grid(launch, [&] { kernel(args...); });
+#else
+  // clang-format reads a .cuh as C++ and would split the launch brackets.
+  // clang-format off
+  kernel<<<static_cast<unsigned>(launch.blocks), launch.threads, 0, stream>>>(args...);
+  // clang-format on
+#endif
+}
 
 // for (i = this thread's first element; i < n; i += all threads of the grid)
 #define TOUCHSTONE_GRID_STRIDE_LOOP(i, n)                                                \
@@ -109,8 +129,6 @@ __device__ T block_max(T partial) {
   __syncthreads();
   return result;
 }
-
-inline unsigned grid_blocks(const Launch& launch) { return static_cast<unsigned>(launch.blocks); }
 
 #endif
 

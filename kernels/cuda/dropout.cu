@@ -58,9 +58,8 @@ void CudaBackend::attention_dropout_mask(const DropoutSite& site, const Attentio
   const int64_t* d_samples = s.upload(site.sample_indices, shape.windows);  // [b]
   double* d_mask = s.output<double>(n);                                     // [b, NHl, T, T]
   const cuda::Launch launch = cuda::per_element(n);
-  attention_mask_kernel<<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
-      site.key[0], site.key[1], site.probability, kept, d_samples, shape.windows, shape.num_heads, shape.seq,
-      first_head, d_mask);
+  cuda::launch_kernel(attention_mask_kernel, launch, stream_, site.key[0], site.key[1], site.probability,
+                      kept, d_samples, shape.windows, shape.num_heads, shape.seq, first_head, d_mask);
   cuda::check_launch("attention_dropout_mask");
   s.download(keep_scale, d_mask, n);
   s.finish();
@@ -75,8 +74,8 @@ void CudaBackend::hidden_dropout_mask(const DropoutSite& site, int64_t first_row
   const int64_t* d_samples = s.upload(site.sample_indices, windows);  // [windows]
   double* d_mask = s.output<double>(rows * hidden);                   // [rows, H]
   const cuda::Launch launch = cuda::per_element(rows * hidden);
-  hidden_mask_kernel<<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
-      site.key[0], site.key[1], site.probability, kept, d_samples, first_row, rows, seq, hidden, d_mask);
+  cuda::launch_kernel(hidden_mask_kernel, launch, stream_, site.key[0], site.key[1], site.probability, kept,
+                      d_samples, first_row, rows, seq, hidden, d_mask);
   cuda::check_launch("hidden_dropout_mask");
   s.download(keep_scale, d_mask, rows * hidden);
   s.finish();
@@ -90,11 +89,9 @@ void CudaBackend::dropout_forward(const double* x, const double* keep_scale, int
   double* d_y = s.output<double>(n);
   const cuda::Launch launch = cuda::per_element(n);
   if (precision() == Precision::kFp64) {
-    multiply_kernel<double>
-        <<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_x, d_mask, n, rounding_, d_y);
+    cuda::launch_kernel(multiply_kernel<double>, launch, stream_, d_x, d_mask, n, rounding_, d_y);
   } else {
-    multiply_kernel<float>
-        <<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_x, d_mask, n, rounding_, d_y);
+    cuda::launch_kernel(multiply_kernel<float>, launch, stream_, d_x, d_mask, n, rounding_, d_y);
   }
   cuda::check_launch("dropout_forward");
   s.download(y, d_y, n);

@@ -63,7 +63,7 @@ T* converted(DeviceBytes& buffer, cudaStream_t stream, const double* m, int64_t 
   T* out = static_cast<T*>(buffer.reserve(static_cast<size_t>(rows * cols) * sizeof(T)));
   const Launch launch = per_element(rows * cols);
   if (launch.blocks > 0) {
-    convert_matrix<T><<<grid_blocks(launch), launch.threads, 0, stream>>>(m, rows, cols, ld, out);
+    launch_kernel(convert_matrix<T>, launch, stream, m, rows, cols, ld, out);
     check_launch("convert_matrix");
   }
   return out;
@@ -110,8 +110,7 @@ void gemm(cublasHandle_t handle, cudaStream_t stream, GemmScratch& scratch, Prec
                      CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx");
   const Launch launch = per_element(M * N);
-  store_product<<<grid_blocks(launch), launch.threads, 0, stream>>>(product, M, N, round_to, accumulate, C,
-                                                                    ldc);
+  launch_kernel(store_product, launch, stream, product, M, N, round_to, accumulate, C, ldc);
   check_launch("store_product");
 }
 

@@ -48,7 +48,7 @@ void CudaBackend::round(TensorRole role, double* x, int64_t n) {
   cuda::Staging& s = begin_call();
   double* d = s.upload(x, n);
   const cuda::Launch launch = cuda::per_element(n);
-  round_kernel<<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(rounding_, role, d, n);
+  cuda::launch_kernel(round_kernel, launch, stream_, rounding_, role, d, n);
   cuda::check_launch("round");
   s.download(x, d, n);
   s.finish();
@@ -83,8 +83,8 @@ void CudaBackend::linear_backward(const double* dy, const double* x, const doubl
                1.0, d_dy, out, d_x, in, cpu::Store::kOverwrite, micro, in);
     const cuda::Launch launch = cuda::per_element(out * in);
     if (launch.blocks > 0) {
-      add_kernel<<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_dw, micro, out * in,
-                                                                            cpu::Rounding{Precision::kFp32});
+      cuda::launch_kernel(add_kernel, launch, stream_, d_dw, micro, out * in,
+                          cpu::Rounding{Precision::kFp32});
       cuda::check_launch("add (weight gradient)");
     }
   } else {
@@ -105,8 +105,8 @@ void CudaBackend::embedding_forward(const int32_t* tokens, const double* table, 
   double* d_y = s.output<double>(rows * hidden);                  // [N,H]
   const cuda::Launch launch = cuda::per_element(rows * hidden);
   if (launch.blocks > 0) {
-    embedding_forward_kernel<<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
-        d_tokens, d_table, rows, hidden, vocab_start, vocab_local, d_y);
+    cuda::launch_kernel(embedding_forward_kernel, launch, stream_, d_tokens, d_table, rows, hidden,
+                        vocab_start, vocab_local, d_y);
     cuda::check_launch("embedding_forward");
   }
   s.download(y, d_y, rows * hidden);
@@ -125,8 +125,8 @@ void CudaBackend::embedding_backward(const int32_t* tokens, const double* dy, in
   const double* d_dy = s.upload(dy, rows * hidden);                // [N,H]
   double* d_table = s.upload(dtable_accum, vocab_local * hidden);  // [Vl,H]
   const cuda::Launch launch = cuda::per_element(unique_ids * hidden);
-  embedding_backward_kernel<<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
-      d_ids, d_offsets, d_rows, unique_ids, d_dy, hidden, rounding_, d_table);
+  cuda::launch_kernel(embedding_backward_kernel, launch, stream_, d_ids, d_offsets, d_rows, unique_ids, d_dy,
+                      hidden, rounding_, d_table);
   cuda::check_launch("embedding_backward");
   s.download(dtable_accum, d_table, vocab_local * hidden);
   s.finish();
@@ -138,7 +138,7 @@ void CudaBackend::add_inplace(double* x, const double* y, int64_t n) {
   double* d_x = s.upload(x, n);
   const double* d_y = s.upload(y, n);
   const cuda::Launch launch = cuda::per_element(n);
-  add_kernel<<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_x, d_y, n, rounding_);
+  cuda::launch_kernel(add_kernel, launch, stream_, d_x, d_y, n, rounding_);
   cuda::check_launch("add_inplace");
   s.download(x, d_x, n);
   s.finish();

@@ -161,11 +161,11 @@ void CudaBackend::rmsnorm_forward(const double* x, const double* weight, int64_t
   double* d_rstd = s.output<double>(rows);         // [N]
   const cuda::Launch launch = cuda::per_row(rows);
   if (precision() == Precision::kFp64) {
-    rmsnorm_forward_kernel<double><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
-        d_x, d_w, hidden, eps, rounding_, d_y, d_rstd);
+    cuda::launch_kernel(rmsnorm_forward_kernel<double>, launch, stream_, d_x, d_w, hidden, eps, rounding_,
+                        d_y, d_rstd);
   } else {
-    rmsnorm_forward_kernel<float><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
-        d_x, d_w, hidden, eps, rounding_, d_y, d_rstd);
+    cuda::launch_kernel(rmsnorm_forward_kernel<float>, launch, stream_, d_x, d_w, hidden, eps, rounding_, d_y,
+                        d_rstd);
   }
   cuda::check_launch("rmsnorm_forward");
   s.download(y, d_y, rows * hidden);
@@ -186,17 +186,15 @@ void CudaBackend::rmsnorm_backward(const double* dy, const double* x, const doub
   double* d_dw = s.upload(dweight_accum, hidden);    // [H]
   const cuda::Launch row_launch = cuda::per_row(rows), column_launch = cuda::per_element(hidden);
   if (precision() == Precision::kFp64) {
-    rmsnorm_backward_dx_kernel<double><<<cuda::grid_blocks(row_launch), row_launch.threads, 0, stream_>>>(
-        d_dy, d_x, d_w, d_rstd, hidden, rounding_, d_dx);
-    rmsnorm_backward_dw_kernel<double>
-        <<<cuda::grid_blocks(column_launch), column_launch.threads, 0, stream_>>>(d_dy, d_x, d_rstd, rows,
-                                                                                  hidden, rounding_, d_dw);
+    cuda::launch_kernel(rmsnorm_backward_dx_kernel<double>, row_launch, stream_, d_dy, d_x, d_w, d_rstd,
+                        hidden, rounding_, d_dx);
+    cuda::launch_kernel(rmsnorm_backward_dw_kernel<double>, column_launch, stream_, d_dy, d_x, d_rstd, rows,
+                        hidden, rounding_, d_dw);
   } else {
-    rmsnorm_backward_dx_kernel<float><<<cuda::grid_blocks(row_launch), row_launch.threads, 0, stream_>>>(
-        d_dy, d_x, d_w, d_rstd, hidden, rounding_, d_dx);
-    rmsnorm_backward_dw_kernel<float>
-        <<<cuda::grid_blocks(column_launch), column_launch.threads, 0, stream_>>>(d_dy, d_x, d_rstd, rows,
-                                                                                  hidden, rounding_, d_dw);
+    cuda::launch_kernel(rmsnorm_backward_dx_kernel<float>, row_launch, stream_, d_dy, d_x, d_w, d_rstd,
+                        hidden, rounding_, d_dx);
+    cuda::launch_kernel(rmsnorm_backward_dw_kernel<float>, column_launch, stream_, d_dy, d_x, d_rstd, rows,
+                        hidden, rounding_, d_dw);
   }
   cuda::check_launch("rmsnorm_backward");
   s.download(dx, d_dx, rows * hidden);
@@ -214,8 +212,7 @@ void CudaBackend::qkv_split(const double* qkv, const AttentionShape& shape, doub
   double* d_k = s.output<double>(rows * shape.num_kv_heads * D);  // [b,NKV,T,D]
   double* d_v = s.output<double>(rows * shape.num_kv_heads * D);  // [b,NKV,T,D]
   const cuda::Launch launch = cuda::per_element(rows * width);
-  qkv_layout_kernel<<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(true, shape, d_qkv, d_q, d_k,
-                                                                               d_v);
+  cuda::launch_kernel(qkv_layout_kernel, launch, stream_, true, shape, d_qkv, d_q, d_k, d_v);
   cuda::check_launch("qkv_split");
   s.download(q, d_q, rows * shape.num_heads * D);
   s.download(k, d_k, rows * shape.num_kv_heads * D);
@@ -234,8 +231,7 @@ void CudaBackend::qkv_merge(const double* dq, const double* dk, const double* dv
   double* d_v = s.upload(dv, rows * shape.num_kv_heads * D);
   double* d_qkv = s.output<double>(rows * width);
   const cuda::Launch launch = cuda::per_element(rows * width);
-  qkv_layout_kernel<<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(false, shape, d_qkv, d_q, d_k,
-                                                                               d_v);
+  cuda::launch_kernel(qkv_layout_kernel, launch, stream_, false, shape, d_qkv, d_q, d_k, d_v);
   cuda::check_launch("qkv_merge");
   s.download(dqkv, d_qkv, rows * width);
   s.finish();
@@ -263,11 +259,11 @@ void CudaBackend::rope(double* x, const int32_t* position_ids, int64_t windows, 
       reinterpret_cast<const double2*>(s.upload(angles.data(), static_cast<int64_t>(angles.size())));
   const cuda::Launch launch = cuda::per_element(windows * heads * seq * half);
   if (precision() == Precision::kFp64) {
-    rope_kernel<double><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
-        d_x, d_angles, windows, heads, seq, head_dim, rounding_);
+    cuda::launch_kernel(rope_kernel<double>, launch, stream_, d_x, d_angles, windows, heads, seq, head_dim,
+                        rounding_);
   } else {
-    rope_kernel<float><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
-        d_x, d_angles, windows, heads, seq, head_dim, rounding_);
+    cuda::launch_kernel(rope_kernel<float>, launch, stream_, d_x, d_angles, windows, heads, seq, head_dim,
+                        rounding_);
   }
   cuda::check_launch("rope");
   s.download(x, d_x, n);
@@ -281,11 +277,9 @@ void CudaBackend::swiglu_forward(const double* fc1, int64_t rows, int64_t ffn, d
   double* d_act = s.output<double>(rows * ffn);         // [N, F]
   const cuda::Launch launch = cuda::per_element(rows * ffn);
   if (precision() == Precision::kFp64) {
-    swiglu_forward_kernel<double>
-        <<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_fc1, rows, ffn, rounding_, d_act);
+    cuda::launch_kernel(swiglu_forward_kernel<double>, launch, stream_, d_fc1, rows, ffn, rounding_, d_act);
   } else {
-    swiglu_forward_kernel<float>
-        <<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(d_fc1, rows, ffn, rounding_, d_act);
+    cuda::launch_kernel(swiglu_forward_kernel<float>, launch, stream_, d_fc1, rows, ffn, rounding_, d_act);
   }
   cuda::check_launch("swiglu_forward");
   s.download(act, d_act, rows * ffn);
@@ -301,11 +295,11 @@ void CudaBackend::swiglu_backward(const double* dact, const double* fc1, int64_t
   double* d_dfc1 = s.output<double>(rows * 2 * ffn);    // [N, 2F]
   const cuda::Launch launch = cuda::per_element(rows * ffn);
   if (precision() == Precision::kFp64) {
-    swiglu_backward_kernel<double><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
-        d_dact, d_fc1, rows, ffn, rounding_, d_dfc1);
+    cuda::launch_kernel(swiglu_backward_kernel<double>, launch, stream_, d_dact, d_fc1, rows, ffn, rounding_,
+                        d_dfc1);
   } else {
-    swiglu_backward_kernel<float><<<cuda::grid_blocks(launch), launch.threads, 0, stream_>>>(
-        d_dact, d_fc1, rows, ffn, rounding_, d_dfc1);
+    cuda::launch_kernel(swiglu_backward_kernel<float>, launch, stream_, d_dact, d_fc1, rows, ffn, rounding_,
+                        d_dfc1);
   }
   cuda::check_launch("swiglu_backward");
   s.download(dfc1, d_dfc1, rows * 2 * ffn);
