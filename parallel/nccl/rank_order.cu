@@ -29,14 +29,14 @@ __global__ void max_rows(const double* rows, int n, int64_t count, double* out) 
 void sum_in_rank_order(const double* rows, int n, int64_t count, double* out, cudaStream_t stream) {
   const cuda::Launch launch = cuda::per_element(count);
   if (launch.blocks == 0) return;
-  sum_rows<<<cuda::grid_blocks(launch), launch.threads, 0, stream>>>(rows, n, count, out);
+  cuda::launch_kernel(sum_rows, launch, stream, rows, n, count, out);
   cuda::check_launch("sum_in_rank_order");
 }
 
 void max_in_rank_order(const double* rows, int n, int64_t count, double* out, cudaStream_t stream) {
   const cuda::Launch launch = cuda::per_element(count);
   if (launch.blocks == 0) return;
-  max_rows<<<cuda::grid_blocks(launch), launch.threads, 0, stream>>>(rows, n, count, out);
+  cuda::launch_kernel(max_rows, launch, stream, rows, n, count, out);
   cuda::check_launch("max_in_rank_order");
 }
 
