@@ -18,7 +18,7 @@ ctest --test-dir build --output-on-failure -j"$jobs"
 # The CUDA backend's kernels once more, compiled as C++ against the CPU emulation of the CUDA runtime
 # and cuBLAS, so the GPU tests run here too (docs/cuda.md "Emulation"); only what they need is built.
 cmake -S . -B build-emulation -DCMAKE_BUILD_TYPE=Release -DTOUCHSTONE_CUDA=OFF -DTOUCHSTONE_CUDA_EMULATION=ON
-cmake --build build-emulation -j"$jobs" --target test_gpu
+cmake --build build-emulation -j"$jobs" --target test_gpu touchstone
 ctest --test-dir build-emulation --output-on-failure -L emulation
 
 # CPU only: AddressSanitizer does not instrument device code (docs/cuda.md).
