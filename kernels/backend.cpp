@@ -18,17 +18,25 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
   return std::make_unique<CpuBackend>(options);
 }
 
+void require_cuda_device(const std::string& option) {
+#if defined(TOUCHSTONE_HAVE_CUDA) || defined(TOUCHSTONE_CUDA_EMULATION)
+  try {
+    cuda_device_count();
+  } catch (const InputError& e) {
+    throw InputError(option + ": " + e.what());
+  }
+#else
+  throw InputError(
+      option +
+      ": this build has no CUDA backend (configure with -DTOUCHSTONE_CUDA=ON where nvcc, cuBLAS and "
+      "NCCL are installed)");
+#endif
+}
+
 void check_backend_available(const std::string& name) {
   if (name == "cpu") return;
   if (name != "cuda") throw InputError("--backend: unknown value \"" + name + "\" (cpu, cuda)");
-#if defined(TOUCHSTONE_HAVE_CUDA) || defined(TOUCHSTONE_CUDA_EMULATION)
-  cuda_device_count();
-#else
-  throw InputError(
-      "--backend cuda: this build has no CUDA backend (configure with -DTOUCHSTONE_CUDA=ON where nvcc, "
-      "cuBLAS "
-      "and NCCL are installed)");
-#endif
+  require_cuda_device("--backend cuda");
 }
 
 std::string backend_description(const std::string& name, int local_rank) {

@@ -169,6 +169,9 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOpti
                                       int local_rank = 0);
 // Throws the InputError make_backend would throw, without making a backend (the up-front check).
 void check_backend_available(const std::string& name);
+// Throws InputError("<option>: <why>") unless this build has the CUDA backend and a GPU is usable: the
+// one wording of both causes, for --backend cuda and --comm nccl.
+void require_cuda_device(const std::string& option);
 // What the golden file records about the kernels: "cpu", or "cuda (<GPU name>)" for the GPU that
 // make_backend(name, options, local_rank) drives.
 std::string backend_description(const std::string& name, int local_rank);

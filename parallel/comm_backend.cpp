@@ -1,12 +1,8 @@
 // Parsing and the up-front availability check of `--comm mpi|nccl`.
 #include "parallel/comm_backend.h"
 
-#include <string_view>
-
+#include "kernels/backend.h"
 #include "model/errors.h"
-#if defined(TOUCHSTONE_HAVE_CUDA)
-#include "kernels/cuda/cuda_device.h"
-#endif
 
 namespace touchstone {
 
@@ -20,20 +16,10 @@ std::string comm_backend_name(CommBackend backend) { return backend == CommBacke
 
 void check_comm_available(CommBackend backend) {
   if (backend == CommBackend::kMpi) return;
-#if defined(TOUCHSTONE_HAVE_CUDA)
-  try {
-    cuda_device_count();
-  } catch (const InputError& e) {
-    // cuda_device_count() words its message for --backend cuda; the cause is the same for --comm nccl.
-    std::string_view cause = e.what();
-    constexpr std::string_view kBackendPrefix = "--backend cuda: ";
-    if (cause.starts_with(kBackendPrefix)) cause.remove_prefix(kBackendPrefix.size());
-    throw InputError("--comm nccl: " + std::string(cause));
-  }
+#if defined(TOUCHSTONE_CUDA_EMULATION)
+  throw InputError("--comm nccl: this build has no CUDA backend, only its CPU emulation, which has no NCCL");
 #else
-  throw InputError(
-      "--comm nccl: this build has no CUDA backend (configure with -DTOUCHSTONE_CUDA=ON where nvcc, cuBLAS "
-      "and NCCL are installed)");
+  require_cuda_device("--comm nccl");  // a build without CUDA says so
 #endif
 }
 

@@ -207,13 +207,10 @@ void CudaBackend::attention_forward(const double* q, const double* k, const doub
   double* d_out = s.output<double>(b * T * NH * D);                                    // [N, NH*D]
   double* d_probs = s.output<double>(b * NH * T * T);                                  // [b,NH,T,T]
   const bool bf16_inputs = precision() == Precision::kBf16;
-  if (precision() == Precision::kFp64) {
-    cuda::launch_kernel(attention_forward_kernel<double>, launch, stream_, d_q, d_k, d_v, d_docs, d_keep,
-                        shape, shape.scale(), bf16_inputs, rounding_, d_out, d_probs);
-  } else {
-    cuda::launch_kernel(attention_forward_kernel<float>, launch, stream_, d_q, d_k, d_v, d_docs, d_keep,
-                        shape, shape.scale(), bf16_inputs, rounding_, d_out, d_probs);
-  }
+  cuda::with_compute_type(precision(), [&](auto compute) {
+    cuda::launch_kernel(attention_forward_kernel<decltype(compute)>, launch, stream_, d_q, d_k, d_v, d_docs,
+                        d_keep, shape, shape.scale(), bf16_inputs, rounding_, d_out, d_probs);
+  });
   cuda::check_launch("attention_forward");
   s.download(out, d_out, b * T * NH * D);
   s.download(probs, d_probs, b * NH * T * T);
@@ -239,21 +236,15 @@ void CudaBackend::attention_backward(const double* dout, const double* q, const 
   double* d_dv = s.output<double>(b * NKV * T * D);             // [b,NKV,T,D]
   double* d_dscores = s.output<double>(b * NH * T * T);         // [b,NH,T,T] dS, from dQ's kernel to dK's
   const bool bf16_inputs = precision() == Precision::kBf16;
-  if (precision() == Precision::kFp64) {
-    cuda::launch_kernel(attention_dq_kernel<double>, query_rows, stream_, d_dout, d_k, d_v, d_probs, d_keep,
-                        shape, shape.scale(), bf16_inputs, rounding_, d_dq, d_dscores);
-  } else {
-    cuda::launch_kernel(attention_dq_kernel<float>, query_rows, stream_, d_dout, d_k, d_v, d_probs, d_keep,
-                        shape, shape.scale(), bf16_inputs, rounding_, d_dq, d_dscores);
-  }
+  cuda::with_compute_type(precision(), [&](auto compute) {
+    cuda::launch_kernel(attention_dq_kernel<decltype(compute)>, query_rows, stream_, d_dout, d_k, d_v,
+                        d_probs, d_keep, shape, shape.scale(), bf16_inputs, rounding_, d_dq, d_dscores);
+  });
   cuda::check_launch("attention_backward (dq)");
-  if (precision() == Precision::kFp64) {
-    cuda::launch_kernel(attention_dkv_kernel<double>, key_rows, stream_, d_dout, d_q, d_probs, d_keep,
-                        d_dscores, shape, shape.scale(), bf16_inputs, rounding_, d_dk, d_dv);
-  } else {
-    cuda::launch_kernel(attention_dkv_kernel<float>, key_rows, stream_, d_dout, d_q, d_probs, d_keep,
-                        d_dscores, shape, shape.scale(), bf16_inputs, rounding_, d_dk, d_dv);
-  }
+  cuda::with_compute_type(precision(), [&](auto compute) {
+    cuda::launch_kernel(attention_dkv_kernel<decltype(compute)>, key_rows, stream_, d_dout, d_q, d_probs,
+                        d_keep, d_dscores, shape, shape.scale(), bf16_inputs, rounding_, d_dk, d_dv);
+  });
   cuda::check_launch("attention_backward (dk, dv)");
   s.download(dq, d_dq, b * NH * T * D);
   s.download(dk, d_dk, b * NKV * T * D);

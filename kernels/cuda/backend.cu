@@ -44,10 +44,10 @@ int cuda_device_count() {
   const cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {
     cudaGetLastError();  // clear the sticky error so later calls report their own
-    throw InputError(std::string("--backend cuda: no CUDA device is usable (cudaGetDeviceCount: ") +
+    throw InputError(std::string("no CUDA device is usable (cudaGetDeviceCount: ") +
                      cudaGetErrorString(status) + ")");
   }
-  if (count == 0) throw InputError("--backend cuda: no CUDA device is visible to this process");
+  if (count == 0) throw InputError("no CUDA device is visible to this process");
   return count;
 }
 

@@ -98,36 +98,43 @@ void launch_kernel(void (*kernel)(Params...), const Launch& launch, cudaStream_t
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
-// Sum of `partial` over the kBlockThreads threads of the block, in the fixed tree order of launch.h;
-// every thread gets the result. All threads of the block must call it.
-template <typename T>
-__device__ T block_sum(T partial) {
-  __shared__ T slots[kBlockThreads];
-  slots[threadIdx.x] = partial;
-  __syncthreads();
-  for (int stride = kBlockThreads / 2; stride > 0; stride /= 2) {
-    if (static_cast<int>(threadIdx.x) < stride) slots[threadIdx.x] += slots[threadIdx.x + stride];
-    __syncthreads();
+// The kernels' compute type: calls launch(double{}) in FP64 mode and launch(float{}) otherwise, so a
+// launcher writes kernel<decltype(compute)> once for both (the CPU reference's T).
+template <typename Launcher>
+void with_compute_type(Precision precision, Launcher&& launch) {
+  if (precision == Precision::kFp64) {
+    launch(double{});
+  } else {
+    launch(float{});
   }
-  const T total = slots[0];
-  __syncthreads();  // the slots may be reused by the next call
-  return total;
 }
 
-// Maximum over the block; exact, so the order does not matter.
-template <typename T>
-__device__ T block_max(T partial) {
+// combine(...) of `partial` over the kBlockThreads threads of the block, in the fixed tree order of
+// launch.h; every thread gets the result. All threads of the block must call it.
+template <typename T, typename Combine>
+__device__ T block_reduce(T partial, Combine combine) {
   __shared__ T slots[kBlockThreads];
   slots[threadIdx.x] = partial;
   __syncthreads();
   for (int stride = kBlockThreads / 2; stride > 0; stride /= 2) {
     if (static_cast<int>(threadIdx.x) < stride)
-      slots[threadIdx.x] = max(slots[threadIdx.x], slots[threadIdx.x + stride]);
+      slots[threadIdx.x] = combine(slots[threadIdx.x], slots[threadIdx.x + stride]);
     __syncthreads();
   }
   const T result = slots[0];
-  __syncthreads();
+  __syncthreads();  // the slots may be reused by the next call
   return result;
+}
+
+template <typename T>
+__device__ T block_sum(T partial) {
+  return block_reduce(partial, [](T a, T b) { return a + b; });
+}
+
+// Maximum over the block; exact, so the order does not matter.
+template <typename T>
+__device__ T block_max(T partial) {
+  return block_reduce(partial, [](T a, T b) { return max(a, b); });
 }
 
 #endif

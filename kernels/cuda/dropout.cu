@@ -88,11 +88,9 @@ void CudaBackend::dropout_forward(const double* x, const double* keep_scale, int
   const double* d_mask = s.upload(keep_scale, n);
   double* d_y = s.output<double>(n);
   const cuda::Launch launch = cuda::per_element(n);
-  if (precision() == Precision::kFp64) {
-    cuda::launch_kernel(multiply_kernel<double>, launch, stream_, d_x, d_mask, n, rounding_, d_y);
-  } else {
-    cuda::launch_kernel(multiply_kernel<float>, launch, stream_, d_x, d_mask, n, rounding_, d_y);
-  }
+  cuda::with_compute_type(precision(), [&](auto compute) {
+    cuda::launch_kernel(multiply_kernel<decltype(compute)>, launch, stream_, d_x, d_mask, n, rounding_, d_y);
+  });
   cuda::check_launch("dropout_forward");
   s.download(y, d_y, n);
   s.finish();

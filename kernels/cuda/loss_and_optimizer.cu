@@ -100,11 +100,9 @@ void CudaBackend::logits_row_max(const double* logits, int64_t rows, int64_t voc
   const double* d_logits = s.upload(logits, rows * vocab_local);  // [N, Vl]
   double* d_max = s.output<double>(rows);                         // [N]
   const cuda::Launch launch = cuda::per_row(rows);
-  if (precision() == Precision::kFp64) {
-    cuda::launch_kernel(row_max_kernel<double>, launch, stream_, d_logits, vocab_local, d_max);
-  } else {
-    cuda::launch_kernel(row_max_kernel<float>, launch, stream_, d_logits, vocab_local, d_max);
-  }
+  cuda::with_compute_type(precision(), [&](auto compute) {
+    cuda::launch_kernel(row_max_kernel<decltype(compute)>, launch, stream_, d_logits, vocab_local, d_max);
+  });
   cuda::check_launch("logits_row_max");
   s.download(row_max, d_max, rows);
   s.finish();
@@ -121,13 +119,10 @@ void CudaBackend::cross_entropy_partials(const double* logits, const int32_t* ta
   double* d_sum = s.output<double>(rows);                         // [N]
   double* d_target = s.output<double>(rows);                      // [N]
   const cuda::Launch launch = cuda::per_row(rows);
-  if (precision() == Precision::kFp64) {
-    cuda::launch_kernel(partials_kernel<double>, launch, stream_, d_logits, d_targets, vocab_local,
+  cuda::with_compute_type(precision(), [&](auto compute) {
+    cuda::launch_kernel(partials_kernel<decltype(compute)>, launch, stream_, d_logits, d_targets, vocab_local,
                         vocab_start, d_max, d_sum, d_target);
-  } else {
-    cuda::launch_kernel(partials_kernel<float>, launch, stream_, d_logits, d_targets, vocab_local,
-                        vocab_start, d_max, d_sum, d_target);
-  }
+  });
   cuda::check_launch("cross_entropy_partials");
   s.download(sum_exp, d_sum, rows);
   s.download(target_logit, d_target, rows);
@@ -144,13 +139,10 @@ void CudaBackend::cross_entropy_loss(const double* row_max, const double* sum_ex
   const int32_t* d_targets = s.upload(targets, rows);
   double* d_losses = s.output<double>(rows);
   const cuda::Launch launch = cuda::per_element(rows);
-  if (precision() == Precision::kFp64) {
-    cuda::launch_kernel(loss_kernel<double>, launch, stream_, d_max, d_sum, d_target, d_targets, rows,
-                        d_losses);
-  } else {
-    cuda::launch_kernel(loss_kernel<float>, launch, stream_, d_max, d_sum, d_target, d_targets, rows,
-                        d_losses);
-  }
+  cuda::with_compute_type(precision(), [&](auto compute) {
+    cuda::launch_kernel(loss_kernel<decltype(compute)>, launch, stream_, d_max, d_sum, d_target, d_targets,
+                        rows, d_losses);
+  });
   cuda::check_launch("cross_entropy_loss");
   s.download(losses, d_losses, rows);
   s.finish();
@@ -167,13 +159,10 @@ void CudaBackend::cross_entropy_backward(const double* logits, const int32_t* ta
   const double* d_sum = s.upload(sum_exp, rows);
   double* d_dlogits = s.output<double>(rows * vocab_local);  // [N, Vl]
   const cuda::Launch launch = cuda::per_element(rows * vocab_local);
-  if (precision() == Precision::kFp64) {
-    cuda::launch_kernel(ce_backward_kernel<double>, launch, stream_, d_logits, d_targets, rows, vocab_local,
-                        vocab_start, d_max, d_sum, loss_weight, rounding_, d_dlogits);
-  } else {
-    cuda::launch_kernel(ce_backward_kernel<float>, launch, stream_, d_logits, d_targets, rows, vocab_local,
-                        vocab_start, d_max, d_sum, loss_weight, rounding_, d_dlogits);
-  }
+  cuda::with_compute_type(precision(), [&](auto compute) {
+    cuda::launch_kernel(ce_backward_kernel<decltype(compute)>, launch, stream_, d_logits, d_targets, rows,
+                        vocab_local, vocab_start, d_max, d_sum, loss_weight, rounding_, d_dlogits);
+  });
   cuda::check_launch("cross_entropy_backward");
   s.download(dlogits, d_dlogits, rows * vocab_local);
   s.finish();
@@ -191,15 +180,11 @@ void CudaBackend::adamw_update(double* param, const double* grad, double* exp_av
   double* d_m = s.upload(exp_avg, n);
   double* d_v = s.upload(exp_avg_sq, n);
   const cuda::Launch launch = cuda::per_element(n);
-  if (precision() == Precision::kFp64) {
-    cuda::launch_kernel(adamw_kernel<double>, launch, stream_, d_param, d_grad, d_m, d_v, n, step.lr,
-                        step.beta1, step.beta2, step.eps, step.weight_decay, bias_correction1,
+  cuda::with_compute_type(precision(), [&](auto compute) {
+    cuda::launch_kernel(adamw_kernel<decltype(compute)>, launch, stream_, d_param, d_grad, d_m, d_v, n,
+                        step.lr, step.beta1, step.beta2, step.eps, step.weight_decay, bias_correction1,
                         bias_correction2);
-  } else {
-    cuda::launch_kernel(adamw_kernel<float>, launch, stream_, d_param, d_grad, d_m, d_v, n, step.lr,
-                        step.beta1, step.beta2, step.eps, step.weight_decay, bias_correction1,
-                        bias_correction2);
-  }
+  });
   cuda::check_launch("adamw_update");
   s.download(param, d_param, n);
   s.download(exp_avg, d_m, n);

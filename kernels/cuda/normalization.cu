@@ -160,13 +160,10 @@ void CudaBackend::rmsnorm_forward(const double* x, const double* weight, int64_t
   double* d_y = s.output<double>(rows * hidden);   // [N,H]
   double* d_rstd = s.output<double>(rows);         // [N]
   const cuda::Launch launch = cuda::per_row(rows);
-  if (precision() == Precision::kFp64) {
-    cuda::launch_kernel(rmsnorm_forward_kernel<double>, launch, stream_, d_x, d_w, hidden, eps, rounding_,
-                        d_y, d_rstd);
-  } else {
-    cuda::launch_kernel(rmsnorm_forward_kernel<float>, launch, stream_, d_x, d_w, hidden, eps, rounding_, d_y,
-                        d_rstd);
-  }
+  cuda::with_compute_type(precision(), [&](auto compute) {
+    cuda::launch_kernel(rmsnorm_forward_kernel<decltype(compute)>, launch, stream_, d_x, d_w, hidden, eps,
+                        rounding_, d_y, d_rstd);
+  });
   cuda::check_launch("rmsnorm_forward");
   s.download(y, d_y, rows * hidden);
   s.download(rstd, d_rstd, rows);
@@ -185,17 +182,12 @@ void CudaBackend::rmsnorm_backward(const double* dy, const double* x, const doub
   double* d_dx = s.output<double>(rows * hidden);    // [N,H]
   double* d_dw = s.upload(dweight_accum, hidden);    // [H]
   const cuda::Launch row_launch = cuda::per_row(rows), column_launch = cuda::per_element(hidden);
-  if (precision() == Precision::kFp64) {
-    cuda::launch_kernel(rmsnorm_backward_dx_kernel<double>, row_launch, stream_, d_dy, d_x, d_w, d_rstd,
-                        hidden, rounding_, d_dx);
-    cuda::launch_kernel(rmsnorm_backward_dw_kernel<double>, column_launch, stream_, d_dy, d_x, d_rstd, rows,
-                        hidden, rounding_, d_dw);
-  } else {
-    cuda::launch_kernel(rmsnorm_backward_dx_kernel<float>, row_launch, stream_, d_dy, d_x, d_w, d_rstd,
-                        hidden, rounding_, d_dx);
-    cuda::launch_kernel(rmsnorm_backward_dw_kernel<float>, column_launch, stream_, d_dy, d_x, d_rstd, rows,
-                        hidden, rounding_, d_dw);
-  }
+  cuda::with_compute_type(precision(), [&](auto compute) {
+    cuda::launch_kernel(rmsnorm_backward_dx_kernel<decltype(compute)>, row_launch, stream_, d_dy, d_x, d_w,
+                        d_rstd, hidden, rounding_, d_dx);
+    cuda::launch_kernel(rmsnorm_backward_dw_kernel<decltype(compute)>, column_launch, stream_, d_dy, d_x,
+                        d_rstd, rows, hidden, rounding_, d_dw);
+  });
   cuda::check_launch("rmsnorm_backward");
   s.download(dx, d_dx, rows * hidden);
   s.download(dweight_accum, d_dw, hidden);
@@ -258,13 +250,10 @@ void CudaBackend::rope(double* x, const int32_t* position_ids, int64_t windows, 
   const auto* d_angles =
       reinterpret_cast<const double2*>(s.upload(angles.data(), static_cast<int64_t>(angles.size())));
   const cuda::Launch launch = cuda::per_element(windows * heads * seq * half);
-  if (precision() == Precision::kFp64) {
-    cuda::launch_kernel(rope_kernel<double>, launch, stream_, d_x, d_angles, windows, heads, seq, head_dim,
-                        rounding_);
-  } else {
-    cuda::launch_kernel(rope_kernel<float>, launch, stream_, d_x, d_angles, windows, heads, seq, head_dim,
-                        rounding_);
-  }
+  cuda::with_compute_type(precision(), [&](auto compute) {
+    cuda::launch_kernel(rope_kernel<decltype(compute)>, launch, stream_, d_x, d_angles, windows, heads, seq,
+                        head_dim, rounding_);
+  });
   cuda::check_launch("rope");
   s.download(x, d_x, n);
   s.finish();
@@ -276,11 +265,10 @@ void CudaBackend::swiglu_forward(const double* fc1, int64_t rows, int64_t ffn, d
   const double* d_fc1 = s.upload(fc1, rows * 2 * ffn);  // [N, 2F]
   double* d_act = s.output<double>(rows * ffn);         // [N, F]
   const cuda::Launch launch = cuda::per_element(rows * ffn);
-  if (precision() == Precision::kFp64) {
-    cuda::launch_kernel(swiglu_forward_kernel<double>, launch, stream_, d_fc1, rows, ffn, rounding_, d_act);
-  } else {
-    cuda::launch_kernel(swiglu_forward_kernel<float>, launch, stream_, d_fc1, rows, ffn, rounding_, d_act);
-  }
+  cuda::with_compute_type(precision(), [&](auto compute) {
+    cuda::launch_kernel(swiglu_forward_kernel<decltype(compute)>, launch, stream_, d_fc1, rows, ffn,
+                        rounding_, d_act);
+  });
   cuda::check_launch("swiglu_forward");
   s.download(act, d_act, rows * ffn);
   s.finish();
@@ -294,13 +282,10 @@ void CudaBackend::swiglu_backward(const double* dact, const double* fc1, int64_t
   const double* d_fc1 = s.upload(fc1, rows * 2 * ffn);  // [N, 2F]
   double* d_dfc1 = s.output<double>(rows * 2 * ffn);    // [N, 2F]
   const cuda::Launch launch = cuda::per_element(rows * ffn);
-  if (precision() == Precision::kFp64) {
-    cuda::launch_kernel(swiglu_backward_kernel<double>, launch, stream_, d_dact, d_fc1, rows, ffn, rounding_,
-                        d_dfc1);
-  } else {
-    cuda::launch_kernel(swiglu_backward_kernel<float>, launch, stream_, d_dact, d_fc1, rows, ffn, rounding_,
-                        d_dfc1);
-  }
+  cuda::with_compute_type(precision(), [&](auto compute) {
+    cuda::launch_kernel(swiglu_backward_kernel<decltype(compute)>, launch, stream_, d_dact, d_fc1, rows, ffn,
+                        rounding_, d_dfc1);
+  });
   cuda::check_launch("swiglu_backward");
   s.download(dfc1, d_dfc1, rows * 2 * ffn);
   s.finish();
