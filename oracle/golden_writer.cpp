@@ -83,8 +83,7 @@ void GoldenWriter::write_step(const StepRecord& record, const ParamTensors& grad
   }
 }
 
-void GoldenWriter::write_envelope(const std::string& path, const std::vector<double>& low,
-                                  const std::vector<double>& ref) {
+std::array<double, 2> envelope_error(const std::vector<double>& low, const std::vector<double>& ref) {
   double diff = 0.0, norm = 0.0, max_diff = 0.0, max_ref = 0.0;
   for (size_t i = 0; i < ref.size(); ++i) {
     const double d = low[i] - ref[i];
@@ -93,11 +92,15 @@ void GoldenWriter::write_envelope(const std::string& path, const std::vector<dou
     max_diff = std::max(max_diff, std::abs(d));
     max_ref = std::max(max_ref, std::abs(ref[i]));
   }
-  const double error[2] = {norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff),
-                           max_ref > 0 ? max_diff / max_ref : max_diff};
+  return {norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff), max_ref > 0 ? max_diff / max_ref : max_diff};
+}
+
+void GoldenWriter::write_envelope(const std::string& path, const std::vector<double>& low,
+                                  const std::vector<double>& ref) {
+  const std::array<double, 2> error = envelope_error(low, ref);
   const double tolerance[2] = {envelope_.k * error[0] + envelope_.floor,
                                envelope_.k * error[1] + envelope_.floor};
-  writer_.write_f64("/envelope/error/" + path, error, {2});
+  writer_.write_f64("/envelope/error/" + path, error.data(), {2});
   writer_.write_f64("/envelope/tolerance/" + path, tolerance, {2});
 }
 

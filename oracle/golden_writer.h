@@ -4,6 +4,7 @@
 // final path is always complete; a run that fails leaves nothing behind.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +20,10 @@ namespace touchstone {
 struct GoldenOptions {
   bool save_optimizer_state = false;  // also write /steps/<s>/optimizer/exp_avg{,_sq}/<name>
 };
+
+// The error of a low-precision result against the FP64 one, as the envelope records it
+// (docs/precision.md): {relative L2, max |low - ref| / max |ref|} (absolute when ref is all zeros).
+std::array<double, 2> envelope_error(const std::vector<double>& low, const std::vector<double>& ref);
 
 class GoldenWriter {
  public:

@@ -60,4 +60,8 @@ void gemm(Precision precision, RoundTo round_to, bool transpose_a, bool transpos
   }
 }
 
+std::string blas_description() {
+  return std::string(openblas_get_config()) + ", core " + openblas_get_corename();
+}
+
 }  // namespace touchstone::cpu

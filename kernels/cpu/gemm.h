@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "kernels/precision.h"
 
@@ -27,5 +28,9 @@ inline RoundTo activation_format(Precision p) {
 void gemm(Precision precision, RoundTo round_to, bool transpose_a, bool transpose_b, int64_t M, int64_t N,
           int64_t K, double alpha, const double* A, int64_t lda, const double* B, int64_t ldb, Store store,
           double* C, int64_t ldc);
+
+// The BLAS library and the kernel it chose for this CPU ("OpenBLAS 0.3.21 ... core Haswell"): FP32
+// sums round differently per kernel, so test logs record it (OPENBLAS_CORETYPE forces one).
+std::string blas_description();
 
 }  // namespace touchstone::cpu

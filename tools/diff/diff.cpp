@@ -2,6 +2,7 @@
 #include "tools/diff/diff.h"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 
 #include "model/errors.h"
@@ -61,8 +62,8 @@ bool same_shape(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
   return a == b || (scalar(a) && scalar(b));
 }
 
-Entry compare_item(const Golden& golden, const Candidate& candidate, const ToleranceModel& tolerances,
-                   const Item& item, int64_t step) {
+Entry compare_item(const Golden& golden, const Candidate& candidate, Judge& judge,
+                   const std::string& tolerance_kind, const Item& item, int64_t step) {
   Entry e;
   e.path = item.path;
   e.step = step;
@@ -73,30 +74,42 @@ Entry compare_item(const Golden& golden, const Candidate& candidate, const Toler
     e.layer = golden.table()[item.param].layer;
     e.kind = kind_name(golden.table()[item.param].kind);
   }
-  const Recorded reference = golden.read(item.path);
-  e.integer = reference.dtype.rfind("int", 0) == 0 || reference.dtype.rfind("uint", 0) == 0;
   const auto found = candidate.tensors.find(item.path);
   if (found == candidate.tensors.end()) {
+    const Recorded reference = golden.read(item.path);
+    e.integer = reference.dtype.rfind("int", 0) == 0 || reference.dtype.rfind("uint", 0) == 0;
     e.reason = "missing in the candidate";
     return e;
   }
-  const std::optional<Tolerance> tolerance = tolerances.for_path(item.path, e.integer);
-  if (!tolerance) {
-    e.reason = kNoTolerance + (" (tolerance model " + tolerances.kind() + "); --tolerance compares it");
+  const Judgment judgment = judge.judge(item.path, item.group, item.param, step);
+  e.basis = judgment.basis;
+  e.integer = item.group == "num_loss_tokens";
+  if (!judgment.tolerance) {
+    e.reason = kNoTolerance + (" (tolerance model " + tolerance_kind + "); --tolerance compares it");
     return e;
   }
-  e.tolerance = *tolerance;
+  e.tolerance = *judgment.tolerance;
   const Recorded& c = found->second;
-  if (!same_shape(c.shape, reference.shape)) {
+  if (!same_shape(c.shape, judgment.reference.shape)) {
     e.status = Status::kFail;
-    e.reason = "shape " + shape_text(c.shape) + ", the golden tensor is " + shape_text(reference.shape);
+    e.reason =
+        "shape " + shape_text(c.shape) + ", the golden tensor is " + shape_text(judgment.reference.shape);
     return e;
   }
-  e.metrics = compare_values(reference, c, e.tolerance);
+  e.metrics = compare_values(judgment.reference, c, e.tolerance,
+                             judgment.bounds.empty() ? nullptr : &judgment.bounds);
   e.status = passes(e.metrics, e.tolerance) ? Status::kPass : Status::kFail;
   if (e.metrics.non_finite > 0) {
     e.reason = std::to_string(e.metrics.non_finite) + " non-finite candidate value(s), the first at " +
                shape_text(e.metrics.first_non_finite);
+  }
+  if (e.basis != Basis::kTrajectory) {  // the golden file's view, for information
+    const Judgment golden_view = judge.trajectory(item.path, item.group, item.param, step);
+    if (golden_view.tolerance) {
+      e.trajectory = compare_values(golden_view.reference, c, *golden_view.tolerance,
+                                    golden_view.bounds.empty() ? nullptr : &golden_view.bounds);
+      e.trajectory_passes = passes(*e.trajectory, *golden_view.tolerance);
+    }
   }
   return e;
 }
@@ -181,6 +194,87 @@ int first_failure(const std::vector<Entry>& entries) {
 
 }  // namespace
 
+namespace {
+
+// Groups of tensors the candidate holds only in part: what it left out was never checked.
+std::vector<std::string> partial_groups(const std::vector<Entry>& entries,
+                                        const std::vector<std::string>& notes) {
+  std::vector<std::string> partial;
+  for (size_t i = 0; i < entries.size();) {
+    size_t end = i;
+    std::vector<std::string> missing;
+    size_t tensors = 0;
+    while (end < entries.size() && entries[end].step == entries[i].step &&
+           entries[end].group == entries[i].group) {
+      if (entries[end].param >= 0) {
+        ++tensors;
+        if (entries[end].reason == "missing in the candidate") missing.push_back(entries[end].name);
+      }
+      ++end;
+    }
+    if (!missing.empty() && missing.size() < tensors) {
+      const Entry& e = entries[i];
+      std::string text =
+          (e.step == 0 ? std::string("params/init") : "steps/" + std::to_string(e.step) + "/" + e.group) +
+          ": " + std::to_string(missing.size()) + " of " + std::to_string(tensors) + " tensors missing (" +
+          missing.front() + (missing.size() > 1 ? ", ..." : "") + ")";
+      partial.push_back(text);
+    }
+    i = end;
+  }
+  if (!partial.empty()) {
+    const auto ignored = std::find_if(notes.begin(), notes.end(), [](const std::string& n) {
+      return n.rfind("ignored", 0) == 0 || n.find("no counterpart") != std::string::npos;
+    });
+    if (ignored != notes.end()) {
+      partial.push_back("likely cause: candidate names that match no golden tensor, e.g. " + *ignored +
+                        " (a bare LlamaModel saves names without the 'model.' prefix)");
+    }
+  }
+  return partial;
+}
+
+std::string judgment_line(const std::vector<Entry>& entries, bool recompute) {
+  std::set<int64_t> anchored, optimizer, trajectory;
+  for (const Entry& e : entries) {
+    if (e.status == Status::kNotCompared || e.step == 0 || e.group == "lr") continue;
+    (e.basis == Basis::kReanchored  ? anchored
+     : e.basis == Basis::kOptimizer ? optimizer
+                                    : trajectory)
+        .insert(e.step);
+  }
+  auto list = [](const std::set<int64_t>& steps) {
+    std::string text;
+    for (int64_t s : steps) text += (text.empty() ? "" : ", ") + std::to_string(s);
+    return text;
+  };
+  std::string line;
+  if (!anchored.empty()) line += "re-anchored at the candidate's parameters: steps " + list(anchored);
+  if (!optimizer.empty()) {
+    line += (line.empty() ? "" : "; ") + std::string("updated parameters by the optimizer check: steps ") +
+            list(optimizer);
+  }
+  if (!trajectory.empty()) {
+    line += (line.empty() ? "" : "; ") +
+            std::string("against the golden trajectory (errors of earlier steps included): steps ") +
+            list(trajectory) + (recompute ? "" : " (--no-recompute)");
+  }
+  return line.empty() ? "nothing compared per step" : line;
+}
+
+}  // namespace
+
+double DiffResult::worst_tolerance_ratio(int64_t step, const std::string& group) const {
+  double worst = 0.0;
+  for (const Entry& e : entries) {
+    if (e.step == step && e.group == group && e.status != Status::kNotCompared) {
+      worst = std::max(
+          worst, e.reason.empty() ? e.metrics.tolerance_ratio : std::numeric_limits<double>::infinity());
+    }
+  }
+  return worst;
+}
+
 DiffResult run_analysis(const std::string& golden_path, const std::string& candidate_path,
                         const AnalysisOptions& options) {
   const Golden golden(golden_path);
@@ -198,7 +292,9 @@ DiffResult run_analysis(const std::string& golden_path, const std::string& candi
   result.tolerance_override = options.tolerance;
   result.num_layers = golden.config().model.num_layers;
   result.notes = candidate.notes;
+  result.allow_partial = options.allow_partial;
 
+  Judge judge(golden, tolerances, candidate.tensors, options.recompute);
   const std::set<int64_t> steps = steps_to_compare(golden, candidate, options, result.notes);
   std::set<std::string> used;
   for (int64_t s : steps) {
@@ -210,7 +306,7 @@ DiffResult run_analysis(const std::string& golden_path, const std::string& candi
         if (next == candidate.tensors.end() || next->first.rfind(prefix, 0) != 0) continue;
       }
       used.insert(item.path);
-      result.entries.push_back(compare_item(golden, candidate, tolerances, item, s));
+      result.entries.push_back(compare_item(golden, candidate, judge, tolerances.kind(), item, s));
     }
   }
   for (const auto& [path, tensor] : candidate.tensors) {
@@ -235,11 +331,16 @@ DiffResult run_analysis(const std::string& golden_path, const std::string& candi
                      " (neither the loss nor any tensor of a recorded step" +
                      (options.step ? " " + std::to_string(*options.step) : std::string()) + ")");
   }
+  for (const std::string& note : judge.notes()) result.notes.push_back(note);
+  result.judgment = judgment_line(result.entries, options.recompute);
+  result.partial = partial_groups(result.entries, result.notes);
   result.first_failure = first_failure(result.entries);
   if (result.first_failure >= 0) {
     const SignatureOptions signature_options{options.tp_sizes, options.recompute};
-    result.verdicts = find_signatures(golden, tolerances, candidate.tensors, result, signature_options);
+    result.verdicts =
+        find_signatures(golden, tolerances, candidate.tensors, judge, result, signature_options);
   }
+  result.recompute_seconds = judge.anchors().seconds();
   return result;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tools/diff/candidate.h"
+#include "tools/diff/judge.h"
 #include "tools/diff/metrics.h"
 #include "tools/diff/tolerance.h"
 
@@ -31,6 +32,12 @@ struct Entry {
   std::string reason;  // why it failed or was not compared (empty when metrics decide)
   Tolerance tolerance;
   TensorMetrics metrics;
+  // What decided (judge.h): re-anchored at the candidate's parameters, the optimizer check, or the
+  // golden trajectory. Under the first two the candidate against the golden file's own value and
+  // tolerance is kept as information and decides nothing.
+  Basis basis = Basis::kTrajectory;
+  std::optional<TensorMetrics> trajectory;
+  bool trajectory_passes = true;
 };
 
 struct Verdict {
@@ -44,7 +51,8 @@ struct AnalysisOptions {
   std::optional<int64_t> step;      // only this step (0: the initial parameters)
   std::optional<double> tolerance;  // command-line override of every tolerance
   std::vector<int> tp_sizes;        // tensor-parallel sizes to test the one-shard signature with
-  bool recompute = true;            // evaluate the golden batch under other rules for the verdicts
+  bool recompute = true;            // re-anchor steps and evaluate the golden batch under other rules
+  bool allow_partial = false;       // a candidate missing tensors of a group it holds may still pass
 };
 
 struct DiffResult {
@@ -56,9 +64,18 @@ struct DiffResult {
   int first_failure = -1;      // index into entries
   std::vector<Verdict> verdicts;
   std::vector<std::string> notes;
+  // How the steps were judged, one line for every report (re-anchored, or the trajectory and why).
+  std::string judgment;
+  double recompute_seconds = 0.0;  // evaluating re-anchored steps
+  // Groups the candidate holds only part of: "steps/1/params: 33 of 34 tensors missing (...)". Such a
+  // candidate fails unless allow_partial (exit status 1), since what it left out was never checked.
+  std::vector<std::string> partial;
+  bool allow_partial = false;
 
   int count(Status status) const;
-  int exit_status() const { return count(Status::kFail) > 0 ? 1 : 0; }
+  bool refused_as_partial() const { return !partial.empty() && !allow_partial; }
+  int exit_status() const { return count(Status::kFail) > 0 || refused_as_partial() ? 1 : 0; }
+  double worst_tolerance_ratio(int64_t step, const std::string& group) const;  // 0 when none compared
 };
 
 // Throws InputError for unreadable or inconsistent inputs, or a candidate with nothing to compare.

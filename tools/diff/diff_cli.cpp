@@ -42,7 +42,11 @@ void add_diff_options(CLI::App* command, DiffOptions& options) {
                       "Write a self-contained HTML report with error charts");
   command->add_flag(
       "--no-recompute", options.no_recompute,
-      "Skip the signatures that re-evaluate the golden step (other normalisation, masks, QKV grouping)");
+      "Judge every step against the golden trajectory and skip the signatures that re-evaluate a "
+      "step (re-anchoring, other normalisation, masks, QKV grouping)");
+  command->add_flag(
+      "--allow-partial", options.allow_partial,
+      "Accept a candidate that holds only some tensors of a group (exit 0 when what it holds passes)");
 }
 
 int run_diff(const DiffOptions& options) {
@@ -56,6 +60,7 @@ int run_diff(const DiffOptions& options) {
   analysis.tolerance = options.tolerance;
   if (options.tp) analysis.tp_sizes = {*options.tp};
   analysis.recompute = !options.no_recompute;
+  analysis.allow_partial = options.allow_partial;
   const diff::DiffResult result = diff::run_analysis(options.golden, options.candidate, analysis);
   const bool colour = isatty(STDOUT_FILENO) != 0 && std::getenv("NO_COLOR") == nullptr;
   diff::print_table(result, std::cout, colour);

@@ -1,5 +1,6 @@
 // `touchstone diff GOLDEN CANDIDATE`: the command line of the diff (tools/diff/diff.h does the work).
-// Runs without MPI. Exit status: 0 every compared tensor passes, 1 some fail, 2 bad input.
+// Runs without MPI. Exit status: 0 every compared tensor passes, 1 some fail (or the candidate holds only
+// part of a group it records, without --allow-partial), 2 bad input.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -18,7 +19,8 @@ struct DiffOptions {
   std::optional<int> tp;            // tensor-parallel size for the one-shard signature
   std::string json_path;
   std::string report_path;
-  bool no_recompute = false;  // skip the signatures that re-evaluate the golden step
+  bool no_recompute = false;   // judge against the trajectory; skip the signatures that re-evaluate a step
+  bool allow_partial = false;  // a candidate holding part of a group may pass
 };
 
 void add_diff_options(CLI::App* command, DiffOptions& options);

@@ -93,8 +93,9 @@ ObjectiveResult evaluate_rule(const Rule& rule, const Config& config, const Para
 
 }  // namespace
 
-std::vector<Verdict> match_recomputed_rules(const Golden& golden, const ToleranceModel& tolerances,
-                                            const TensorMap& candidate, int64_t step) {
+std::vector<Verdict> match_recomputed_rules(
+    const Golden& golden, const ParamTensors& params, const TensorMap& candidate, int64_t step,
+    const std::function<std::optional<Tolerance>(const std::string&)>& tolerance_of) {
   const std::string prefix = "steps/" + std::to_string(step) + "/";
   const ParamTable& table = golden.table();
   std::vector<int> compared;  // the candidate's gradients of the step (-1: its loss)
@@ -104,7 +105,6 @@ std::vector<Verdict> match_recomputed_rules(const Golden& golden, const Toleranc
   }
   if (step < 1 || compared.empty()) return {};
 
-  const ParamTensors params = load_parameters(table, golden.path(), golden.params_before(step));
   const GlobalBatch batch = golden.batch(step);
   std::unique_ptr<Backend> backend = make_cpu_backend();
   SingleRankGroup group("tp");
@@ -117,7 +117,7 @@ std::vector<Verdict> match_recomputed_rules(const Golden& golden, const Toleranc
       const Recorded expected =
           id < 0 ? Recorded{{}, {r.loss}, "float64"} : Recorded{table[id].shape, r.grads[id], "float64"};
       const Recorded& c = candidate.at(path);
-      const std::optional<Tolerance> tol = tolerances.for_path(path, false);
+      const std::optional<Tolerance> tol = tolerance_of(path);
       return tol && c.values.size() == expected.values.size() &&
              passes(compare_values(expected, c, *tol), *tol);
     });

@@ -1,10 +1,13 @@
-// Signatures found by recomputation: the golden step's loss and gradients evaluated (in FP64, with
-// oracle/train_step.h's evaluate_objective on the whole model) under rules a production run commonly
-// gets wrong, each compared with the candidate using the golden tolerances. A candidate that passes
-// against one of them computed that rule instead of the golden one.
+// Signatures found by recomputation: the step's loss and gradients evaluated (in FP64, with
+// oracle/train_step.h's evaluate_objective on the whole model, at the parameters the step started from:
+// the candidate's own when re-anchored, else the golden ones) under rules a production run commonly
+// gets wrong, each compared with the candidate using the tolerance its entry was judged with. A
+// candidate that passes against one of them computed that rule instead of the golden one.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,7 +18,10 @@ namespace touchstone::diff {
 
 // Verdicts for the rules the candidate's loss and gradients of `step` match. Needs the loss or a
 // gradient in the candidate; otherwise returns nothing.
-std::vector<Verdict> match_recomputed_rules(const Golden& golden, const ToleranceModel& tolerances,
-                                            const TensorMap& candidate, int64_t step);
+// `params`: the parameters step `step` started from; `tolerance_of(path)`: the tolerance of a dataset
+// (none: it cannot decide).
+std::vector<Verdict> match_recomputed_rules(
+    const Golden& golden, const ParamTensors& params, const TensorMap& candidate, int64_t step,
+    const std::function<std::optional<Tolerance>(const std::string&)>& tolerance_of);
 
 }  // namespace touchstone::diff

@@ -30,8 +30,9 @@ std::string html_report(const DiffResult& r) {
       "diff</title><style>";
   h += kStyle;
   h += "</style></head><body>\n<h1>touchstone diff: ";
-  h += r.exit_status() == 0
-           ? "<span class=\"pass\">all compared tensors pass</span>"
+  h += r.exit_status() == 0 ? "<span class=\"pass\">all compared tensors pass</span>"
+       : r.count(Status::kFail) == 0
+           ? std::string("<span class=\"fail\">partial candidate</span>")
            : "<span class=\"fail\">" + std::to_string(r.count(Status::kFail)) + " tensors fail</span>";
   h += "</h1>\n<table class=\"info\">";
   h += "<tr><th class=\"l\">golden</th>" +
@@ -42,6 +43,7 @@ std::string html_report(const DiffResult& r) {
             true) +
        "</tr>";
   h += "<tr><th class=\"l\">tolerance</th>" + cell(r.tolerance_text, true) + "</tr>";
+  h += "<tr><th class=\"l\">judged</th>" + cell(r.judgment, true) + "</tr>";
   h += "<tr><th class=\"l\">result</th>" +
        cell(std::to_string(r.count(Status::kPass)) + " pass, " + std::to_string(r.count(Status::kFail)) +
                 " fail, " + std::to_string(r.count(Status::kNotCompared)) + " not compared",
@@ -51,6 +53,9 @@ std::string html_report(const DiffResult& r) {
     h += "<div class=\"override\">The tolerance was overridden on the command line (" +
          number(*r.tolerance_override) + " for every tensor); the golden file's tolerance model is " +
          xml_escape(r.tolerance_model) + ".</div>\n";
+  }
+  for (const std::string& part : r.partial) {
+    h += "<div class=\"override\">Partial candidate: " + xml_escape(part) + "</div>\n";
   }
   int64_t focus = r.entries.empty() ? 0 : r.entries.back().step;
   if (r.first_failure >= 0) {
@@ -81,7 +86,8 @@ std::string html_report(const DiffResult& r) {
   }
   h += "<h2>All tensors, in data-flow order</h2>\n<table><tr><th>step</th><th class=\"l\">tensor</th><th>rel "
        "L2</th>"
-       "<th>tol</th><th>max/max|g|</th><th>max abs</th><th>cosine</th><th>over tol</th><th class=\"l\">worst "
+       "<th>tol</th><th>x tol</th><th class=\"l\">basis</th><th>max/max|g|</th><th>max "
+       "abs</th><th>cosine</th><th>over tol</th><th class=\"l\">worst "
        "element "
        "(golden, candidate)</th><th>max ulp</th><th class=\"l\">result</th></tr>\n";
   for (size_t i = 0; i < r.entries.size(); ++i) {
@@ -96,12 +102,13 @@ std::string html_report(const DiffResult& r) {
       std::string index;
       for (int64_t k : m.worst_index) index += (index.empty() ? "" : ", ") + std::to_string(k);
       h += cell(number(m.relative_l2)) + cell(number(e.tolerance.relative_l2, 2)) +
+           cell(number(m.tolerance_ratio, 2)) + cell(basis_name(e.basis), true) +
            cell(number(m.max_abs_normalized)) + cell(number(m.max_abs_error)) + cell(number(m.cosine, 10)) +
            cell(std::to_string(m.over_tolerance)) +
            cell("[" + index + "] " + number(m.worst_golden, 6) + ", " + number(m.worst_candidate, 6), true) +
            cell(m.has_ulp ? std::to_string(m.max_ulp) : "-") + cell(status_text(e.status), true);
     } else {
-      h += "<td colspan=\"8\"></td>" + cell(status_text(e.status) + ": " + e.reason, true);
+      h += "<td colspan=\"10\"></td>" + cell(status_text(e.status) + ": " + e.reason, true);
     }
     h += "</tr>\n";
   }

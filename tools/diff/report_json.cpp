@@ -22,7 +22,8 @@ nlohmann::json entry_json(const Entry& e) {
       {"status", e.status == Status::kPass ? "pass" : (e.status == Status::kFail ? "fail" : "not_compared")},
       {"reason", e.reason.empty() ? nlohmann::json(nullptr) : nlohmann::json(e.reason)},
       {"tolerance",
-       {{"relative_l2", e.tolerance.relative_l2}, {"max_abs_normalized", e.tolerance.max_abs_normalized}}}};
+       {{"relative_l2", e.tolerance.relative_l2}, {"max_abs_normalized", e.tolerance.max_abs_normalized}}},
+      {"basis", basis_name(e.basis)}};
   if (e.status == Status::kNotCompared || (!e.reason.empty() && e.metrics.numel == 0)) return j;
   const TensorMetrics& m = e.metrics;
   j["metrics"] = {{"numel", m.numel},
@@ -36,7 +37,16 @@ nlohmann::json entry_json(const Entry& e) {
                   {"worst_golden", real(m.worst_golden)},
                   {"worst_candidate", real(m.worst_candidate)},
                   {"max_ulp", m.has_ulp ? nlohmann::json(m.max_ulp) : nlohmann::json(nullptr)},
-                  {"non_finite", m.non_finite}};
+                  {"non_finite", m.non_finite},
+                  {"bounded_elements", m.bounded},
+                  {"worst_bound_ratio", real(m.worst_bound_ratio)},
+                  {"tolerance_ratio", real(m.tolerance_ratio)}};
+  if (e.trajectory) {
+    j["trajectory"] = {{"relative_l2", real(e.trajectory->relative_l2)},
+                       {"max_abs_normalized", real(e.trajectory->max_abs_normalized)},
+                       {"tolerance_ratio", real(e.trajectory->tolerance_ratio)},
+                       {"passes", e.trajectory_passes}};
+  }
   return j;
 }
 
@@ -64,6 +74,10 @@ nlohmann::json to_json(const DiffResult& r) {
         {"failed", r.count(Status::kFail)},
         {"not_compared", r.count(Status::kNotCompared)},
         {"exit_status", r.exit_status()}}},
+      {"judgment", r.judgment},
+      {"recompute_seconds", r.recompute_seconds},
+      {"partial", r.partial},
+      {"allow_partial", r.allow_partial},
       {"first_failure", r.first_failure >= 0
                             ? nlohmann::json(r.entries[static_cast<size_t>(r.first_failure)].path)
                             : nlohmann::json(nullptr)},

@@ -39,6 +39,17 @@ std::string ulp_text(const TensorMetrics& m) {
   return m.max_ulp < 100000000 ? std::to_string(m.max_ulp) : number(static_cast<double>(m.max_ulp), 2);
 }
 
+std::string ratio_text(double ratio) {
+  if (!std::isfinite(ratio)) return "inf";
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), ratio < 10 ? "%.2f" : "%.3g", ratio);
+  return buffer;
+}
+
+const char* basis_short(Basis basis) {
+  return basis == Basis::kReanchored ? "re" : basis == Basis::kOptimizer ? "opt" : "traj";
+}
+
 }  // namespace
 
 std::string status_text(Status status) {
@@ -73,11 +84,12 @@ void print_table(const DiffResult& r, std::ostream& out, bool colour) {
   out << "  golden     " << r.golden_path << " (precision " << r.golden_precision << ")\n";
   out << "  candidate  " << r.candidate_path << " (" << r.candidate_format
       << (r.candidate_generator.empty() ? "" : ", " + r.candidate_generator) << ")\n";
-  out << "  tolerance  " << (r.tolerance_override ? c.yellow : "") << r.tolerance_text << c.reset << "\n\n";
+  out << "  tolerance  " << (r.tolerance_override ? c.yellow : "") << r.tolerance_text << c.reset << "\n";
+  out << "  judged     " << r.judgment << "\n\n";
 
   char line[512];
-  std::snprintf(line, sizeof(line), "  %4s  %-58s %9s %10s %9s %12s %6s %8s  %s\n", "step", "tensor",
-                "rel L2", "max/max|g|", "max abs", "cosine", "over", "max ulp", "result");
+  std::snprintf(line, sizeof(line), "  %4s  %-58s %9s %10s %9s %12s %6s %8s %8s %-5s  %s\n", "step", "tensor",
+                "rel L2", "max/max|g|", "max abs", "cosine", "over", "max ulp", "x tol", "basis", "result");
   out << line;
   for (size_t i = 0; i < r.entries.size(); ++i) {
     const Entry& e = r.entries[i];
@@ -97,11 +109,12 @@ void print_table(const DiffResult& r, std::ostream& out, bool colour) {
     const char* colour_on =
         e.status == Status::kPass ? c.green : (e.status == Status::kFail ? c.red : c.yellow);
     if (measured) {
-      std::snprintf(line, sizeof(line), "%s %4lld  %-58s %9s %10s %9s %12.9f %6lld %8s  %s%s%s\n",
+      std::snprintf(line, sizeof(line), "%s %4lld  %-58s %9s %10s %9s %12.9f %6lld %8s %8s %-5s  %s%s%s\n",
                     first ? ">" : " ", static_cast<long long>(e.step), short_path(e).c_str(),
                     number(m.relative_l2, 2).c_str(), number(m.max_abs_normalized, 2).c_str(),
                     number(m.max_abs_error, 2).c_str(), m.cosine, static_cast<long long>(m.over_tolerance),
-                    ulp_text(m).c_str(), first ? c.bold : "", colour_on,
+                    ulp_text(m).c_str(), ratio_text(m.tolerance_ratio).c_str(), basis_short(e.basis),
+                    first ? c.bold : "", colour_on,
                     (status_text(e.status) + (first ? "  <- first failure" : "")).c_str());
     } else {
       std::snprintf(line, sizeof(line), "%s %4lld  %-58s %s%s%s: %s\n", first ? ">" : " ",
@@ -111,9 +124,13 @@ void print_table(const DiffResult& r, std::ostream& out, bool colour) {
     out << line << c.reset;
     if (e.status == Status::kFail && measured && m.numel > 0) {
       out << "        " << (m.worst_index.empty() ? "" : "worst element " + index_text(m.worst_index) + ": ")
-          << "golden " << number(m.worst_golden, 10) << ", candidate " << number(m.worst_candidate, 10)
+          << "reference " << number(m.worst_golden, 10) << ", candidate " << number(m.worst_candidate, 10)
           << "; tolerance rel L2 " << number(e.tolerance.relative_l2, 2) << ", max/max|g| "
-          << number(e.tolerance.max_abs_normalized, 2) << "\n";
+          << number(e.tolerance.max_abs_normalized, 2)
+          << (m.bounded > 0 ? ", " + std::to_string(m.bounded) + " elements on their own bound (worst " +
+                                  ratio_text(m.worst_bound_ratio) + " of it)"
+                            : std::string())
+          << "\n";
     }
   }
   out << "\n";
@@ -126,6 +143,14 @@ void print_table(const DiffResult& r, std::ostream& out, bool colour) {
     out << "verdict: no known signature matches; start from the first failure above\n";
   }
   for (const std::string& note : r.notes) out << "note: " << note << "\n";
+  for (const std::string& part : r.partial) {
+    out << (r.allow_partial ? c.yellow : c.red) << "partial candidate: " << part << c.reset << "\n";
+  }
+  if (r.refused_as_partial()) {
+    out << c.red
+        << "the candidate holds only part of a group it records: exit status 1 (--allow-partial accepts it)"
+        << c.reset << "\n";
+  }
   if (r.tolerance_override) {
     out << c.yellow << "note: tolerance overridden on the command line" << c.reset << "\n";
   }

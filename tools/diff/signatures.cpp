@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <set>
 
+#include "model/params.h"
 #include "parallel/tensor/sharding.h"
 #include "tools/diff/hf_names.h"
 #include "tools/diff/hypotheses.h"
@@ -18,6 +20,11 @@ std::string fmt(const char* format, double value) {
   char buffer[64];
   std::snprintf(buffer, sizeof(buffer), format, value);
   return buffer;
+}
+
+// The values an entry was judged against (re-anchored, optimizer check or the golden file).
+Recorded reference_of(Judge& judge, const Entry& e) {
+  return judge.judge(e.path, e.group, e.param, e.step).reference;
 }
 
 // Loss-token count differences that known data-rule mistakes would cause on this batch.
@@ -108,12 +115,12 @@ std::string block_text(const ParamSpec& spec, int r, int t) {
 
 // The tp shard (largest tp first) holding every failing element of `e`, at least half of its elements
 // failing, as {rank, tp}; {-1, 0} if none.
-std::pair<int, int> confining_shard(const Golden& golden, const TensorMap& candidate, const Entry& e,
-                                    const std::vector<int>& sizes) {
+std::pair<int, int> confining_shard(const Golden& golden, Judge& judge, const TensorMap& candidate,
+                                    const Entry& e, const std::vector<int>& sizes) {
   const ParamSpec& spec = golden.table()[e.param];
   const ModelConfig& m = golden.config().model;
   if (spec.sharding == Sharding::kReplicated || !e.reason.empty()) return {-1, 0};
-  const Recorded g = golden.read(e.path);
+  const Recorded g = reference_of(judge, e);
   const Recorded& c = candidate.at(e.path);
   const double threshold =
       e.tolerance.max_abs_normalized * (e.metrics.max_abs_golden > 0 ? e.metrics.max_abs_golden : 1);
@@ -141,11 +148,12 @@ std::pair<int, int> confining_shard(const Golden& golden, const TensorMap& candi
 }
 
 // linear_qkv stored with its rows in [q; k; v] order: a conversion mistake rather than a computation.
-std::vector<Verdict> qkv_layout(const Golden& golden, const TensorMap& candidate, const Group& group) {
+std::vector<Verdict> qkv_layout(const Golden& golden, Judge& judge, const TensorMap& candidate,
+                                const Group& group) {
   std::vector<Verdict> verdicts;
   for (const Entry* e : group.failing) {
     if (golden.table()[e->param].kind != ParamKind::kQkv || !e->reason.empty()) continue;
-    Recorded g = golden.read(e->path);
+    Recorded g = reference_of(judge, *e);
     g.values = qkv_separate_from_grouped(golden.config().model, g.values, g.shape[1]);
     if (passes(compare_values(g, candidate.at(e->path), e->tolerance), e->tolerance)) {
       verdicts.push_back({"qkv_layout", "QKV rows in the wrong grouping: " + e->path +
@@ -157,12 +165,12 @@ std::vector<Verdict> qkv_layout(const Golden& golden, const TensorMap& candidate
 }
 
 // Every failing tensor wrong in one tensor-parallel shard only.
-std::vector<Verdict> tp_shard(const Golden& golden, const TensorMap& candidate, const Group& group,
-                              const std::vector<int>& tp_sizes) {
+std::vector<Verdict> tp_shard(const Golden& golden, Judge& judge, const TensorMap& candidate,
+                              const Group& group, const std::vector<int>& tp_sizes) {
   const std::vector<int> sizes = tp_sizes.empty() ? std::vector<int>{2, 4, 8} : tp_sizes;
   std::vector<Verdict> verdicts;
   for (const Entry* e : group.failing) {
-    const auto [rank, tp] = confining_shard(golden, candidate, *e, sizes);
+    const auto [rank, tp] = confining_shard(golden, judge, candidate, *e, sizes);
     if (rank < 0) return {};
     verdicts.push_back({"tp_shard", "one TP shard off: " + e->path + ": only tp rank " +
                                         std::to_string(rank) + " of " + std::to_string(tp) + " (" +
@@ -172,13 +180,13 @@ std::vector<Verdict> tp_shard(const Golden& golden, const TensorMap& candidate, 
 }
 
 // One factor on every gradient: least squares over all of them, then each rescaled tensor must pass.
-std::vector<Verdict> gradient_scale(const Golden& golden, const TensorMap& candidate, const Group& group) {
+std::vector<Verdict> gradient_scale(Judge& judge, const TensorMap& candidate, const Group& group) {
   if (group.failing.front()->group != "grads") return {};
   double cg = 0, gg = 0;
   std::vector<std::pair<const Entry*, Recorded>> grads;
   for (const Entry* e : group.compared) {
     if (!e->reason.empty()) return {};  // a wrong shape or a NaN is not a scale
-    grads.emplace_back(e, golden.read(e->path));
+    grads.emplace_back(e, reference_of(judge, *e));
     const std::vector<double>& c = candidate.at(e->path).values;
     const std::vector<double>& g = grads.back().second.values;
     for (size_t i = 0; i < c.size(); ++i) {
@@ -206,7 +214,18 @@ std::vector<Verdict> gradient_scale(const Golden& golden, const TensorMap& candi
 }
 
 // Only the tensors of one decoder layer fail, while other layers' tensors pass.
-std::vector<Verdict> one_layer(const ParamTable& table, const Group& group, int64_t step) {
+std::vector<Verdict> one_layer(const ParamTable& table, const DiffResult& result, const Group& group,
+                               int64_t step) {
+  // An updated parameter whose gradient passes is an optimizer matter, not a layer computed wrong.
+  if (group.failing.front()->group != "grads") {
+    for (const Entry* e : group.failing) {
+      const bool gradient_passes =
+          std::any_of(result.entries.begin(), result.entries.end(), [&](const Entry& g) {
+            return g.step == step && g.group == "grads" && g.param == e->param && g.status == Status::kPass;
+          });
+      if (gradient_passes) return {};
+    }
+  }
   std::set<int64_t> layers;
   for (const Entry* e : group.failing) layers.insert(table[e->param].layer);
   if (layers.size() != 1 || *layers.begin() < 0) return {};
@@ -222,11 +241,34 @@ std::vector<Verdict> one_layer(const ParamTable& table, const Group& group, int6
                             kinds + ")"}};
 }
 
+// The updated parameters of the step match AdamW with one rule changed, on the candidate's own gradients.
+std::vector<Verdict> optimizer_rules(const Golden& golden, Judge& judge, const TensorMap& candidate,
+                                     const Group& group, int64_t step) {
+  if (group.failing.front()->group != "params" || group.failing.front()->basis != Basis::kOptimizer)
+    return {};
+  const std::optional<OptimizerInputs> inputs = judge.optimizer_inputs(step);
+  if (!inputs) return {};
+  std::vector<Verdict> verdicts;
+  for (const OptimizerRule& rule : mistaken_optimizer_rules()) {
+    const ExpectedUpdate expected =
+        expected_update(golden.table(), golden.config().optim, *inputs, rule, judge.master());
+    const bool matches = std::all_of(group.compared.begin(), group.compared.end(), [&](const Entry* e) {
+      if (!e->reason.empty()) return false;
+      const Recorded reference{golden.table()[e->param].shape, expected.params[e->param], "float64"};
+      const ElementBounds& bounds = expected.bounds[e->param];
+      return passes(compare_values(reference, candidate.at(e->path), e->tolerance, &bounds), e->tolerance);
+    });
+    if (matches) verdicts.push_back({rule.signature, rule.message});
+  }
+  return verdicts;
+}
+
 }  // namespace
 
 std::vector<Verdict> find_signatures(const Golden& golden, const ToleranceModel& tolerances,
-                                     const TensorMap& candidate, DiffResult& result,
+                                     const TensorMap& candidate, Judge& judge, DiffResult& result,
                                      const SignatureOptions& options) {
+  (void)tolerances;
   const int64_t step = result.entries[static_cast<size_t>(result.first_failure)].step;
   std::vector<Verdict> verdicts;
   auto add = [&](std::vector<Verdict> more) {
@@ -236,18 +278,31 @@ std::vector<Verdict> find_signatures(const Golden& golden, const ToleranceModel&
     return e.step == step && (e.group == "loss" || e.group == "grads") && e.status == Status::kFail;
   });
   if (forward_fails && options.recompute) {
-    add(match_recomputed_rules(golden, tolerances, candidate, step));
+    const ParamTensors* anchor = judge.anchor(step);
+    const ParamTensors golden_params =
+        anchor ? ParamTensors{} : load_parameters(golden.table(), golden.path(), golden.params_before(step));
+    std::map<std::string, Tolerance> judged;
+    for (const Entry& e : result.entries) {
+      if (e.step == step && e.status != Status::kNotCompared) judged[e.path] = e.tolerance;
+    }
+    add(match_recomputed_rules(golden, anchor ? *anchor : golden_params, candidate, step,
+                               [&](const std::string& path) -> std::optional<Tolerance> {
+                                 const auto found = judged.find(path);
+                                 if (found == judged.end()) return std::nullopt;
+                                 return found->second;
+                               }));
   } else if (forward_fails) {
     result.notes.push_back("signatures that recompute the golden step were skipped (--no-recompute)");
   }
   add(token_count(golden, result, step));
   const Group group = first_failing_group(result, step);
   if (group.failing.empty()) return verdicts;
-  // The most specific first: a layout, one shard, one factor, then one layer.
-  add(qkv_layout(golden, candidate, group));
-  add(tp_shard(golden, candidate, group, options.tp_sizes));
-  add(gradient_scale(golden, candidate, group));
-  add(one_layer(golden.table(), group, step));
+  // The most specific first: a layout, one shard, one factor, an optimizer rule, then one layer.
+  add(qkv_layout(golden, judge, candidate, group));
+  add(tp_shard(golden, judge, candidate, group, options.tp_sizes));
+  add(gradient_scale(judge, candidate, group));
+  add(optimizer_rules(golden, judge, candidate, group, step));
+  add(one_layer(golden.table(), result, group, step));
   return verdicts;
 }
 

@@ -11,7 +11,12 @@
 //                              from --tp or 2, 4, 8);
 //   gradient_scale             every gradient equals the golden one times one factor (least squares
 //                              over all gradients, then every scaled tensor must pass);
-//   one_layer                  only tensors of one decoder layer fail.
+//   optimizer                  the updated parameters match AdamW with one rule changed (no bias
+//                              correction, weight decay on every tensor, clipping after the moments, the
+//                              learning rate of the step before or after), applied to the candidate's
+//                              own gradients (optimizer_check.h);
+//   one_layer                  only tensors of one decoder layer fail, and for updated parameters only
+//                              where that layer's gradients do not pass.
 #pragma once
 
 #include <string>
@@ -28,8 +33,9 @@ struct SignatureOptions {
 };
 
 // `result` holds the compared entries (first_failure set); notes about skipped checks are added to it.
+// `judge` gives each entry's reference (re-anchored, optimizer check or trajectory).
 std::vector<Verdict> find_signatures(const Golden& golden, const ToleranceModel& tolerances,
-                                     const TensorMap& candidate, DiffResult& result,
+                                     const TensorMap& candidate, Judge& judge, DiffResult& result,
                                      const SignatureOptions& options);
 
 }  // namespace touchstone::diff

@@ -45,6 +45,26 @@ ToleranceModel::ToleranceModel(const h5::H5Reader& golden, std::optional<double>
   }
   if (!model.is_object()) throw InputError(where + " must be a JSON object");
   kind_ = model.contains("kind") && model["kind"].is_string() ? model["kind"].get<std::string>() : "unnamed";
+  master_precision_ =
+      golden.has_attribute("/", "precision") ? golden.string_attribute("/", "precision") : "fp64";
+  // An envelope that names its precision can be measured again at other parameters (re-anchoring).
+  if (kind_ == "envelope" && model.contains("precision")) {
+    EnvelopeModel envelope;
+    if (!model["precision"].is_string() || (model["precision"] != "bf16" && model["precision"] != "fp32")) {
+      throw InputError(where + ": \"precision\" must be \"bf16\" or \"fp32\" for an envelope");
+    }
+    envelope.precision = model["precision"].get<std::string>();
+    if (model.contains("grad_accumulation_fusion")) {
+      if (!model["grad_accumulation_fusion"].is_boolean()) {
+        throw InputError(where + ": \"grad_accumulation_fusion\" must be true or false");
+      }
+      envelope.grad_accumulation_fusion = model["grad_accumulation_fusion"].get<bool>();
+    }
+    envelope.k = positive_number(model, "k", where);
+    envelope.floor = positive_number(model, "floor", where);
+    envelope_ = envelope;
+    master_precision_ = envelope.precision;
+  }
   if (model.contains("relative_l2")) {
     const double relative = positive_number(model, "relative_l2", where);
     default_ = Tolerance{relative, model.contains("max_abs_normalized")

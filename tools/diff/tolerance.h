@@ -10,6 +10,7 @@
 // file without the attribute is read with the FP64 model. docs/diffing.md describes both.
 #pragma once
 
+#include <array>
 #include <optional>
 #include <string>
 
@@ -27,6 +28,19 @@ struct Tolerance {
 // 1e-10 keeps a wide margin while any real bug moves results by 1e-6 or far more.
 constexpr double kFp64Tolerance = 1e-10;
 
+// A golden file with a precision envelope (`touchstone golden --envelope`): the low precision it
+// measured and how its tolerances are derived from the measured error (k x error + floor).
+struct EnvelopeModel {
+  std::string precision;  // "bf16" or "fp32"
+  bool grad_accumulation_fusion = true;
+  double k = 4.0, floor = 1e-6;
+
+  // The tolerance of a dataset whose low-precision error is `error` ({relative L2, max-abs/max|ref|}).
+  Tolerance tolerance(const std::array<double, 2>& error) const {
+    return Tolerance{k * error[0] + floor, k * error[1] + floor};
+  }
+};
+
 class ToleranceModel {
  public:
   // Reads the model from the golden file; throws InputError for malformed JSON or values.
@@ -37,6 +51,14 @@ class ToleranceModel {
   std::optional<Tolerance> for_path(const std::string& path, bool integer) const;
 
   const std::string& kind() const { return kind_; }
+  // The envelope's parameters when the kind is "envelope" and it names its precision.
+  const std::optional<EnvelopeModel>& envelope() const { return envelope_; }
+  // Whether a step can be judged at other parameters: not for an envelope that names no precision
+  // (its tolerances hold at the golden parameters only).
+  bool reanchorable() const { return kind_ != "envelope" || envelope_.has_value(); }
+  // The precision of the master weights and the optimizer of the run the golden file describes: "fp64"
+  // for an FP64 file, the envelope's precision for an envelope file, else the file's precision.
+  const std::string& master_precision() const { return master_precision_; }
   const std::string& model_json() const { return json_; }  // as recorded, or the FP64 default
   bool from_file() const { return from_file_; }
   std::optional<double> override_value() const { return override_; }
@@ -49,6 +71,8 @@ class ToleranceModel {
   bool from_file_ = false;
   std::optional<Tolerance> default_;
   std::optional<double> override_;
+  std::optional<EnvelopeModel> envelope_;
+  std::string master_precision_;
 };
 
 }  // namespace touchstone::diff
