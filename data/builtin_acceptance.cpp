@@ -1,37 +1,58 @@
 // The built-in acceptance set ("builtin:acceptance"): a fixed list of documents whose lengths are laid
 // out relative to the window length T so that packing them exercises every data rule in the first
-// steps of the default run, and fills exactly 24 windows (the default 3 steps x 8 windows) for any
-// T >= 16.
+// steps of the default run, fills exactly 24 windows (the default 3 steps x 8 windows) for any T >= 16,
+// and gives the micro-batches of every step (the default micro_batch_size 2: windows 2j and 2j+1 of
+// the step) very different numbers of loss tokens, so that a loss-normalisation mistake moves the
+// gradients far outside any tolerance.
 //
 // Lengths below include the appended EOS; "ends at e" means the document's EOS is stream position e-1,
-// so window w = floor(position / T). Integer division throughout (T/4 means floor(T/4)).
+// so window w = floor(position / T). Integer division throughout (T/4 means floor(T/4)). A "tiny run"
+// is 2T positions of tiny documents starting on a micro-batch edge: one content token each, every
+// fourth document two (lengths 2, 2, 2, 3, 2, 2, 2, 3, ...), the last one taking up an odd remainder.
+// With document masking (and with eos_loss) each document of length n has n - 1 loss tokens: its EOS
+// position's target is the next document's first token and is masked. A tiny run therefore holds about
+// 5/9 of 2T loss tokens, against up to 2T in a micro-batch of one long document.
 //
-//   doc  ends at          what it exercises
-//   0    2T + T/2         a long document spanning windows 0-2: whole windows of one document, a
-//                         continuation restarting its positions at 0, ending mid-window 2
-//   1    4T               a document ending exactly on a window edge: its EOS is window 3's last token
-//                         and that position's target (the next document's first token) is masked
-//   2    + T/4            two short documents packed whole into window 4 (step 1 sees them), the first
-//   3    + T/3            starting exactly at the window start
-//   4    6T + 1           a medium document whose last content token is window 5's last position (its
-//                         target, the EOS, is the overlap token) and whose EOS alone opens window 6
-//   5    + 2              three tiny documents after that EOS in window 6: one content token,
-//   6    + 3              two content tokens,
-//   7    + T/8            and T/8 - 1 content tokens
-//   8    + T/2 + 3        medium
-//   9    + T              medium, about one window, straddling a window edge
-//   10   + 3T + T/3       long, covering whole windows
-//   11   + 3T/4           medium
-//   12   + 2T + T/5       long
-//   13   + T/2            medium
-//   14   + T + T/6        medium
-//   15   + 4T + T/7       long
-//   16   + T/3 + 1        short
-//   17   23T + T/2        the last, long document; window 23 ends with ceil(T/2) >= T/4 padding positions
+//   documents  ends at          what it exercises
+//   step 1 (windows 0-7)
+//   tiny run   2T               micro-batch 0; its last EOS is window 1's last token: a document ending
+//                               exactly on a window edge, whose target (the next document's first token)
+//                               is masked
+//   long       4T + T/2         whole windows 2 and 3 of one document (micro-batch 1 has no EOS), a
+//                               continuation restarting its positions at 0, crossing the micro-batch edge
+//                               and ending mid-window 4
+//   short      + T/4            two short documents packed whole into window 4
+//   short      + T/8
+//   medium     6T + 1           starts in window 4; its last content token is window 5's last position
+//                               (its target, the EOS, is the overlap token) and its EOS alone opens
+//                               window 6, across the micro-batch edge
+//   tiny       + 2              three tiny documents after that EOS in window 6: one content token,
+//   tiny       + 3              two content tokens,
+//   tiny       + T/8            and T/8 - 1 content tokens
+//   medium     + T/2 + 3
+//   medium     + 3T/4
+//   long       10T              from window 7 across the step edge: whole windows 8 and 9, its EOS on
+//                               window 9's last position (a micro-batch edge)
+//   step 2 (windows 8-15)
+//   tiny run   12T              micro-batch 1 (windows 10-11)
+//   medium     + T/2
+//   medium     + T              about one window, straddling the window 12/13 edge
+//   medium     14T              ends on the micro-batch edge
+//   long       16T + T/3        whole windows 14 and 15 (micro-batch 3 has no EOS), across the step edge
+//   step 3 (windows 16-23)
+//   medium     + 3T/4
+//   medium     18T              ends on the micro-batch edge
+//   tiny run   20T              micro-batch 1 (windows 18-19)
+//   long       22T + T/5        whole windows 20 and 21 (micro-batch 2 has no EOS), across the
+//                               micro-batch edge
+//   short      + T/3 + 1
+//   last, long 23T + T/2        window 23 ends with ceil(T/2) >= T/4 padding positions; padding can only
+//                               end the stream, so step 3 is the step that sees it
 //
-// With T = 64 the stream holds 1504 tokens in 24 windows (32 padding positions). Windows hold different
-// numbers of EOS tokens, so consecutive pairs of windows (the default micro-batches) hold different
-// numbers of loss tokens.
+// Loss tokens per micro-batch (document masking and eos_loss on, the defaults), at T = 64:
+//   step 1: 71, 128, 125, 122    step 2: 127, 71, 125, 128    step 3: 125, 71, 128, 93
+// so in every step the smallest micro-batch holds about 0.56 of the largest, for any T >= 16. With
+// T = 64 the stream holds 190 documents and 1504 tokens in 24 windows (32 padding positions).
 //
 // Token content: document k is an arithmetic progression modulo the number of usable ids (those that are
 // neither eos_token nor pad_token), with start and stride from a fixed integer hash of k: learnable from
@@ -61,17 +82,42 @@ uint64_t splitmix64(uint64_t value) {
 
 // Stream end positions (see the table above): each document ends where the next one starts.
 std::vector<int64_t> document_ends(int64_t t) {
-  const int64_t last_end = (kNumWindows - 1) * t + t / 2;
-  std::vector<int64_t> ends = {2 * t + t / 2, 4 * t};
-  const auto append = [&ends](int64_t length) { ends.push_back(ends.back() + length); };
+  std::vector<int64_t> ends;
+  const auto end = [&ends] { return ends.empty() ? int64_t{0} : ends.back(); };
+  const auto append = [&](int64_t length) { ends.push_back(end() + length); };
+  const auto end_at = [&ends](int64_t position) { ends.push_back(position); };
+  // 2T positions of documents of length 2, 2, 2, 3, ...; the last one takes up an odd remainder.
+  const auto tiny_run = [&] {
+    const int64_t stop = end() + 2 * t;
+    for (int64_t i = 0; end() < stop; ++i) {
+      int64_t length = i % 4 == 3 ? 3 : 2;
+      const int64_t left = stop - end();
+      if (left < length || left - length == 1) length = left;
+      append(length);
+    }
+  };
+
+  // Step 1: windows 0-7.
+  tiny_run();
+  end_at(4 * t + t / 2);
   append(t / 4);
-  append(t / 3);
-  ends.push_back(6 * t + 1);
-  for (int64_t length : {int64_t{2}, int64_t{3}, t / 8, t / 2 + 3, t, 3 * t + t / 3, 3 * t / 4, 2 * t + t / 5,
-                         t / 2, t + t / 6, 4 * t + t / 7, t / 3 + 1}) {
-    append(length);
-  }
-  ends.push_back(last_end);
+  append(t / 8);
+  end_at(6 * t + 1);
+  for (int64_t length : {int64_t{2}, int64_t{3}, t / 8, t / 2 + 3, 3 * t / 4}) append(length);
+  end_at(10 * t);
+  // Step 2: windows 8-15.
+  tiny_run();
+  append(t / 2);
+  append(t);
+  end_at(14 * t);
+  end_at(16 * t + t / 3);
+  // Step 3: windows 16-23.
+  append(3 * t / 4);
+  end_at(18 * t);
+  tiny_run();
+  end_at(22 * t + t / 5);
+  append(t / 3 + 1);
+  end_at((kNumWindows - 1) * t + t / 2);
   return ends;
 }
 

@@ -2,6 +2,7 @@
 // layout, and every error path of the .jsonl reader.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -185,11 +186,29 @@ TEST_P(BuiltinLayout, ExercisesEveryRule) {
   EXPECT_TRUE(ends_on_edge);
   EXPECT_TRUE(two_whole_in_step_one);
 
-  std::set<int> loss_tokens_per_micro_batch;
-  for (size_t w = 0; w < 24; w += 2) {
-    loss_tokens_per_micro_batch.insert(count_loss_tokens(windows[w]) + count_loss_tokens(windows[w + 1]));
+  // Documents crossing micro-batch edges (windows 2j+1 and 2j+2), one of them a step edge.
+  int across_micro_batch_edge = 0;
+  bool across_step_edge = false;
+  for (size_t d = 0; d < first_window.size(); ++d) {
+    if (first_window[d] / 2 != last_window[d] / 2) ++across_micro_batch_edge;
+    across_step_edge |= first_window[d] / 8 != last_window[d] / 8;
   }
-  EXPECT_GE(loss_tokens_per_micro_batch.size(), 2u);
+  EXPECT_GE(across_micro_batch_edge, 3);
+  EXPECT_TRUE(across_step_edge);
+
+  // In every step the default micro-batches (2 windows) hold very different numbers of loss tokens: the
+  // smallest at most 0.6 of the largest (a tiny run holds about 5/9 of a long document's 2T).
+  for (int step = 0; step < 3; ++step) {
+    std::vector<int> counts;
+    for (int w = 8 * step; w < 8 * step + 8; w += 2) {
+      counts.push_back(count_loss_tokens(windows[static_cast<size_t>(w)]) +
+                       count_loss_tokens(windows[static_cast<size_t>(w + 1)]));
+    }
+    const int smallest = *std::min_element(counts.begin(), counts.end());
+    const int largest = *std::max_element(counts.begin(), counts.end());
+    EXPECT_LE(10 * smallest, 6 * largest) << "step " << step + 1;
+    EXPECT_GE(largest, 2 * t - 1) << "step " << step + 1;  // a micro-batch of (nearly) one document
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(SeqLengths, BuiltinLayout, ::testing::Values(16, 17, 32, 64, 100, 128, 512));
@@ -202,16 +221,36 @@ TEST(Builtin, TwentyFourWindowsForEverySeqLengthFrom16) {
 
 TEST(Builtin, DefaultLayoutAtSeqLength64) {
   const std::vector<Window> windows = pack_builtin(builtin_options(64));
-  EXPECT_EQ(windows[2].document_ids[31], 0);  // document 0's EOS, mid-window 2
-  EXPECT_EQ(windows[2].tokens[31], kEos);
-  EXPECT_EQ(windows[3].document_ids[63], 1);  // document 1's EOS on window 3's last position
-  EXPECT_EQ(windows[3].tokens[63], kEos);
-  EXPECT_EQ(windows[3].targets[63], X);
-  EXPECT_EQ(windows[4].document_ids[0], 2);
-  EXPECT_EQ(windows[6].tokens[0], kEos);  // document 4's EOS alone opens window 6
-  EXPECT_EQ(windows[6].document_ids[0], 4);
-  EXPECT_EQ(windows[23].document_ids[31], 17);
+  // The tiny run of micro-batch 0: documents of lengths 2, 2, 2, 3, ... from position 0.
+  EXPECT_EQ(windows[0].document_ids[0], 0);
+  EXPECT_EQ(windows[0].tokens[1], kEos);
+  EXPECT_EQ(windows[0].targets[0], kEos);
+  EXPECT_EQ(windows[0].targets[1], X);
+  EXPECT_EQ(windows[0].document_ids[8], 3);  // the fourth document has two content tokens
+  EXPECT_EQ(windows[0].tokens[8], kEos);
+  EXPECT_EQ(windows[0].position_ids[8], 2);
+  // 2T = 128 positions: 14 groups of 9 and one document of length 2, 57 documents ending on window 1's
+  // last position; that EOS's target is masked.
+  EXPECT_EQ(windows[1].document_ids[63], 56);
+  EXPECT_EQ(windows[1].tokens[63], kEos);
+  EXPECT_EQ(windows[1].targets[63], X);
+  EXPECT_EQ(windows[2].document_ids[0], 57);  // the long document over windows 2-4
+  EXPECT_EQ(windows[3].document_ids[63], 57);
+  EXPECT_EQ(windows[3].position_ids[0], 0);
+  EXPECT_EQ(windows[4].document_ids[31], 57);  // its EOS, mid-window 4
+  EXPECT_EQ(windows[4].tokens[31], kEos);
+  EXPECT_EQ(windows[5].targets[63], kEos);     // the overlap token: document 60's EOS
+  EXPECT_EQ(windows[6].tokens[0], kEos);       // alone opens window 6
+  EXPECT_EQ(windows[6].document_ids[0], 60);
+  EXPECT_EQ(windows[9].tokens[63], kEos);      // the long document over windows 7-9 ends on the edge
+  EXPECT_EQ(windows[9].document_ids[63], 66);
+  EXPECT_EQ(windows[23].document_ids[31], 189);
   EXPECT_EQ(windows[23].document_ids[32], kPaddingDocument);
+
+  // The loss-token counts of the table in data/builtin_acceptance.cpp (masking and eos_loss on).
+  std::vector<int> counts;
+  for (size_t w = 0; w < 24; w += 2) counts.push_back(count_loss_tokens(windows[w]) + count_loss_tokens(windows[w + 1]));
+  EXPECT_EQ(counts, (std::vector<int>{71, 128, 125, 122, 127, 71, 125, 128, 125, 71, 128, 93}));
 }
 
 TEST(Builtin, ContentIsDeterministicAndAvoidsSpecialTokens) {
