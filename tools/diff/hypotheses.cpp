@@ -95,7 +95,8 @@ ObjectiveResult evaluate_rule(const Rule& rule, const Config& config, const Para
                           StageRange{0, config.model.num_layers, true, true});
   ObjectiveResult r =
       evaluate_objective(model, table, p, b, config.train.micro_batch_size, rule.normalization, true);
-  for (int64_t l = 0; rule.qkv_read_separate && !rule.qkv_gradient_regrouped && l < config.model.num_layers; ++l) {
+  for (int64_t l = 0; rule.qkv_read_separate && !rule.qkv_gradient_regrouped && l < config.model.num_layers;
+       ++l) {
     r.grads[table.layer(l).qkv] = qkv_separate_from_grouped(config.model, r.grads[table.layer(l).qkv], H);
   }
   return r;

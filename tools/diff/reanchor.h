@@ -27,6 +27,11 @@
 
 namespace touchstone::diff {
 
+// Every tensor of the parameter table under `prefix` ("steps/2/params/", "params/init/") of the
+// candidate, in table order; none when one is missing or has another number of elements.
+std::optional<ParamTensors> complete_tensors(const ParamTable& table, const TensorMap& candidate,
+                                             const std::string& prefix);
+
 // Touchstone's step `step` at the parameters the candidate recorded after step - 1.
 struct AnchoredStep {
   int64_t step = 0;

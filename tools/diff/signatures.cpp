@@ -65,8 +65,9 @@ std::vector<Verdict> token_count(const Golden& golden, const DiffResult& result,
   };
   add(difference == padding || difference == padding + before_padding,
       "padding counted in the loss (" + std::to_string(padding) + " padding positions" +
-          (difference == padding ? std::string()
-                                 : " and the " + std::to_string(before_padding) + " real token(s) before them") +
+          (difference == padding
+               ? std::string()
+               : " and the " + std::to_string(before_padding) + " real token(s) before them") +
           ")");
   add(data.eos_loss && difference == -eos_targets,
       "positions whose target is EOS left untrained (data.eos_loss rule flipped, " +
@@ -171,10 +172,11 @@ std::vector<Verdict> qkv_layout(const Golden& golden, Judge& judge, const Tensor
         verdicts.push_back(
             {"qkv_layout",
              "QKV rows in the wrong grouping: " + e->path +
-                 (to_separate ? " equals the golden tensor with its rows in [q; k; v] order instead of grouped "
-                                "per KV group"
-                              : " equals the golden tensor read as [all q; all k; all v] and regrouped per KV "
-                                "group: linear_qkv was split that way when converting to separate q/k/v")});
+                 (to_separate
+                      ? " equals the golden tensor with its rows in [q; k; v] order instead of grouped "
+                        "per KV group"
+                      : " equals the golden tensor read as [all q; all k; all v] and regrouped per KV "
+                        "group: linear_qkv was split that way when converting to separate q/k/v")});
         break;
       }
     }
@@ -266,7 +268,8 @@ std::vector<Verdict> one_layer(const ParamTable& table, const DiffResult& result
 std::vector<Verdict> fp32_inside_fp64(const Golden& golden, const ToleranceModel& tolerances, Judge& judge,
                                       const DiffResult& result, int64_t step) {
   constexpr double kFp32Band = 100.0;
-  if (golden.precision() != "fp64" || tolerances.kind() != "fp64" || tolerances.override_value() || step < 1) {
+  if (golden.precision() != "fp64" || tolerances.kind() != "fp64" || tolerances.override_value() ||
+      step < 1) {
     return {};
   }
   std::vector<const Entry*> grads;
@@ -287,11 +290,12 @@ std::vector<Verdict> fp32_inside_fp64(const Golden& golden, const ToleranceModel
     highest = std::max(highest, ratio);
   }
   if (!(lowest >= 1 / kFp32Band && highest <= kFp32Band)) return {};
-  return {{"fp32_in_fp64",
-           "FP32 arithmetic inside an FP64 run: every gradient is off by FP32 roundoff (" + fmt("%.2g", lowest) +
-               " to " + fmt("%.2g", highest) +
-               " x Touchstone's FP32 mode at the same parameters); look for operations computed in float32, e.g. "
-               "Hugging Face's RoPE inv_freq and cos/sin, LlamaRMSNorm and the eager softmax"}};
+  return {
+      {"fp32_in_fp64",
+       "FP32 arithmetic inside an FP64 run: every gradient is off by FP32 roundoff (" + fmt("%.2g", lowest) +
+           " to " + fmt("%.2g", highest) +
+           " x Touchstone's FP32 mode at the same parameters); look for operations computed in float32, e.g. "
+           "Hugging Face's RoPE inv_freq and cos/sin, LlamaRMSNorm and the eager softmax"}};
 }
 
 // The updated parameters of the step match AdamW with one rule changed, on the candidate's own gradients.
