@@ -33,8 +33,10 @@ void write_batches(h5::H5Writer& writer, const std::vector<GlobalBatch>& batches
 std::vector<double> position_loss_weights(const Config& config, const GlobalBatch& batch) {
   const int64_t mbs = config.train.micro_batch_size, T = batch.seq;
   const std::vector<int64_t> starts = micro_batch_starts(batch.windows, mbs, 1, 0);
-  const std::vector<double> weights = loss_weights(batch, starts, mbs, batch.loss_tokens(0, batch.windows),
-                                                   parse_loss_normalization(config.train.loss_normalization));
+  const std::vector<double> weights =
+      loss_scaling(batch, starts, mbs, batch.loss_tokens(0, batch.windows),
+                   parse_loss_normalization(config.train.loss_normalization))
+          .loss_weights;
   std::vector<double> per_position(static_cast<size_t>(batch.windows * T), 0.0);
   for (size_t j = 0; j < starts.size(); ++j) {
     for (int64_t i = starts[j] * T; i < (starts[j] + mbs) * T; ++i) {
