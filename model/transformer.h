@@ -95,6 +95,7 @@ class Transformer {
                 std::vector<double>* d_input) const;
 
   const StageRange& stage() const { return stage_; }
+  Backend& backend() const { return backend_; }
   int64_t local_rows(int64_t windows) const { return tp_.local_rows(windows * model_.seq_length); }
   int64_t hidden_size() const { return model_.hidden_size; }
 

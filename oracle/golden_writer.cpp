@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "data/sampler_order.h"
+
 namespace touchstone {
 
 namespace {
@@ -28,6 +30,33 @@ void write_batches(h5::H5Writer& writer, const std::vector<GlobalBatch>& batches
 
 }  // namespace
 
+std::vector<double> position_loss_weights(const Config& config, const GlobalBatch& batch) {
+  const int64_t mbs = config.train.micro_batch_size, T = batch.seq;
+  const std::vector<int64_t> starts = micro_batch_starts(batch.windows, mbs, 1, 0);
+  const std::vector<double> weights =
+      loss_scaling(batch, starts, mbs, batch.loss_tokens(0, batch.windows),
+                   parse_loss_normalization(config.train.loss_normalization))
+          .loss_weights;
+  std::vector<double> per_position(static_cast<size_t>(batch.windows * T), 0.0);
+  for (size_t j = 0; j < starts.size(); ++j) {
+    for (int64_t i = starts[j] * T; i < (starts[j] + mbs) * T; ++i) {
+      const auto at = static_cast<size_t>(i);
+      if (batch.targets[at] != -100) per_position[at] = weights[j];
+    }
+  }
+  return per_position;
+}
+
+double loss_envelope_error(const std::vector<double>& weights, const std::vector<double>& low_token_losses,
+                           const std::vector<double>& token_losses, double low_loss, double loss) {
+  double spread = 0.0;
+  for (size_t i = 0; i < weights.size() && i < token_losses.size(); ++i) {
+    spread += weights[i] * std::abs(low_token_losses[i] - token_losses[i]);
+  }
+  const double scale = loss != 0 ? std::abs(loss) : 1.0;
+  return std::max(spread, std::abs(low_loss - loss)) / scale;
+}
+
 GoldenWriter::GoldenWriter(const std::string& path, const Config& config, const ParamTable& table,
                            const std::vector<GlobalBatch>& batches, const ParamTensors& initial_params,
                            const GoldenOptions& options, const std::string& backend)
@@ -39,6 +68,7 @@ GoldenWriter::GoldenWriter(const std::string& path, const Config& config, const 
       windows_(batches.front().windows),
       seq_(batches.front().seq) {
   write_batches(writer_, batches);
+  for (const GlobalBatch& batch : batches) position_weights_.push_back(position_loss_weights(config, batch));
   write_tensors("/params/init", initial_params);
   writer_.set_attribute("/", "format", std::string("touchstone-golden"));
   writer_.set_attribute("/", "format_version", kFormatVersion);
@@ -97,7 +127,10 @@ std::array<double, 2> envelope_error(const std::vector<double>& low, const std::
 
 void GoldenWriter::write_envelope(const std::string& path, const std::vector<double>& low,
                                   const std::vector<double>& ref) {
-  const std::array<double, 2> error = envelope_error(low, ref);
+  write_envelope(path, envelope_error(low, ref));
+}
+
+void GoldenWriter::write_envelope(const std::string& path, const std::array<double, 2>& error) {
   const double tolerance[2] = {envelope_.k * error[0] + envelope_.floor,
                                envelope_.k * error[1] + envelope_.floor};
   writer_.write_f64("/envelope/error/" + path, error.data(), {2});
@@ -108,7 +141,9 @@ void GoldenWriter::write_envelope_step(const StepRecord& low, const ParamTensors
                                        const ParamTensors& low_params, const StepRecord& ref,
                                        const ParamTensors& ref_grads, const ParamTensors& ref_params) {
   const std::string step = "steps/" + std::to_string(ref.step);
-  write_envelope(step + "/loss", {low.loss}, {ref.loss});
+  const double loss_error = loss_envelope_error(position_weights_[static_cast<size_t>(ref.step - 1)],
+                                                low.token_losses, ref.token_losses, low.loss, ref.loss);
+  write_envelope(step + "/loss", {loss_error, loss_error});
   write_envelope(step + "/num_loss_tokens", {static_cast<double>(low.num_loss_tokens)},
                  {static_cast<double>(ref.num_loss_tokens)});
   write_envelope(step + "/grad_norm", {low.grad_norm}, {ref.grad_norm});

@@ -25,6 +25,16 @@ struct GoldenOptions {
 // (docs/precision.md): {relative L2, max |low - ref| / max |ref|} (absolute when ref is all zeros).
 std::array<double, 2> envelope_error(const std::vector<double>& low, const std::vector<double>& ref);
 
+// d(objective)/d(token loss) of every position [B*T] of a global batch under the config's
+// normalisation (0 where the target is -100).
+std::vector<double> position_loss_weights(const Config& config, const GlobalBatch& batch);
+
+// The loss's envelope error (docs/precision.md): sum_i w_i |low_i - ref_i| / |ref loss| over the token
+// losses, their errors added without cancellation, or the loss's own error when larger. One scalar's
+// low-precision error can be near zero by luck; this cannot.
+double loss_envelope_error(const std::vector<double>& weights, const std::vector<double>& low_token_losses,
+                           const std::vector<double>& token_losses, double low_loss, double loss);
+
 class GoldenWriter {
  public:
   // Opens the temporary file and writes the root attributes, /batch for every step and /params/init.
@@ -52,6 +62,7 @@ class GoldenWriter {
  private:
   void write_envelope(const std::string& path, const std::vector<double>& low,
                       const std::vector<double>& ref);
+  void write_envelope(const std::string& path, const std::array<double, 2>& error);
   void write_tensors(const std::string& group, const ParamTensors& tensors);
 
   h5::H5Writer writer_;
@@ -60,6 +71,7 @@ class GoldenWriter {
   GoldenOptions options_;
   EnvelopeConfig envelope_;
   int64_t windows_, seq_;
+  std::vector<std::vector<double>> position_weights_;  // [steps][B*T]: for the loss's envelope
 };
 
 }  // namespace touchstone

@@ -99,6 +99,12 @@ PreparedRun prepare_run(const Config& config, const RunOptions& options, int wor
   return run;
 }
 
+int64_t first_update(const PreparedRun& run) { return run.resumed ? run.resumed->step + 1 : 1; }
+
+const GlobalBatch& batch_of_update(const PreparedRun& run, int64_t update) {
+  return run.batches.at(static_cast<size_t>(update - 1));
+}
+
 namespace {
 
 std::string format_duration(double seconds) {
@@ -160,7 +166,7 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
     trainer.restore(run.resumed->step, run.resumed->params, run.resumed->exp_avg, run.resumed->exp_avg_sq);
   }
   const auto steps = static_cast<int64_t>(run.batches.size());
-  const int64_t first_step = trainer.steps_done() + 1;
+  const int64_t first_step = first_update(run);
   std::unique_ptr<RunRecorder> recorder;
   if (!options.checkpoint.directory.empty()) {
     recorder = std::make_unique<RunRecorder>(options.checkpoint, config, context,
@@ -170,7 +176,7 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
   int64_t tokens_done = 0;
   std::vector<pipeline::TimelineEvent> timeline;
   for (int64_t s = first_step; s <= steps; ++s) {
-    const GlobalBatch& batch = run.batches[static_cast<size_t>(s - 1)];
+    const GlobalBatch& batch = batch_of_update(run, s);
     const auto step_start = std::chrono::steady_clock::now();
     StepOutputs step;
     step.record = trainer.step(batch, outputs);

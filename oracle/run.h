@@ -49,6 +49,12 @@ struct PreparedRun {
 // for anything the user must fix; nothing has been computed or written.
 PreparedRun prepare_run(const Config& config, const RunOptions& options, int world_size = 1);
 
+// Where a run stands in the training: it performs updates first_update(run) ... train.steps, update s
+// on batch_of_update(run, s), whose sample indices also key its dropout masks. A fresh run starts at 1;
+// a run resumed from the checkpoint of update k at k + 1, on global samples k*B ... k*B + B - 1.
+int64_t first_update(const PreparedRun& run);
+const GlobalBatch& batch_of_update(const PreparedRun& run, int64_t update);
+
 // Runs the steps on this rank; `out` receives the per-step lines (world rank 0 only) and, with
 // options.trace, this rank's transfer trace.
 void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, std::ostream& out);

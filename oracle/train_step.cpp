@@ -26,20 +26,25 @@ LossNormalization parse_loss_normalization(const std::string& name) {
   throw InputError("train.loss_normalization: unknown value \"" + name + "\"");
 }
 
-std::vector<double> loss_weights(const GlobalBatch& batch, const std::vector<int64_t>& starts,
-                                 int64_t micro_batch_size, int64_t global_loss_tokens,
-                                 LossNormalization normalization) {
+LossScaling loss_scaling(const GlobalBatch& batch, const std::vector<int64_t>& starts,
+                         int64_t micro_batch_size, int64_t global_loss_tokens,
+                         LossNormalization normalization) {
   // A micro-batch (or global batch) without loss tokens divides by 1, as Megatron-LM does.
-  const double num_micro_batches = static_cast<double>(batch.windows / micro_batch_size);
-  std::vector<double> weights;
-  for (int64_t start : starts) {
-    weights.push_back(
-        normalization == LossNormalization::kGlobalTokenMean
-            ? 1.0 / static_cast<double>(std::max<int64_t>(global_loss_tokens, 1))
-            : 1.0 / (static_cast<double>(std::max<int64_t>(batch.loss_tokens(start, micro_batch_size), 1)) *
-                     num_micro_batches));
+  LossScaling s;
+  if (normalization == LossNormalization::kGlobalTokenMean) {
+    s.grad_scale = 1.0 / static_cast<double>(std::max<int64_t>(global_loss_tokens, 1));
+    s.loss_weights.assign(starts.size(), s.grad_scale);
+    s.backward_weights.assign(starts.size(), 1.0);
+    return s;
   }
-  return weights;
+  const double num_micro_batches = static_cast<double>(batch.windows / micro_batch_size);
+  for (int64_t start : starts) {
+    s.loss_weights.push_back(
+        1.0 / (static_cast<double>(std::max<int64_t>(batch.loss_tokens(start, micro_batch_size), 1)) *
+               num_micro_batches));
+  }
+  s.backward_weights = s.loss_weights;
+  return s;
 }
 
 ObjectiveResult evaluate_objective(const Transformer& model, const ParamTable& table,
@@ -53,10 +58,13 @@ ObjectiveResult evaluate_objective(const Transformer& model, const ParamTable& t
   std::vector<MicroBatch> micro_batches;
   for (int64_t start : starts) micro_batches.push_back(batch.micro_batch(start, micro_batch_size));
   if (with_gradients) result.grads = ParamTensors::zeros_like(table);
+  const LossScaling scaling =
+      loss_scaling(batch, starts, micro_batch_size, result.num_loss_tokens, normalization);
   const PipelineResult run =
-      run_pipeline("1f1b", model, params, micro_batches,
-                   loss_weights(batch, starts, micro_batch_size, result.num_loss_tokens, normalization),
+      run_pipeline("1f1b", model, params, micro_batches, scaling.loss_weights, scaling.backward_weights,
                    single.context(), 0, with_gradients, result.grads, nullptr);
+  for (auto& g : result.grads.tensors)
+    scale_gradient(model.backend(), scaling.grad_scale, g.data(), static_cast<int64_t>(g.size()));
   result.loss = run.weighted_loss;
   for (const auto& losses : run.token_losses)
     result.token_losses.insert(result.token_losses.end(), losses.begin(), losses.end());
@@ -166,11 +174,11 @@ StepRecord Trainer::step(const GlobalBatch& batch, bool collect_outputs) {
   // The timeline holds this step only: events nobody collected are dropped, so a long run stays bounded.
   timeline_.take_events();
   timeline_.reset_origin();
+  const LossScaling scaling = loss_scaling(batch, starts, mbs, loss_tokens,
+                                           parse_loss_normalization(config_.train.loss_normalization));
   const PipelineResult run = run_pipeline(
       config_.parallel.schedule, model_, bf16_copy.tensors.empty() ? params_ : bf16_copy, micro_batches,
-      loss_weights(batch, starts, mbs, loss_tokens,
-                   parse_loss_normalization(config_.train.loss_normalization)),
-      context_, record.step, true, record.grads, &timeline_);
+      scaling.loss_weights, scaling.backward_weights, context_, record.step, true, record.grads, &timeline_);
 
   // The objective: the last stage's tp rank 0 of every dp rank holds a partial sum.
   context_.set_phase(record.step, -1, "loss");
@@ -181,7 +189,8 @@ StepRecord Trainer::step(const GlobalBatch& batch, bool collect_outputs) {
   context_.set_phase(record.step, -1, "grads");
   finalize_grads(record.grads);
   context_.set_phase(record.step, -1, "optimizer");
-  const UpdateResult update = optimizer_->step(record.step, record.grads, params_, collect_outputs);
+  const UpdateResult update =
+      optimizer_->step(record.step, record.grads, params_, collect_outputs, scaling.grad_scale);
   record.grad_norm = update.grad_norm;
   record.clip_coefficient = update.clip_coefficient;
   record.lr = update.lr;

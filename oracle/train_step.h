@@ -31,10 +31,21 @@ enum class LossNormalization {
 };
 LossNormalization parse_loss_normalization(const std::string& name);
 
-// d(objective) / d(token loss) for each micro-batch of `starts`, given the global loss-token count.
-std::vector<double> loss_weights(const GlobalBatch& batch, const std::vector<int64_t>& starts,
-                                 int64_t micro_batch_size, int64_t global_loss_tokens,
-                                 LossNormalization normalization);
+// How the normalization enters one step, where Megatron-LM applies it (docs/precision.md):
+// - global_token_mean (--calculate-per-token-loss): each micro-batch back-propagates its plain loss sum
+//   (weight 1), and the summed main gradients are multiplied by 1/num_loss_tokens after the dp reduction
+//   (finalize_model_grads), in the main gradients' precision;
+// - per_microbatch_mean: the loss is divided by its token count and the number of micro-batches before
+//   the backward, so that weight multiplies the cross entropy gradient of each micro-batch.
+// In exact arithmetic loss_weights[j] == backward_weights[j] * grad_scale for every micro-batch j.
+struct LossScaling {
+  std::vector<double> loss_weights;      // d(objective) / d(token loss), per micro-batch of `starts`
+  std::vector<double> backward_weights;  // the weight each micro-batch's backward starts from
+  double grad_scale = 1.0;               // multiplies the summed gradients (after the dp reduction)
+};
+LossScaling loss_scaling(const GlobalBatch& batch, const std::vector<int64_t>& starts,
+                         int64_t micro_batch_size, int64_t global_loss_tokens,
+                         LossNormalization normalization);
 
 // The objective of one global batch on one process (no grid), and optionally its gradient.
 struct ObjectiveResult {

@@ -61,9 +61,12 @@ void ce_backward_impl(const double* logits, const int32_t* targets, int64_t rows
                z = static_cast<T>(sum_exp[n]);
     const int64_t local = static_cast<int64_t>(targets[n]) - vocab_start;
     for (int64_t i = 0; i < vocab_local; ++i) {
-      T d = w * std::exp(static_cast<T>(row[i]) - m) / z;
-      if (i == local) d -= w;
-      drow[i] = r.activation(static_cast<double>(d));
+      // Megatron-LM's order: softmax - onehot in T, times the incoming gradient w in T, one rounding to
+      // the activation format. With global_token_mean w is 1 and the 1/num_loss_tokens scale is applied
+      // to the main gradients afterwards (loss_scaling in oracle/train_step.h).
+      T d = std::exp(static_cast<T>(row[i]) - m) / z;
+      if (i == local) d -= T(1);
+      drow[i] = r.activation(static_cast<double>(d * w));
     }
   }
 }

@@ -65,9 +65,9 @@ __global__ void ce_backward_kernel(const double* logits, const int32_t* targets,
     }
     const auto w = static_cast<T>(loss_weight), m = static_cast<T>(row_max[n]),
                z = static_cast<T>(sum_exp[n]);
-    T d = w * exp(static_cast<T>(logits[e]) - m) / z;
-    if (i == static_cast<int64_t>(targets[n]) - vocab_start) d -= w;
-    dlogits[e] = r.activation(static_cast<double>(d));
+    T d = exp(static_cast<T>(logits[e]) - m) / z;  // the CPU reference's order: (p - onehot) * w
+    if (i == static_cast<int64_t>(targets[n]) - vocab_start) d -= T(1);
+    dlogits[e] = r.activation(static_cast<double>(d * w));
   }
 }
 

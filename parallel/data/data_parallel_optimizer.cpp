@@ -5,6 +5,13 @@
 
 namespace touchstone {
 
+void scale_gradient(Backend& backend, double scale, double* g, int64_t n) {
+  if (scale == 1.0) return;
+  backend.round(TensorRole::kState, &scale, 1);
+  for (int64_t i = 0; i < n; ++i) g[i] *= scale;  // exact in double for FP32 operands; then one rounding
+  backend.round(TensorRole::kState, g, n);
+}
+
 DataParallelOptimizer::DataParallelOptimizer(const ShardPlan& plan, const OptimConfig& optim,
                                              bool distributed, const ParallelContext& context,
                                              Backend& backend, const ParamTensors& params)
@@ -38,7 +45,7 @@ double DataParallelOptimizer::global_grad_norm(const std::vector<double>& flat_g
 }
 
 UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, ParamTensors& params,
-                                         bool want_full_grads) {
+                                         bool want_full_grads, double grad_scale) {
   const int dp_rank = context_.dp.rank();
   const int64_t chunk = flat_.chunk_size(), begin = dp_rank * chunk, end = begin + chunk;
   std::vector<double> flat = flat_.flatten(grads);
@@ -49,6 +56,7 @@ UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, Pa
   if (!distributed_) {
     context_.dp.all_reduce_sum(flat.data(), flat_.padded_size(), {flat_.padded_size()});
     backend_.round(TensorRole::kState, flat.data(), flat_.padded_size());  // an FP32 reduction unless FP64
+    scale_gradient(backend_, grad_scale, flat.data(), flat_.padded_size());
     flat_.unflatten(flat, grads);
     result.grad_norm = global_grad_norm(flat, dp_rank == 0 ? 0 : flat_.padded_size(), flat_.padded_size());
     result.clip_coefficient = clip_coefficient(result.grad_norm, optim_.clip_grad);
@@ -59,6 +67,7 @@ UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, Pa
   std::vector<double> grad_chunk(static_cast<size_t>(chunk));
   context_.dp.reduce_scatter_sum(flat.data(), grad_chunk.data(), chunk, {flat_.padded_size()});
   backend_.round(TensorRole::kState, grad_chunk.data(), chunk);
+  scale_gradient(backend_, grad_scale, grad_chunk.data(), chunk);
   std::copy(grad_chunk.begin(), grad_chunk.end(), flat.begin() + begin);
   result.grad_norm = global_grad_norm(flat, begin, end);
   result.clip_coefficient = clip_coefficient(result.grad_norm, optim_.clip_grad);

@@ -22,6 +22,10 @@
 
 namespace touchstone {
 
+// g[0..n) *= scale in the main gradients' precision, as Megatron-LM's scale_gradients(1.0 / num_tokens):
+// the scale is an FP32 scalar and each product is rounded to FP32 (plain doubles in FP64 mode).
+void scale_gradient(Backend& backend, double scale, double* g, int64_t n);
+
 struct UpdateResult {
   double grad_norm = 0.0;  // global, before clipping
   double clip_coefficient = 1.0;
@@ -34,8 +38,10 @@ class DataParallelOptimizer {
                         const ParallelContext& context, Backend& backend, const ParamTensors& params);
 
   // `grads` holds this rank's accumulated gradients; on return it holds the gradients summed over dp
-  // (only this rank's chunk is meaningful with the distributed optimizer unless `want_full_grads`).
-  UpdateResult step(int64_t update, ParamTensors& grads, ParamTensors& params, bool want_full_grads);
+  // and multiplied by `grad_scale` (only this rank's chunk is meaningful with the distributed optimizer
+  // unless `want_full_grads`). The norm, clipping and update see the scaled gradients.
+  UpdateResult step(int64_t update, ParamTensors& grads, ParamTensors& params, bool want_full_grads,
+                    double grad_scale = 1.0);
 
   // Adam moments shaped like the parameters this rank holds (gathered over dp when distributed).
   AdamWState moments() const;

@@ -10,7 +10,8 @@ using pipeline::ActionKind;
 
 PipelineResult run_pipeline(const std::string& schedule, const Transformer& model, const ParamTensors& params,
                             const std::vector<MicroBatch>& micro_batches,
-                            const std::vector<double>& loss_weights, const ParallelContext& context,
+                            const std::vector<double>& loss_weights,
+                            const std::vector<double>& backward_weights, const ParallelContext& context,
                             int64_t step, bool with_gradients, ParamTensors& grads,
                             pipeline::TimelineRecorder* recorder) {
   const auto m = static_cast<int>(micro_batches.size());
@@ -66,7 +67,7 @@ PipelineResult run_pipeline(const std::string& schedule, const Transformer& mode
         break;
       case ActionKind::kBackward:
         context.set_phase(step, action.micro_batch, "backward");
-        model.backward(params, batch, acts[j], loss_weights[j],
+        model.backward(params, batch, acts[j], backward_weights[j],
                        context.last_stage() ? nullptr : &d_outputs[j], grads,
                        context.first_stage() ? nullptr : &d_inputs[j]);
         acts[j] = {};

@@ -20,11 +20,15 @@ struct PipelineResult {
   double weighted_loss = 0.0;
 };
 
-// `loss_weights[j]` is d(objective) / d(token loss) for micro-batch j. Without gradients only the
-// forward passes run (all-forward order), for evaluating the objective alone.
+// `loss_weights[j]` is d(objective) / d(token loss) for micro-batch j (it weights the loss value);
+// `backward_weights[j]` is the weight micro-batch j's backward starts from (the cross entropy backward's
+// incoming gradient; see LossScaling in oracle/train_step.h). Without gradients only the forward passes
+// run (all-forward order), for evaluating the objective alone.
 PipelineResult run_pipeline(const std::string& schedule, const Transformer& model, const ParamTensors& params,
-                            const std::vector<MicroBatch>& micro_batches, const std::vector<double>& loss_weights,
-                            const ParallelContext& context, int64_t step, bool with_gradients,
-                            ParamTensors& grads, pipeline::TimelineRecorder* recorder);
+                            const std::vector<MicroBatch>& micro_batches,
+                            const std::vector<double>& loss_weights,
+                            const std::vector<double>& backward_weights, const ParallelContext& context,
+                            int64_t step, bool with_gradients, ParamTensors& grads,
+                            pipeline::TimelineRecorder* recorder);
 
 }  // namespace touchstone

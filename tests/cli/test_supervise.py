@@ -2,6 +2,10 @@
 up, stall detection, no process left behind (grandchildren included), --restart-command, forwarding of
 SIGTERM, and the recovery report built from faults.jsonl and the sample ledger.
 
+The tests look only at processes they started: every child of a test's supervisor inherits a marker
+variable unique to that test, and a process counts as left behind when it still runs (not a zombie)
+and carries the marker. An unrelated `sleep 300` elsewhere on the machine does not matter.
+
 Usage: test_supervise.py PATH_TO_TOUCHSTONE   (standard library only)
 """
 import json
@@ -12,6 +16,7 @@ import sys
 import tempfile
 import time
 import unittest
+import uuid
 import xml.dom.minidom
 
 TOUCHSTONE = None
@@ -44,21 +49,47 @@ printf '{"event":"end","attempt":%d,"time":%s,"steps":5}\n' $attempt $(now) >> "
 """
 
 
-def alive(pid):
+MARK_VARIABLE = "TOUCHSTONE_SUPERVISE_TEST_MARK"
+
+
+def marked_and_running(pid, mark):
+    """True while process `pid` runs (exists and is not a zombie) and carries `mark` in its environment,
+    i.e. is one the test started: a recycled pid belongs to another program and has no marker."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environment = f.read().split(b"\0")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
         return False
-    return True
+    return state not in ("Z", "X") and f"{MARK_VARIABLE}={mark}".encode() in environment
+
+
+def marked_processes(mark):
+    """'pid: command line' of every running process that carries `mark`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and marked_and_running(int(entry), mark):
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    found.append(f"{entry}: " + f.read().replace(b"\0", b" ").decode(errors="replace").strip())
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+    return found
 
 
 class Supervise(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.TemporaryDirectory()
         self.report = os.path.join(self.dir.name, "recovery.json")
+        self.mark = f"{os.getpid()}-{uuid.uuid4().hex}"  # inherited by everything this test starts
+        self.env = dict(os.environ, **{MARK_VARIABLE: self.mark})
 
     def tearDown(self):
         self.dir.cleanup()
+
+    def assertNothingLeft(self):
+        self.assertEqual(marked_processes(self.mark), [], "processes this test started outlived the supervisor")
 
     def path(self, name):
         return os.path.join(self.dir.name, name)
@@ -72,7 +103,7 @@ class Supervise(unittest.TestCase):
 
     def supervise(self, *args, timeout=30):
         return subprocess.run([TOUCHSTONE, "supervise", "--report", self.report, *args], capture_output=True,
-                              text=True, timeout=timeout, cwd=self.dir.name)
+                              text=True, timeout=timeout, cwd=self.dir.name, env=self.env)
 
     def load_report(self):
         with open(self.report) as f:
@@ -132,6 +163,7 @@ class Supervise(unittest.TestCase):
         self.assertTrue(report["failures"][0]["stalled"])
         self.assertGreaterEqual(report["failures"][0]["detection_time"] - report["attempts"][0]["launch_time"], 2)
         self.assertIn("stalled", result.stderr)
+        self.assertNothingLeft()  # the stalled attempt's `sleep 60`
 
     def test_no_process_left_behind(self):
         # A background grandchild in the job's group, and one that left it with setsid.
@@ -144,10 +176,8 @@ class Supervise(unittest.TestCase):
             pids = [int(line) for line in f]
         self.assertEqual(len(pids), 4)
         for pid in pids:
-            self.assertFalse(alive(pid), f"process {pid} outlived the supervisor")
-        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-        self.assertNotIn("sleep 300", ps)
-        self.assertNotIn("sleep 301", ps)
+            self.assertFalse(marked_and_running(pid, self.mark), f"process {pid} outlived the supervisor")
+        self.assertNothingLeft()  # nor any process whose pid the job did not record
 
     def test_restart_command_is_used_for_restarts(self):
         result = self.supervise("--restart-command", "echo restarted with dp=$((2 * 2)); exit 0", "--", "sh", "-c",
@@ -163,13 +193,14 @@ class Supervise(unittest.TestCase):
         job = self.script("long.sh", "#!/bin/sh\nsleep 300 &\necho $! > pid\necho ready\nwait\n")
         process = subprocess.Popen([TOUCHSTONE, "supervise", "--kill-grace", "1", "--report", self.report, "--",
                                     job], cwd=self.dir.name, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True)
+                                   text=True, env=self.env)
         self.assertEqual(process.stdout.readline().strip(), "ready")
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=20)
         self.assertEqual(process.returncode, 128 + signal.SIGTERM, err)
         with open(self.path("pid")) as f:
-            self.assertFalse(alive(int(f.read())))
+            self.assertFalse(marked_and_running(int(f.read()), self.mark))
+        self.assertNothingLeft()
         report = self.load_report()
         self.assertEqual(report["outcome"], "interrupted")
         self.assertEqual(len(report["attempts"]), 1)

@@ -191,6 +191,21 @@ class Importers(common.ShardableGoldens):
         self.assertEqual(status, 1, output)
         self.assert_passes(self.golden, params, "--candidate-kind", "params", "--tolerance", "1e-6", exact=False)
 
+    def test_safetensors_without_the_model_prefix_is_partial(self):
+        # A bare LlamaModel saves its tensors without "model."; only lm_head.weight then matches a golden
+        # name. Passing on that one tensor would hide that nothing else was checked.
+        bare = {(n[len("model."):] if n.startswith("model.") else n): t
+                for n, t in hf_tensors(self.golden, "steps/1/grads").items()}
+        path = write_safetensors(self.path("bare.safetensors"), bare)
+        status, output, report = common.diff(self.golden, path, "--candidate-kind", "grads")
+        self.assertEqual(status, 1, output)
+        self.assertEqual(report["summary"]["failed"], 0, output)
+        self.assertTrue(report["partial"][0].startswith("steps/1/grads: "), report["partial"])
+        self.assertIn("likely cause", output)
+        self.assertIn("'model.' prefix", output)
+        status, output, _ = common.diff(self.golden, path, "--candidate-kind", "grads", "--allow-partial")
+        self.assertEqual(status, 0, output)
+
     def test_safetensors_low_precision_initial_weights(self):
         for dtype, tolerance in (("BF16", "1e-2"), ("F16", "1e-3")):
             with self.subTest(dtype=dtype):

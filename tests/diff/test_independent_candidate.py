@@ -55,6 +55,7 @@ SIGNATURE = {
     "global_token_mean": "loss_normalization",
     "grad_half": "gradient_scale",
     "qkv_wrong_grouping": "qkv_grouping",
+    "qkv_split_in_conversion": "qkv_conversion",
     "no_document_mask": "document_mask_missing",
     "padding_in_loss": "token_count",
     "padding_in_loss_strict": "token_count",
@@ -76,10 +77,12 @@ class Row:
     bug: str = None           # None: a correct candidate
     from_step: int = 1
     cli: bool = False         # run the script as a command instead of in this process
+    initial_params: bool = True  # the candidate writes params/init (the step-1 anchor)
+    expected_signature: str = None  # where it differs from SIGNATURE[bug]
 
     @property
     def signature(self):
-        return SIGNATURE[self.bug] if self.bug else None
+        return self.expected_signature or (SIGNATURE[self.bug] if self.bug else None)
 
 
 def _rows():
@@ -89,8 +92,8 @@ def _rows():
         rows += [Row(f"correct_fp64_{config}", config, "fp64"), Row(f"correct_bf16_{config}", config, "bf16")]
     # Every bug from step 1 on the default config, FP64 and BF16 (clip_after_moments where clipping acts).
     for bug in SIGNATURE:
-        if bug == "global_token_mean":
-            continue  # the default config already uses it: see tied_pmm
+        if bug in ("global_token_mean", "qkv_split_in_conversion"):
+            continue  # the default config already uses it: see tied_pmm; the conversion: below
         config = "default_clip" if bug == "clip_after_moments" else "default"
         for precision in ("fp64", "bf16"):
             if bug == "fp32_sites" and precision == "bf16":
@@ -105,6 +108,15 @@ def _rows():
                     "clip_after_moments", 2))
     # Without clipping the bug changes nothing and the run is right to pass.
     rows.append(Row("clip_after_moments_unclipped_fp64_default", "default", "fp64", "clip_after_moments"))
+    # The qkv split wrong only in the conversion to separate q/k/v: with the candidate's own initial
+    # parameters recorded, they are the first failure (a layout, not a computation; every step re-anchored
+    # at them passes); without them, step 1 re-anchored at the golden parameters fails.
+    rows += [Row("qkv_split_in_conversion_fp64_default", "default", "fp64", "qkv_split_in_conversion",
+                 expected_signature="qkv_layout"),
+             Row("qkv_split_in_conversion_no_init_fp64_default", "default", "fp64", "qkv_split_in_conversion",
+                 initial_params=False),
+             Row("qkv_split_in_conversion_no_init_bf16_default", "default", "bf16", "qkv_split_in_conversion",
+                 initial_params=False)]
     # The other configs.
     rows += [Row("global_token_mean_fp64_tied_pmm", "tied_pmm", "fp64", "global_token_mean"),
              Row("global_token_mean_bf16_tied_pmm", "tied_pmm", "bf16", "global_token_mean"),
@@ -113,12 +125,18 @@ def _rows():
              Row("qkv_wrong_grouping_from_step2_fp64_tied_pmm", "tied_pmm", "fp64", "qkv_wrong_grouping", 2),
              Row("qkv_wrong_grouping_fp64_gqa8x2", "gqa8x2", "fp64", "qkv_wrong_grouping"),
              Row("qkv_wrong_grouping_bf16_gqa8x2", "gqa8x2", "bf16", "qkv_wrong_grouping"),
+             Row("no_document_mask_fp64_tied_pmm", "tied_pmm", "fp64", "no_document_mask"),
+             Row("no_document_mask_bf16_tied_pmm", "tied_pmm", "bf16", "no_document_mask"),
              Row("no_document_mask_fp64_gqa8x2", "gqa8x2", "fp64", "no_document_mask"),
              Row("no_bias_correction_bf16_gqa8x2", "gqa8x2", "bf16", "no_bias_correction")]
     return rows
 
 
 ROWS = _rows()
+# The targets of docs/testing.md "Detection power": a bug at least this many times its tolerance on the
+# default config, a correct candidate at most CORRECT_AT_MOST of any tolerance.
+DETECTED_AT_LEAST = {"fp64": 10.0, "bf16": 3.0}
+CORRECT_AT_MOST = 0.5
 RESULTS = {}  # row name -> what was observed
 
 
@@ -126,8 +144,11 @@ RESULTS = {}  # row name -> what was observed
 # Where a bug first changes anything, read off the golden file
 # ----------------------------------------------------------------------------------------------------
 
-def first_affected_step(golden_path, bug, from_step):
-    """The first step >= from_step in which `bug` changes the candidate's numbers; None if none does."""
+def first_affected_step(golden_path, bug, from_step, initial_params=True):
+    """The first step >= from_step in which `bug` changes the candidate's numbers; None if none does.
+    0 for a conversion mistake that shows in the initial parameters the candidate records."""
+    if bug == "qkv_split_in_conversion" and initial_params and from_step == 1:
+        return 0
     with h5py.File(golden_path, "r") as f:
         config = json.loads(f.attrs["config"])
         targets, docs = f["batch/targets"][()], f["batch/document_ids"][()]
@@ -174,11 +195,14 @@ def step_of(path):
 
 
 def ratio(tensor):
-    """relative L2 error / relative-L2 tolerance; None where it is no measure (integers, zero tolerance)."""
-    metrics, tolerance = tensor.get("metrics"), tensor["tolerance"]["relative_l2"]
-    if tensor["status"] == "not_compared" or not metrics or metrics.get("relative_l2") is None or tolerance <= 0:
+    """How far the tensor is from its tolerance (the diff's tolerance_ratio: the largest of relative L2
+    / its tolerance, max-abs / its tolerance and, for elements with bounds of their own such as the
+    optimizer check's, error / bound); None where it is no measure (integers, not compared)."""
+    metrics = tensor.get("metrics")
+    if tensor["status"] == "not_compared" or not metrics or tensor["group"] == "num_loss_tokens":
         return None
-    return metrics["relative_l2"] / tolerance
+    value = metrics.get("tolerance_ratio")
+    return math.inf if value is None else value
 
 
 def worst(tensors):
@@ -260,12 +284,14 @@ class IndependentCandidate(unittest.TestCase):
             result = common.run(command)
             self.assertEqual(result.returncode, 0, result.stderr + result.stdout)
         else:
-            candidate_module.run(golden, out, row.precision, bugs, row.from_step, save_optimizer_state=True)
+            candidate_module.run(golden, out, row.precision, bugs, row.from_step, save_optimizer_state=True,
+                                 initial_params=row.initial_params)
         return out
 
     def check(self, row):
         golden = self.goldens[(row.config, row.precision)]
-        expected_step = first_affected_step(golden, row.bug, row.from_step) if row.bug else None
+        expected_step = (first_affected_step(golden, row.bug, row.from_step, row.initial_params)
+                         if row.bug else None)
         status, output, report = common.diff(golden, self.candidate(row, golden))
         self.assertIsNotNone(report, output)
         seen = RESULTS[row.name] = observe(row, status, report, expected_step)
@@ -284,11 +310,18 @@ class IndependentCandidate(unittest.TestCase):
                 # Both sides in FP64, summing in other orders through 3 steps: ~1e-14 (measured 6e-15
                 # to 4e-14); 1e-12 keeps a margin and is far below the file's 1e-10.
                 self.assertLessEqual(seen["worst_relative_l2"], 1e-12, said)
+            # No false alarm near the line: a correct run stays within half of every tolerance.
+            worst_correct = max(seen["worst_ratio_per_step_group"].values())
+            self.assertLessEqual(worst_correct, CORRECT_AT_MOST, f"{said}; {seen['worst_ratio_per_step_group']}")
             return
         self.assertEqual(status, 1, said)
         self.assertEqual(step_of(seen["first_failure"]), expected_step, said)
         messages = [message for signature, message in seen["verdicts"] if signature == row.signature]
         self.assertTrue(messages, f"no verdict {row.signature}: {said}")
+        # Detection power (docs/testing.md): a bug lands far outside its tolerance, not near the line.
+        if row.config == "default" and row.from_step == 1 and row.bug != "clip_after_moments":
+            power = DETECTED_AT_LEAST[row.precision]
+            self.assertGreaterEqual(seen["worst_failing_ratio"], power, f"{said}: below {power} x tolerance")
         if row.bug in MESSAGE:
             self.assertTrue(any(MESSAGE[row.bug] in m for m in messages),
                             f"verdict {row.signature} does not say '{MESSAGE[row.bug]}': {messages}")

@@ -52,6 +52,10 @@ bug), so an optimizer bug leaves the gradients right and only the parameters wro
     qkv_wrong_grouping    linear_qkv rows read as [all q heads; all k heads; all v heads] instead of
                           per KV group [its q heads; k; v]; the gradient comes back in the same
                           (wrong) reading
+    qkv_split_in_conversion  linear_qkv split as [all q; all k; all v] when converting to separate
+                          q/k/v projections (a Hugging Face loader's mistake): the model computes as
+                          qkv_wrong_grouping, and every linear_qkv tensor it writes is converted back
+                          correctly, per KV group
     no_document_mask      plain causal attention across documents (positions as recorded)
     padding_in_loss       padding positions (document id -1) trained to predict the pad token
     padding_in_loss_strict  the same, and the last real token before the padding (whose next token
@@ -86,7 +90,8 @@ import torch
 IGNORE = -100
 BF16, FP32, FP64 = torch.bfloat16, torch.float32, torch.float64
 
-BUGS = ("per_microbatch_mean", "global_token_mean", "grad_half", "qkv_wrong_grouping", "no_document_mask",
+BUGS = ("per_microbatch_mean", "global_token_mean", "grad_half", "qkv_wrong_grouping", "qkv_split_in_conversion",
+        "no_document_mask",
         "padding_in_loss", "padding_in_loss_strict", "fp32_sites", "no_bias_correction", "wd_on_norms",
         "clip_after_moments")
 GENERATOR = "independent_candidate.py"
@@ -465,7 +470,7 @@ class Trainer:
         for j in range(num_micro):  # gradient accumulation over consecutive micro-batches
             rows = slice(j * mbs, (j + 1) * mbs)
             logits = forward(ar, leaves, m, batch["tokens"][rows], batch["position_ids"][rows], allowed[rows],
-                             "qkv_wrong_grouping" in bugs)
+                             "qkv_wrong_grouping" in bugs or "qkv_split_in_conversion" in bugs)
             losses = token_cross_entropy(ar.logits_for_loss(logits), targets[rows])
             if normalization == "global_token_mean":
                 weight = 1.0 / max(total, 1)
@@ -517,8 +522,22 @@ def parse_bugs(values):
     return bugs
 
 
+def regroup_qkv(name, tensor, m):
+    """A linear_qkv tensor whose rows are [all q heads; all k heads; all v heads] -> per KV group [its q
+    heads; k; v] (what a correct converter makes of separate q/k/v projections)."""
+    if not name.endswith("linear_qkv.weight"):
+        return tensor
+    NH, NKV = m["num_heads"], m["num_kv_heads"]
+    D = m["hidden_size"] // NH
+    G = NH // NKV
+    rows = tensor.reshape(NH + 2 * NKV, D, -1)
+    q, k, v = rows[:NH].reshape(NKV, G, D, -1), rows[NH:NH + NKV], rows[NH + NKV:]
+    groups = [np.concatenate([q[g], k[g:g + 1], v[g:g + 1]]) for g in range(NKV)]
+    return np.concatenate(groups).reshape(tensor.shape)
+
+
 def run(golden_path, out_path, precision=None, bugs=(), from_step=1, steps=None, save_optimizer_state=False,
-        verbose=False):
+        verbose=False, initial_params=True):
     """Replays the golden file's steps with this trainer and writes the candidate file. Returns the
     list of per-step records."""
     torch.set_num_threads(1)
@@ -542,8 +561,13 @@ def run(golden_path, out_path, precision=None, bugs=(), from_step=1, steps=None,
         out.attrs["candidate_precision"] = precision
         out.attrs["injected"] = ",".join(bugs)
         out.attrs["inject_from_step"] = np.int64(from_step)
-        for n in trainer.names:
-            out.create_dataset(f"params/init/{n}", data=trainer.params[n].numpy().astype(store))
+        m = config["model"]
+        # The qkv conversion mistake shows in everything written; the computation before it is the
+        # wrong-grouping model's. Before --inject-from-step the conversion is right.
+        convert = lambda step, n, t: (regroup_qkv(n, t, m) if "qkv_split_in_conversion" in bugs and step >= from_step
+                                      else t)
+        for n in trainer.names if initial_params else ():
+            out.create_dataset(f"params/init/{n}", data=convert(1, n, trainer.params[n].numpy()).astype(store))
         for step, batch in enumerate(batches, start=1):
             r = trainer.step(step, batch)
             records.append(r)
@@ -557,7 +581,7 @@ def run(golden_path, out_path, precision=None, bugs=(), from_step=1, steps=None,
             for group in groups:
                 prefix = f"{g}/optimizer/{group}" if group.startswith("exp_avg") else f"{g}/{group}"
                 for n in trainer.names:
-                    out.create_dataset(f"{prefix}/{n}", data=r[group][n].numpy().astype(store))
+                    out.create_dataset(f"{prefix}/{n}", data=convert(step, n, r[group][n].numpy()).astype(store))
             if verbose:
                 print(f"step {step}: loss {r['loss']:.8f}, {r['num_loss_tokens']} loss tokens, "
                       f"grad norm {r['grad_norm']:.6e}, lr {r['lr']:.3e}")
@@ -579,13 +603,15 @@ def main(argv=None):
                         help="the injected bugs are active in steps >= N only (default 1)")
     parser.add_argument("--save-optimizer-state", action="store_true",
                         help="also write steps/<s>/optimizer/exp_avg and exp_avg_sq")
+    parser.add_argument("--no-initial-params", action="store_true",
+                        help="do not write params/init (the step-1 anchor is then the golden file's)")
     args = parser.parse_args(argv)
     if args.inject_from_step < 1:
         parser.error("--inject-from-step must be >= 1")
     if args.steps is not None and args.steps < 1:
         parser.error("--steps must be >= 1")
     run(args.golden, args.out, args.precision, parse_bugs(args.inject), args.inject_from_step, args.steps,
-        args.save_optimizer_state, verbose=True)
+        args.save_optimizer_state, verbose=True, initial_params=not args.no_initial_params)
     print(f"wrote {args.out}")
 
 

@@ -22,6 +22,9 @@ struct Rule {
   LossNormalization normalization;
   bool positions_from_zero = false;  // position ids 0..T-1 in every window instead of the recorded ones
   bool qkv_read_separate = false;    // linear_qkv rows read as [q heads; k heads; v heads]
+  // With qkv_read_separate: the candidate reports the gradient regrouped per KV group again (the wrong
+  // split happened only when converting to separate q/k/v projections, and the diff converted back).
+  bool qkv_gradient_regrouped = false;
 };
 
 std::vector<Rule> rules_for(const Config& config) {
@@ -62,6 +65,13 @@ std::vector<Rule> rules_for(const Config& config) {
        "[all query heads; all key heads; all value heads] instead of per KV group [its query heads; "
        "key; value]",
        masking, golden_norm, false, true});
+  rules.push_back(
+      {"qkv_conversion",
+       "linear_qkv split as [all query heads; all key heads; all value heads] when converting to separate "
+       "q/k/v projections (e.g. Hugging Face's q_proj, k_proj, v_proj): the candidate matches a model loaded "
+       "that way, its gradients converted back per KV group; split each KV group into [its query heads; "
+       "key; value] instead",
+       masking, golden_norm, false, true, true});
   return rules;
 }
 
@@ -85,7 +95,8 @@ ObjectiveResult evaluate_rule(const Rule& rule, const Config& config, const Para
                           StageRange{0, config.model.num_layers, true, true});
   ObjectiveResult r =
       evaluate_objective(model, table, p, b, config.train.micro_batch_size, rule.normalization, true);
-  for (int64_t l = 0; rule.qkv_read_separate && l < config.model.num_layers; ++l) {
+  for (int64_t l = 0; rule.qkv_read_separate && !rule.qkv_gradient_regrouped && l < config.model.num_layers;
+       ++l) {
     r.grads[table.layer(l).qkv] = qkv_separate_from_grouped(config.model, r.grads[table.layer(l).qkv], H);
   }
   return r;

@@ -6,32 +6,27 @@
 namespace touchstone::diff {
 
 std::vector<OptimizerRule> mistaken_optimizer_rules() {
-  std::vector<OptimizerRule> rules(5);
-  rules[0].signature = "optimizer_bias_correction";
-  rules[0].message =
-      "optimizer without bias correction: the updated parameters match AdamW with m and v not divided by "
-      "(1 - beta^t), applied to the candidate's own gradients";
-  rules[0].bias_correction = false;
-  rules[1].signature = "optimizer_weight_decay";
-  rules[1].message =
-      "weight decay on every tensor: the updated parameters match AdamW that also decays the 1-D norm "
-      "weights (the contract decays 2-D tensors only)";
-  rules[1].decay_every_tensor = true;
-  rules[2].signature = "optimizer_clipping";
-  rules[2].message =
-      "clipping after the moments: the updated parameters match AdamW whose moments hold the unclipped "
-      "gradients and whose update is scaled by the clip coefficient (clip the gradients before the "
-      "optimizer step)";
-  rules[2].clip_the_update = true;
-  rules[3].signature = "learning_rate_behind";
-  rules[3].message =
-      "learning rate one step behind: update s used the rate of update s-1 (a scheduler stepped after the "
-      "optimizer, starting from 0)";
-  rules[3].lr_offset = -1;
-  rules[4].signature = "learning_rate_ahead";
-  rules[4].message = "learning rate one step ahead: update s used the rate of update s+1";
-  rules[4].lr_offset = 1;
-  return rules;
+  //       signature                    message                                          bias   decay  clip lr
+  return {
+      {"optimizer_bias_correction",
+       "optimizer without bias correction: the updated parameters match AdamW with m and v not divided by "
+       "(1 - beta^t), applied to the candidate's own gradients",
+       false, false, false, 0},
+      {"optimizer_weight_decay",
+       "weight decay on every tensor: the updated parameters match AdamW that also decays the 1-D norm "
+       "weights (the contract decays 2-D tensors only)",
+       true, true, false, 0},
+      {"optimizer_clipping",
+       "clipping after the moments: the updated parameters match AdamW whose moments hold the unclipped "
+       "gradients and whose update is scaled by the clip coefficient (clip the gradients before the "
+       "optimizer step)",
+       true, false, true, 0},
+      {"learning_rate_behind",
+       "learning rate one step behind: update s used the rate of update s-1 (a scheduler stepped after the "
+       "optimizer, starting from 0)",
+       true, false, false, -1},
+      {"learning_rate_ahead", "learning rate one step ahead: update s used the rate of update s+1", true,
+       false, false, 1}};
 }
 
 MasterFormat master_format(const std::string& precision) {

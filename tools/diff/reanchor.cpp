@@ -2,6 +2,7 @@
 #include "tools/diff/reanchor.h"
 
 #include <chrono>
+#include <stdexcept>
 
 #include "kernels/backend.h"
 #include "kernels/precision.h"
@@ -14,23 +15,24 @@ namespace touchstone::diff {
 Anchors::Anchors(const Golden& golden, const ToleranceModel& tolerances, const TensorMap& candidate)
     : golden_(golden), tolerances_(tolerances), candidate_(candidate) {}
 
+std::optional<ParamTensors> complete_tensors(const ParamTable& table, const TensorMap& candidate,
+                                             const std::string& prefix) {
+  ParamTensors tensors;
+  for (int id = 0; id < table.size(); ++id) {
+    const auto tensor = candidate.find(prefix + table[id].name);
+    if (tensor == candidate.end() || tensor->second.numel() != table[id].numel()) return std::nullopt;
+    tensors.tensors.push_back(tensor->second.values);
+  }
+  return tensors;
+}
+
 const ParamTensors* Anchors::params_after(int64_t step) {
   auto found = params_.find(step);
   if (found == params_.end()) {
-    const ParamTable& table = golden_.table();
     const std::string prefix = step == 0 ? "params/init/" : "steps/" + std::to_string(step) + "/params/";
-    ParamTensors params;
-    bool complete = true;
-    for (int id = 0; id < table.size() && complete; ++id) {
-      const auto tensor = candidate_.find(prefix + table[id].name);
-      complete = tensor != candidate_.end() && tensor->second.numel() == table[id].numel();
-      if (complete) params.tensors.push_back(tensor->second.values);
-    }
-    std::optional<ParamTensors> anchor;
-    if (complete) {
-      anchor = std::move(params);
-    } else if (step == 0) {  // the candidate loaded the golden initial parameters
-      anchor = load_parameters(table, golden_.path(), "/params/init");
+    std::optional<ParamTensors> anchor = complete_tensors(golden_.table(), candidate_, prefix);
+    if (!anchor && step == 0) {  // the candidate loaded the golden initial parameters
+      anchor = load_parameters(golden_.table(), golden_.path(), "/params/init");
     }
     found = params_.emplace(step, std::move(anchor)).first;
   }
@@ -63,7 +65,8 @@ const AnchoredStep* Anchors::step(int64_t step) {
     anchored = std::make_unique<AnchoredStep>();
     anchored->step = step;
     const std::string before = golden_.params_before(step);
-    if (golden_.reader().exists(before) &&
+    // With an envelope the low-precision step is needed all the same: evaluate both.
+    if (!tolerances_.envelope() && golden_.reader().exists(before) &&
         load_parameters(golden_.table(), golden_.path(), before).tensors == params->tensors) {
       anchored->golden = true;
       return steps_.emplace(step, std::move(anchored)).first->second.get();
@@ -77,6 +80,13 @@ const AnchoredStep* Anchors::step(int64_t step) {
     seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   return steps_.emplace(step, std::move(anchored)).first->second.get();
+}
+
+StepRecord Anchors::evaluate_at(int64_t step, const std::string& precision) {
+  const ParamTensors* params = params_after(step - 1);
+  if (params == nullptr)
+    throw std::logic_error("evaluate_at: no parameters after step " + std::to_string(step - 1));
+  return evaluate(*params, step, precision, golden_.config().train.grad_accumulation_fusion);
 }
 
 std::vector<double> Anchors::value(const StepRecord& record, const std::string& group, int param) {

@@ -27,6 +27,11 @@
 
 namespace touchstone::diff {
 
+// Every tensor of the parameter table under `prefix` ("steps/2/params/", "params/init/") of the
+// candidate, in table order; none when one is missing or has another number of elements.
+std::optional<ParamTensors> complete_tensors(const ParamTable& table, const TensorMap& candidate,
+                                             const std::string& prefix);
+
 // Touchstone's step `step` at the parameters the candidate recorded after step - 1.
 struct AnchoredStep {
   int64_t step = 0;
@@ -52,6 +57,10 @@ class Anchors {
   // The anchored value of a dataset of step `step` ("loss", "num_loss_tokens", "token_losses",
   // "grad_norm", or the gradient of parameter `param`) in `record`, shaped like the golden dataset.
   static std::vector<double> value(const StepRecord& record, const std::string& group, int param);
+
+  // Step `step` at params_after(step - 1) in another precision ("fp32", "bf16"), not cached: what a
+  // signature compares the candidate's error with. Throws when there are no such parameters.
+  StepRecord evaluate_at(int64_t step, const std::string& precision);
 
   double seconds() const { return seconds_; }  // time spent evaluating steps
   int64_t evaluated() const { return static_cast<int64_t>(steps_.size()); }

@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <set>
 
 #include "model/params.h"
+#include "oracle/golden_writer.h"
 #include "parallel/tensor/sharding.h"
 #include "tools/diff/hf_names.h"
 #include "tools/diff/hypotheses.h"
@@ -39,14 +41,17 @@ std::vector<Verdict> token_count(const Golden& golden, const DiffResult& result,
   const int64_t difference = cand - gold;
   const GlobalBatch batch = golden.batch(step);
   const DataConfig& data = golden.config().data;
-  int64_t padding = 0, eos_targets = 0, untrained_eos = 0, boundaries = 0;
+  // Padding positions, and the last real token of each window whose next position is padding: a loss
+  // on padding counts the former, and the latter too when the mask is built from the inputs.
+  int64_t padding = 0, before_padding = 0, eos_targets = 0, untrained_eos = 0, boundaries = 0;
   for (int64_t w = 0; w < batch.windows; ++w) {
     for (int64_t i = 0; i < batch.seq; ++i) {
       const auto at = static_cast<size_t>(w * batch.seq + i);
       const bool has_next = i + 1 < batch.seq;
       const int32_t doc = batch.document_ids[at], next_doc = has_next ? batch.document_ids[at + 1] : doc;
       const bool ignored = batch.targets[at] == -100;
-      if (ignored && (doc == -1 || next_doc == -1)) ++padding;
+      if (ignored && doc == -1) ++padding;
+      if (ignored && doc != -1 && next_doc == -1) ++before_padding;
       if (batch.targets[at] == data.eos_token) ++eos_targets;
       if (ignored && has_next && doc != -1 && next_doc == doc && batch.tokens[at + 1] == data.eos_token) {
         ++untrained_eos;
@@ -58,8 +63,12 @@ std::vector<Verdict> token_count(const Golden& golden, const DiffResult& result,
   auto add = [&](bool matches, const std::string& text) {
     if (matches && difference != 0) why += (why.empty() ? "; it matches " : ", or ") + text;
   };
-  add(difference == padding,
-      "padding counted in the loss (" + std::to_string(padding) + " padding positions)");
+  add(difference == padding || difference == padding + before_padding,
+      "padding counted in the loss (" + std::to_string(padding) + " padding positions" +
+          (difference == padding
+               ? std::string()
+               : " and the " + std::to_string(before_padding) + " real token(s) before them") +
+          ")");
   add(data.eos_loss && difference == -eos_targets,
       "positions whose target is EOS left untrained (data.eos_loss rule flipped, " +
           std::to_string(eos_targets) + " such positions)");
@@ -153,12 +162,23 @@ std::vector<Verdict> qkv_layout(const Golden& golden, Judge& judge, const Tensor
   std::vector<Verdict> verdicts;
   for (const Entry* e : group.failing) {
     if (golden.table()[e->param].kind != ParamKind::kQkv || !e->reason.empty()) continue;
-    Recorded g = reference_of(judge, *e);
-    g.values = qkv_separate_from_grouped(golden.config().model, g.values, g.shape[1]);
-    if (passes(compare_values(g, candidate.at(e->path), e->tolerance), e->tolerance)) {
-      verdicts.push_back({"qkv_layout", "QKV rows in the wrong grouping: " + e->path +
-                                            " equals the golden tensor with its rows in [q; k; v] order "
-                                            "instead of grouped per KV group"});
+    const Recorded reference = reference_of(judge, *e);
+    // Stored as [q; k; v], or the [q; k; v] rows of a wrong split regrouped per KV group.
+    for (const bool to_separate : {true, false}) {
+      Recorded g = reference;
+      g.values = to_separate ? qkv_separate_from_grouped(golden.config().model, g.values, g.shape[1])
+                             : qkv_grouped_from_separate(golden.config().model, g.values, g.shape[1]);
+      if (passes(compare_values(g, candidate.at(e->path), e->tolerance), e->tolerance)) {
+        verdicts.push_back(
+            {"qkv_layout",
+             "QKV rows in the wrong grouping: " + e->path +
+                 (to_separate
+                      ? " equals the golden tensor with its rows in [q; k; v] order instead of grouped "
+                        "per KV group"
+                      : " equals the golden tensor read as [all q; all k; all v] and regrouped per KV "
+                        "group: linear_qkv was split that way when converting to separate q/k/v")});
+        break;
+      }
     }
   }
   return verdicts;
@@ -241,6 +261,43 @@ std::vector<Verdict> one_layer(const ParamTable& table, const DiffResult& result
                             kinds + ")"}};
 }
 
+// FP32 arithmetic inside an FP64 run (Hugging Face's Llama keeps RoPE, RMSNorm and the eager softmax in
+// float32 after .to(torch.float64)): every gradient of the step fails with an error of FP32 roundoff's
+// size, within a factor kFp32Band of Touchstone's FP32 mode at the same parameters. A wrong rule moves
+// gradients by 1e-3 or more, thousands of times FP32 roundoff (about 1e-7).
+std::vector<Verdict> fp32_inside_fp64(const Golden& golden, const ToleranceModel& tolerances, Judge& judge,
+                                      const DiffResult& result, int64_t step) {
+  constexpr double kFp32Band = 100.0;
+  if (golden.precision() != "fp64" || tolerances.kind() != "fp64" || tolerances.override_value() ||
+      step < 1) {
+    return {};
+  }
+  std::vector<const Entry*> grads;
+  for (const Entry& e : result.entries) {
+    if (e.step == step && e.group == "grads" && e.status != Status::kNotCompared) grads.push_back(&e);
+  }
+  if (grads.empty() || judge.anchors().params_after(step - 1) == nullptr) return {};
+  const bool all_fail = std::all_of(grads.begin(), grads.end(), [](const Entry* e) {
+    return e->status == Status::kFail && e->reason.empty();
+  });
+  if (!all_fail) return {};
+  const StepRecord fp32 = judge.anchors().evaluate_at(step, "fp32");
+  double lowest = std::numeric_limits<double>::infinity(), highest = 0.0;
+  for (const Entry* e : grads) {
+    const double fp32_error = envelope_error(fp32.grads[e->param], reference_of(judge, *e).values)[0];
+    const double ratio = e->metrics.relative_l2 / fp32_error;
+    lowest = std::min(lowest, ratio);
+    highest = std::max(highest, ratio);
+  }
+  if (!(lowest >= 1 / kFp32Band && highest <= kFp32Band)) return {};
+  return {
+      {"fp32_in_fp64",
+       "FP32 arithmetic inside an FP64 run: every gradient is off by FP32 roundoff (" + fmt("%.2g", lowest) +
+           " to " + fmt("%.2g", highest) +
+           " x Touchstone's FP32 mode at the same parameters); look for operations computed in float32, e.g. "
+           "Hugging Face's RoPE inv_freq and cos/sin, LlamaRMSNorm and the eager softmax"}};
+}
+
 // The updated parameters of the step match AdamW with one rule changed, on the candidate's own gradients.
 std::vector<Verdict> optimizer_rules(const Golden& golden, Judge& judge, const TensorMap& candidate,
                                      const Group& group, int64_t step) {
@@ -268,7 +325,6 @@ std::vector<Verdict> optimizer_rules(const Golden& golden, Judge& judge, const T
 std::vector<Verdict> find_signatures(const Golden& golden, const ToleranceModel& tolerances,
                                      const TensorMap& candidate, Judge& judge, DiffResult& result,
                                      const SignatureOptions& options) {
-  (void)tolerances;
   const int64_t step = result.entries[static_cast<size_t>(result.first_failure)].step;
   std::vector<Verdict> verdicts;
   auto add = [&](std::vector<Verdict> more) {
@@ -295,6 +351,7 @@ std::vector<Verdict> find_signatures(const Golden& golden, const ToleranceModel&
     result.notes.push_back("signatures that recompute the golden step were skipped (--no-recompute)");
   }
   add(token_count(golden, result, step));
+  add(fp32_inside_fp64(golden, tolerances, judge, result, step));
   const Group group = first_failing_group(result, step);
   if (group.failing.empty()) return verdicts;
   // The most specific first: a layout, one shard, one factor, an optimizer rule, then one layer.
