@@ -33,10 +33,9 @@ void write_batches(h5::H5Writer& writer, const std::vector<GlobalBatch>& batches
 std::vector<double> position_loss_weights(const Config& config, const GlobalBatch& batch) {
   const int64_t mbs = config.train.micro_batch_size, T = batch.seq;
   const std::vector<int64_t> starts = micro_batch_starts(batch.windows, mbs, 1, 0);
-  const std::vector<double> weights =
-      loss_scaling(batch, starts, mbs, batch.loss_tokens(0, batch.windows),
-                   parse_loss_normalization(config.train.loss_normalization))
-          .loss_weights;
+  const std::vector<double> weights = loss_scaling(batch, starts, mbs, batch.loss_tokens(0, batch.windows),
+                                                   parse_loss_normalization(config.train.loss_normalization))
+                                          .loss_weights;
   std::vector<double> per_position(static_cast<size_t>(batch.windows * T), 0.0);
   for (size_t j = 0; j < starts.size(); ++j) {
     for (int64_t i = starts[j] * T; i < (starts[j] + mbs) * T; ++i) {
@@ -55,6 +54,19 @@ double loss_envelope_error(const std::vector<double>& weights, const std::vector
   }
   const double scale = loss != 0 ? std::abs(loss) : 1.0;
   return std::max(spread, std::abs(low_loss - loss)) / scale;
+}
+
+double grad_norm_envelope_error(const ParamTensors& low_grads, const ParamTensors& grads, double low_norm,
+                                double norm) {
+  double difference = 0.0;
+  for (size_t t = 0; t < grads.tensors.size(); ++t) {
+    for (size_t i = 0; i < grads.tensors[t].size(); ++i) {
+      const double d = low_grads.tensors[t][i] - grads.tensors[t][i];
+      difference += d * d;
+    }
+  }
+  const double scale = norm != 0 ? std::abs(norm) : 1.0;
+  return std::max(std::sqrt(difference), std::abs(low_norm - norm)) / scale;
 }
 
 GoldenWriter::GoldenWriter(const std::string& path, const Config& config, const ParamTable& table,
@@ -146,7 +158,8 @@ void GoldenWriter::write_envelope_step(const StepRecord& low, const ParamTensors
   write_envelope(step + "/loss", {loss_error, loss_error});
   write_envelope(step + "/num_loss_tokens", {static_cast<double>(low.num_loss_tokens)},
                  {static_cast<double>(ref.num_loss_tokens)});
-  write_envelope(step + "/grad_norm", {low.grad_norm}, {ref.grad_norm});
+  const double norm_error = grad_norm_envelope_error(low_grads, ref_grads, low.grad_norm, ref.grad_norm);
+  write_envelope(step + "/grad_norm", {norm_error, norm_error});
   write_envelope(step + "/lr", {low.lr}, {ref.lr});
   write_envelope(step + "/token_losses", low.token_losses, ref.token_losses);
   for (int id = 0; id < table_.size(); ++id) {

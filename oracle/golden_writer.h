@@ -35,6 +35,13 @@ std::vector<double> position_loss_weights(const Config& config, const GlobalBatc
 double loss_envelope_error(const std::vector<double>& weights, const std::vector<double>& low_token_losses,
                            const std::vector<double>& token_losses, double low_loss, double loss);
 
+// The gradient norm's envelope error: max(|low - ref|, ||low grads - ref grads||) / ref over all
+// gradient elements. | ||a|| - ||b|| | <= ||a - b||, so a run whose gradients are as far off as the
+// low-precision run's has a norm at most this far off; the norm's own error, one scalar, can be near
+// zero by luck.
+double grad_norm_envelope_error(const ParamTensors& low_grads, const ParamTensors& grads, double low_norm,
+                                double norm);
+
 class GoldenWriter {
  public:
   // Opens the temporary file and writes the root attributes, /batch for every step and /params/init.

@@ -101,6 +101,11 @@ Judgment Judge::judge(const std::string& path, const std::string& group, int par
   const std::vector<double> low =
       anchored->low ? Anchors::value(*anchored->low, group, param) : j.reference.values;
   j.tolerance = anchored_tolerance(low, j.reference.values, path, integer);
+  if (group == "grad_norm" && anchored->low && j.tolerance && !tolerances_.override_value()) {
+    const double error = grad_norm_envelope_error(anchored->low->grads, anchored->truth.grads,
+                                                  anchored->low->grad_norm, anchored->truth.grad_norm);
+    j.tolerance = tolerances_.envelope()->tolerance({error, error});
+  }
   if (group == "loss" && anchored->low && j.tolerance && !tolerances_.override_value()) {
     // One scalar's low-precision error can be near zero by luck (its token losses' errors cancel), so the
     // loss's envelope is taken from the token losses' errors added without cancellation.
