@@ -20,8 +20,12 @@ namespace touchstone::diff {
 // gradient in the candidate; otherwise returns nothing.
 // `params`: the parameters step `step` started from; `tolerance_of(path)`: the tolerance of a dataset
 // (none: it cannot decide).
+// A candidate that recorded parameters but neither the loss nor gradients of the step is matched
+// through its update: `update_matches(grads)` says whether its parameters after the step equal AdamW
+// applied to those gradients of the step (signatures.cpp builds it from the re-anchored steps).
 std::vector<Verdict> match_recomputed_rules(
     const Golden& golden, const ParamTensors& params, const TensorMap& candidate, int64_t step,
-    const std::function<std::optional<Tolerance>(const std::string&)>& tolerance_of);
+    const std::function<std::optional<Tolerance>(const std::string&)>& tolerance_of,
+    const std::function<bool(const ParamTensors&)>& update_matches = {});
 
 }  // namespace touchstone::diff

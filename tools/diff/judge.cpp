@@ -7,6 +7,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/precision.h"
+#include "model/params.h"
 #include "oracle/golden_writer.h"
 #include "oracle/train_step.h"
 
@@ -119,6 +120,18 @@ Judgment Judge::judge(const std::string& path, const std::string& group, int par
   return j;
 }
 
+const ParamTensors* Judge::reanchored_grads(int64_t step) {
+  const AnchoredStep* anchored = recompute_ ? anchors_.step(step) : nullptr;
+  if (anchored == nullptr) return nullptr;
+  if (!anchored->golden) return &anchored->truth.grads;
+  auto found = golden_grads_.find(step);
+  if (found == golden_grads_.end()) {
+    const std::string group = "/steps/" + std::to_string(step) + "/grads";
+    found = golden_grads_.emplace(step, load_parameters(golden_.table(), golden_.path(), group)).first;
+  }
+  return &found->second;
+}
+
 const ParamTensors* Judge::candidate_grads(int64_t step) {
   auto found = grads_.find(step);
   if (found == grads_.end()) {
@@ -203,12 +216,9 @@ std::optional<Judge::UpdatedParams> Judge::reanchored_update(int64_t step) {
                   [](const AnchoredStep* a) { return a->golden; })) {
     return std::nullopt;
   }
-  if (std::any_of(anchored_steps.begin(), anchored_steps.end(),
-                  [](const AnchoredStep* a) { return a->golden; })) {
-    return std::nullopt;  // mixed anchors: the trajectory decides (a candidate that rejoined the golden run)
-  }
-  for (const AnchoredStep* anchored : anchored_steps) {
-    truth_inputs.grads.push_back(&anchored->truth.grads);
+  for (int64_t k = 1; k <= step; ++k) {
+    truth_inputs.grads.push_back(reanchored_grads(k));
+    const AnchoredStep* anchored = anchored_steps[static_cast<size_t>(k - 1)];
     if (anchored->low) low_grads.push_back(anchored->low->grads);
   }
   truth_inputs.before = anchors_.params_after(step - 1);

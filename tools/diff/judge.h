@@ -58,6 +58,10 @@ class Judge {
   std::optional<OptimizerInputs> optimizer_inputs(int64_t step);
   MasterFormat master() const { return master_format(tolerances_.master_precision()); }
 
+  // The FP64 gradients of step `step` at the candidate's parameters after step - 1 (the golden file's
+  // when those are bitwise the golden ones); null without them.
+  const ParamTensors* reanchored_grads(int64_t step);
+
   // The parameters Touchstone evaluates step `step` at, when re-anchoring is possible.
   const ParamTensors* anchor(int64_t step);
   Anchors& anchors() { return anchors_; }
@@ -90,6 +94,7 @@ class Judge {
   Anchors anchors_;
   std::map<int64_t, UpdatedParams> updated_;
   std::map<int64_t, std::optional<ParamTensors>> grads_;
+  std::map<int64_t, ParamTensors> golden_grads_;
   std::map<int64_t, std::optional<AdamWState>> moments_;
   std::set<std::string> noted_;
   std::vector<std::string> notes_;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <map>
 #include <set>
@@ -333,7 +334,38 @@ std::vector<Verdict> find_signatures(const Golden& golden, const ToleranceModel&
   const bool forward_fails = std::any_of(result.entries.begin(), result.entries.end(), [&](const Entry& e) {
     return e.step == step && (e.group == "loss" || e.group == "grads") && e.status == Status::kFail;
   });
-  if (forward_fails && options.recompute) {
+  // A candidate with parameters but no loss or gradients: the rules are matched through its update.
+  const Entry& first = result.entries[static_cast<size_t>(result.first_failure)];
+  const bool update_only = !forward_fails && first.group == "params" && first.basis != Basis::kOptimizer &&
+                           judge.anchor(step) != nullptr &&
+                           std::none_of(result.entries.begin(), result.entries.end(), [&](const Entry& e) {
+                             return e.step == step && (e.group == "loss" || e.group == "grads") &&
+                                    e.status != Status::kNotCompared;
+                           });
+  std::function<bool(const ParamTensors&)> update_matches;
+  if (update_only) {
+    update_matches = [&](const ParamTensors& rule_grads) {
+      OptimizerInputs inputs;
+      for (int64_t k = 1; k < step; ++k) inputs.grads.push_back(judge.reanchored_grads(k));
+      inputs.grads.push_back(&rule_grads);
+      inputs.before = judge.anchor(step);
+      if (inputs.before == nullptr ||
+          std::find(inputs.grads.begin(), inputs.grads.end(), nullptr) != inputs.grads.end()) {
+        return false;
+      }
+      const ExpectedUpdate expected =
+          expected_update(golden.table(), golden.config().optim, inputs, OptimizerRule{}, MasterFormat{});
+      return std::all_of(result.entries.begin(), result.entries.end(), [&](const Entry& e) {
+        if (e.step != step || e.group != "params" || e.status == Status::kNotCompared) return true;
+        const Judgment judged = judge.judge(e.path, e.group, e.param, e.step);
+        const Recorded reference{golden.table()[e.param].shape, expected.params[e.param], "float64"};
+        return e.reason.empty() && passes(compare_values(reference, candidate.at(e.path), e.tolerance,
+                                                         judged.bounds.empty() ? nullptr : &judged.bounds),
+                                          e.tolerance);
+      });
+    };
+  }
+  if ((forward_fails || update_only) && options.recompute) {
     const ParamTensors* anchor = judge.anchor(step);
     const ParamTensors golden_params =
         anchor ? ParamTensors{} : load_parameters(golden.table(), golden.path(), golden.params_before(step));
@@ -341,12 +373,14 @@ std::vector<Verdict> find_signatures(const Golden& golden, const ToleranceModel&
     for (const Entry& e : result.entries) {
       if (e.step == step && e.status != Status::kNotCompared) judged[e.path] = e.tolerance;
     }
-    add(match_recomputed_rules(golden, anchor ? *anchor : golden_params, candidate, step,
-                               [&](const std::string& path) -> std::optional<Tolerance> {
-                                 const auto found = judged.find(path);
-                                 if (found == judged.end()) return std::nullopt;
-                                 return found->second;
-                               }));
+    add(match_recomputed_rules(
+        golden, anchor ? *anchor : golden_params, candidate, step,
+        [&](const std::string& path) -> std::optional<Tolerance> {
+          const auto found = judged.find(path);
+          if (found == judged.end()) return std::nullopt;
+          return found->second;
+        },
+        update_matches));
   } else if (forward_fails) {
     result.notes.push_back("signatures that recompute the golden step were skipped (--no-recompute)");
   }
