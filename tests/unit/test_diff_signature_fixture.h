@@ -24,6 +24,7 @@
 #include "oracle/run.h"
 #include "oracle/train_step.h"
 #include "parallel/context.h"
+#include "test_support.h"
 #include "tools/diff/candidate.h"
 #include "tools/diff/diff.h"
 #include "tools/diff/hf_names.h"
@@ -60,15 +61,9 @@ inline const std::set<std::string>& all_signatures() {
 // coefficient (~0.12) far from the ratios that other optimizer mistakes cause (lr(2)/lr(1) = 0.775,
 // lr(3)/lr(2) = 0.42, the bias correction's 0.45 at step 1), so no two optimizer rules coincide.
 inline Config signature_config(const std::string& documents) {
-  Config c;
+  Config c = touchstone::testing::small_model_config();  // visibly non-linear: every rule changes the loss by
+                                                         // 1e-3 or more
   c.model.vocab_size = 32;
-  c.model.hidden_size = 16;
-  c.model.num_layers = 2;
-  c.model.num_heads = 4;
-  c.model.num_kv_heads = 2;
-  c.model.ffn_hidden_size = 24;
-  c.model.seq_length = 16;
-  c.model.init_std = 0.2;  // visibly non-linear: every rule changes the loss by 1e-3 or more
   c.data.source = documents;
   c.train.global_batch_size = 4;
   c.train.micro_batch_size = 2;

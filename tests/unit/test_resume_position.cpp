@@ -18,6 +18,7 @@
 #include "oracle/run.h"
 #include "oracle/train_step.h"
 #include "test_files.h"
+#include "test_support.h"
 
 namespace touchstone {
 namespace {
@@ -26,15 +27,7 @@ constexpr int64_t kSteps = 5, kSavedAfter = 2;
 
 // The built-in data at T = 16 with attention and hidden dropout on, B = 8 in micro-batches of 2.
 Config resume_config() {
-  Config c;
-  c.model.vocab_size = 64;
-  c.model.hidden_size = 16;
-  c.model.num_layers = 2;
-  c.model.num_heads = 4;
-  c.model.num_kv_heads = 2;
-  c.model.ffn_hidden_size = 24;
-  c.model.seq_length = 16;
-  c.model.init_std = 0.2;
+  Config c = touchstone::testing::small_model_config();
   c.model.attention_dropout = 0.1;
   c.model.hidden_dropout = 0.1;
   c.train.global_batch_size = 8;

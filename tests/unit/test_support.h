@@ -33,6 +33,21 @@ inline Config tiny_config() {
   return c;
 }
 
+// The small model of the step, resume and diff-signature tests: V=64, H=16, 2 layers, 4 query / 2 KV
+// heads, F=24, T=16 (the built-in data at T=16 packs into 24 windows).
+inline Config small_model_config() {
+  Config c;
+  c.model.vocab_size = 64;
+  c.model.hidden_size = 16;
+  c.model.num_layers = 2;
+  c.model.num_heads = 4;
+  c.model.num_kv_heads = 2;
+  c.model.ffn_hidden_size = 24;
+  c.model.seq_length = 16;
+  c.model.init_std = 0.2;  // visibly non-linear
+  return c;
+}
+
 // The whole model on this process: tp = 1, one pipeline stage. The region lives as long as the test.
 inline Transformer whole_model(const Config& c, const ParamTable& table, Backend& backend) {
   static SingleRankGroup group{"tp"};

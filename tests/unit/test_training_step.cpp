@@ -16,15 +16,7 @@ namespace {
 // A small model on the built-in acceptance data (T = 16, B = 8): its micro-batches of 2 windows hold
 // different numbers of loss tokens.
 Config acceptance_config() {
-  Config c;
-  c.model.vocab_size = 64;
-  c.model.hidden_size = 16;
-  c.model.num_layers = 2;
-  c.model.num_heads = 4;
-  c.model.num_kv_heads = 2;
-  c.model.ffn_hidden_size = 24;
-  c.model.seq_length = 16;
-  c.model.init_std = 0.2;
+  Config c = touchstone::testing::small_model_config();
   c.train.global_batch_size = 8;
   c.train.steps = 3;
   return c;
@@ -111,7 +103,8 @@ TEST(LossNormalization, PerMicrobatchMeanDiffersAndMatchesItsDefinition) {
                                                    LossNormalization::kGlobalTokenMean, true);
     hand_loss += own.loss / static_cast<double>(num_micro);
     for (int id = 0; id < table.size(); ++id) {
-      for (size_t i = 0; i < hand_grads[id].size(); ++i) hand_grads[id][i] += own.grads[id][i] / static_cast<double>(num_micro);
+      for (size_t i = 0; i < hand_grads[id].size(); ++i)
+        hand_grads[id][i] += own.grads[id][i] / static_cast<double>(num_micro);
     }
   }
   EXPECT_LE(std::abs(per_micro.loss - hand_loss) / hand_loss, 1e-14);
@@ -179,9 +172,11 @@ TEST(Padding, ContributesNoLossAndNoGradient) {
     const Transformer model = testing::whole_model(config, table, *backend);
     const ParamTensors params = init_parameters(table, config.model, 5);
     // 4 windows of T = 8; the stream ends 5 tokens into the last window.
-    GlobalBatch batch = testing::batch_from_documents(config, {{2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {12, 13, 14, 15, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}});
-    const ObjectiveResult reference = evaluate_objective(model, table, params, batch, 2,
-                                                         LossNormalization::kGlobalTokenMean, true);
+    GlobalBatch batch = testing::batch_from_documents(
+        config,
+        {{2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {12, 13, 14, 15, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}});
+    const ObjectiveResult reference =
+        evaluate_objective(model, table, params, batch, 2, LossNormalization::kGlobalTokenMean, true);
     int64_t padding = 0;
     for (size_t i = 0; i < batch.tokens.size(); ++i) {
       if (batch.document_ids[i] != data::kPaddingDocument) continue;
@@ -192,9 +187,12 @@ TEST(Padding, ContributesNoLossAndNoGradient) {
     }
     ASSERT_GT(padding, 0);
     // The pad token's embedding row is never used by a position with a loss: its gradient is 0.
-    for (int64_t i = 0; i < config.model.hidden_size; ++i) EXPECT_EQ(reference.grads[table.embedding()][static_cast<size_t>(config.data.pad_token * config.model.hidden_size + i)], 0.0);
-    const ObjectiveResult changed = evaluate_objective(model, table, params, batch, 2,
-                                                       LossNormalization::kGlobalTokenMean, true);
+    for (int64_t i = 0; i < config.model.hidden_size; ++i)
+      EXPECT_EQ(reference.grads[table.embedding()]
+                               [static_cast<size_t>(config.data.pad_token * config.model.hidden_size + i)],
+                0.0);
+    const ObjectiveResult changed =
+        evaluate_objective(model, table, params, batch, 2, LossNormalization::kGlobalTokenMean, true);
     EXPECT_EQ(changed.loss, reference.loss);
     EXPECT_EQ(changed.num_loss_tokens, reference.num_loss_tokens);
     EXPECT_EQ(testing::relative_l2(changed.grads, reference.grads), 0.0) << "masking " << document_masking;
