@@ -69,7 +69,11 @@ Judgment Judge::judge(const std::string& path, const std::string& group, int par
                                                         "grad_norm"};
   if (group == "params") {
     const UpdatedParams& updated = updated_params(step);
-    if (updated.basis == Basis::kTrajectory) return trajectory(path, group, param, step);
+    if (updated.basis == Basis::kTrajectory) {
+      Judgment j = trajectory(path, group, param, step);
+      if (updated.golden_anchors) j.basis = Basis::kReanchored;  // the golden update is the re-anchored one
+      return j;
+    }
     Judgment j;
     j.basis = updated.basis;
     j.reference = Recorded{golden_.table()[param].shape, updated.reference[param],
@@ -289,14 +293,23 @@ std::optional<Judge::UpdatedParams> Judge::reanchored_update(int64_t step) {
   return out;
 }
 
+bool Judge::all_golden_before(int64_t step) {
+  for (int64_t k = 1; k <= step; ++k) {
+    const AnchoredStep* anchored = anchors_.step(k);
+    if (anchored == nullptr || !anchored->golden) return false;
+  }
+  return true;
+}
+
 const Judge::UpdatedParams& Judge::updated_params(int64_t step) {
   auto found = updated_.find(step);
   if (found != updated_.end()) return found->second;
   std::optional<UpdatedParams> updated = optimizer_check(step);
   if (!updated) updated = reanchored_update(step);
   const AnchoredStep* anchored = recompute_ ? anchors_.step(step) : nullptr;
-  if (!updated && anchored != nullptr && anchored->golden) {
+  if (!updated && anchored != nullptr && anchored->golden && all_golden_before(step)) {
     updated = UpdatedParams{};  // the golden update from the golden parameters: the trajectory is exact
+    updated->golden_anchors = true;
   } else if (!updated) {
     updated = UpdatedParams{};
     note_once(step,

@@ -72,11 +72,13 @@ class Judge {
  private:
   struct UpdatedParams {
     Basis basis = Basis::kTrajectory;
+    bool golden_anchors = false;  // every step started from the golden parameters: the trajectory is exact
     ParamTensors reference;
     std::vector<ElementBounds> bounds;  // per parameter id; empty: tensor rule
     std::vector<std::optional<Tolerance>> tolerances;
   };
   const UpdatedParams& updated_params(int64_t step);
+  bool all_golden_before(int64_t step);  // steps 1..step all start from bitwise golden parameters
   std::optional<UpdatedParams> optimizer_check(int64_t step);
   std::optional<UpdatedParams> reanchored_update(int64_t step);
   ElementBounds near_zero_bounds(int64_t step, int param, const Recorded& golden_params,
