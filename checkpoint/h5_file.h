@@ -12,7 +12,7 @@
 namespace touchstone::h5 {
 
 // Dataset paths are absolute ("/steps/1/grads/output_layer.weight"); missing groups are created.
-// A dataset name may contain dots: the parameter names of CONTRACTS.md are used verbatim.
+// A dataset name may contain dots: the parameter names of docs/contract.md are used verbatim.
 // An empty shape writes a scalar dataset.
 class H5Writer {
  public:

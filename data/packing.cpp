@@ -1,5 +1,5 @@
 // Packs documents into training windows: the stream, the window cut, targets, positions and document ids
-// exactly as CONTRACTS.md section 3 and data/packing.h state them.
+// exactly as docs/data.md and data/packing.h state them.
 #include "data/packing.h"
 
 #include <cstddef>

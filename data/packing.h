@@ -1,4 +1,4 @@
-// Packing documents into fixed-length training windows (CONTRACTS.md section 3).
+// Packing documents into fixed-length training windows (docs/data.md).
 //
 // Documents are concatenated into one token stream, each followed by the EOS token, and cut into
 // windows of T tokens. Window w holds stream[w*T, (w+1)*T) and its targets are the next tokens,

@@ -1,4 +1,4 @@
-// The run configuration: every key of CONTRACTS.md section 1 with its default, loading from JSON,
+// The run configuration: every key of docs/config.md with its default, loading from JSON,
 // command-line overrides, and validation before any compute.
 #pragma once
 

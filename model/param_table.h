@@ -1,4 +1,4 @@
-// The one table of parameters: every tensor of the model described once (CONTRACTS.md section 2).
+// The one table of parameters: every tensor of the model described once (docs/contract.md, "Model").
 //
 // Name, full shape, which layer it belongs to, whether weight decay applies and how it is initialised
 // all live here; init, the optimizer, the gradient norm, golden files and --init-from read this table

@@ -1,4 +1,4 @@
-// The Llama-style decoder of CONTRACTS.md section 2: forward and hand-written backward of one
+// The Llama-style decoder of docs/contract.md, "Model": forward and hand-written backward of one
 // micro-batch on one pipeline stage and one tensor-parallel shard. Every operator is a call into the
 // kernel interface (kernels/backend.h); every tensor-parallel transfer is a gather or reduce of a
 // TensorParallelRegion (parallel/tensor/regions.h). With one stage and tp = 1 it is the whole model.

@@ -1,4 +1,4 @@
-// The optimizer side of a step (CONTRACTS.md section 4, "Optimizer"): learning-rate schedule, global
+// The optimizer side of a step (docs/contract.md, "Update"): learning-rate schedule, global
 // gradient norm, clipping, and AdamW over every tensor of the parameter table.
 #pragma once
 

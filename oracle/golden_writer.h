@@ -1,4 +1,4 @@
-// Writes golden files (CONTRACTS.md section 4; documented in docs/golden-format.md).
+// Writes golden files (docs/golden-format.md).
 //
 // The file is assembled under a temporary name and renamed into place by commit(), so a file at the
 // final path is always complete; a run that fails leaves nothing behind.

@@ -1,4 +1,4 @@
-// One training step on one rank of the grid, in the order of DESIGN.md: this data-parallel rank's
+// One training step on one rank of the grid, in the order of docs/architecture.md: this data-parallel rank's
 // micro-batches (Megatron-LM's sampler order) -> the pipeline schedule (forward/backward with gradient
 // accumulation) -> finalize gradients (sequence-parallel norm weights, tied embedding) -> data-parallel
 // reduction, global norm, clipping, AdamW (parallel/data/data_parallel_optimizer.h). With one rank it

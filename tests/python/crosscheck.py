@@ -3,7 +3,7 @@
 
 For each config of a small matrix this script
   1. runs `touchstone golden --set ... --out WORKDIR/NAME.h5`;
-  2. checks the golden file's structure against CONTRACTS.md section 4 (root attributes, dataset
+  2. checks the golden file's structure against docs/golden-format.md (root attributes, dataset
      names, dtypes and shapes, the exact set of parameter names of section 2), that the stored
      config is the one asked for, and the data rules of section 3 that can be read off one window;
   3. replays every recorded step with torch_reference.py, starting from /params/init and carrying
@@ -133,7 +133,7 @@ def run_touchstone(binary, overrides, out_path, log_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# Structure of the golden file (CONTRACTS.md section 4) and the data rules (section 3)
+# Structure of the golden file (docs/golden-format.md) and the data rules (docs/data.md)
 # ----------------------------------------------------------------------------------------------
 
 def check_structure(golden, overrides):

@@ -1,6 +1,6 @@
 """A float64 PyTorch re-implementation of Touchstone's model, objective and optimizer.
 
-Everything here follows the contract (CONTRACTS.md sections 1 to 4) and is meant to
+Everything here follows the contract (docs/contract.md, docs/config.md, docs/data.md and docs/golden-format.md) and is meant to
 be read top to bottom:
 
   1. the model (Llama-style, no biases): embedding, per layer RMSNorm -> grouped QKV projection ->

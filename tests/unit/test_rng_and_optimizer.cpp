@@ -1,5 +1,5 @@
 // The counter-based RNG (known answers, independence from draw order) and the optimizer formulas of
-// CONTRACTS.md section 4 evaluated by hand.
+// docs/contract.md "Update" evaluated by hand.
 #include <gtest/gtest.h>
 
 #include <cmath>
