@@ -6,8 +6,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "model/errors.h"
-#include "model/hash.h"
+#include "common/errors.h"
+#include "common/hash.h"
 #include "optim/optimizer.h"
 
 namespace touchstone {

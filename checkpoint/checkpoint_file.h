@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <string>
 
-#include "checkpoint/h5_file.h"
-#include "model/config.h"
+#include "common/config.h"
+#include "common/h5_file.h"
 #include "model/param_table.h"
 
 namespace touchstone {

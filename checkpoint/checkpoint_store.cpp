@@ -6,9 +6,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/errors.h"
+#include "common/hash.h"
 #include "common/text_output.h"
-#include "model/errors.h"
-#include "model/hash.h"
 
 namespace touchstone {
 

@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <stdexcept>
 
-#include "model/errors.h"
+#include "common/errors.h"
 
 namespace touchstone {
 

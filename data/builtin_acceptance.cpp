@@ -62,8 +62,8 @@
 #include <string>
 #include <utility>
 
+#include "common/errors.h"
 #include "data/sources.h"
-#include "model/errors.h"
 
 namespace touchstone::data {
 namespace {

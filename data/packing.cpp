@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <limits>
 
-#include "model/errors.h"
+#include "common/errors.h"
 
 namespace touchstone::data {
 namespace {

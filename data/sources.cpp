@@ -7,7 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "model/errors.h"
+#include "common/errors.h"
 
 namespace touchstone::data {
 namespace {

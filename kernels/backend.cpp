@@ -3,8 +3,8 @@
 
 #include <cmath>
 
+#include "common/errors.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "model/errors.h"
 #if defined(TOUCHSTONE_HAVE_CUDA) || defined(TOUCHSTONE_CUDA_EMULATION)
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/launch.h"

@@ -12,8 +12,8 @@
 #include <memory>
 #include <string>
 
+#include "common/rng.h"
 #include "kernels/precision.h"
-#include "model/rng.h"
 
 namespace touchstone {
 

@@ -1,7 +1,7 @@
 // Precision names as the config spells them.
 #include "kernels/precision.h"
 
-#include "model/errors.h"
+#include "common/errors.h"
 
 namespace touchstone {
 

@@ -9,7 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "model/config.h"
+#include "common/config.h"
+#include "parallel/tensor/sharding.h"  // Sharding: each parameter's tensor-parallel layout
 
 namespace touchstone {
 
@@ -21,21 +22,12 @@ enum class InitRule {
   kScaledNormal,  // normal(0, init_std / sqrt(2 * num_layers)): outputs added to the residual stream
 };
 
-// How tensor parallelism splits a parameter over the tp ranks (Megatron-Core's layouts).
-enum class Sharding {
-  kReplicated,  // norm weights: every tp rank holds the whole tensor
-  kRows,        // dim 0 in tp equal contiguous blocks: vocab rows of the embedding and output layer
-                // (VocabParallelEmbedding, vocab-parallel output), whole KV groups of linear_qkv
-  kGateUp,      // linear_fc1: rank r holds [gate rows of r; up rows of r] (not a contiguous block)
-  kColumns,     // dim 1 in tp contiguous blocks: linear_proj and linear_fc2 (RowParallelLinear)
-};
-
 struct ParamSpec {
   std::string name;            // canonical name, e.g. "decoder.layers.0.mlp.linear_fc1.weight"
   std::vector<int64_t> shape;  // full (unsharded) shape
   ParamKind kind;
-  int64_t layer;               // global layer number, -1 outside the decoder layers
-  bool weight_decay;           // AdamW decay applies to tensors of 2 or more dimensions only
+  int64_t layer;      // global layer number, -1 outside the decoder layers
+  bool weight_decay;  // AdamW decay applies to tensors of 2 or more dimensions only
   InitRule init;
   Sharding sharding;
 

@@ -3,9 +3,9 @@
 
 #include <cmath>
 
-#include "checkpoint/h5_file.h"
-#include "model/errors.h"
-#include "model/rng.h"
+#include "common/errors.h"
+#include "common/h5_file.h"
+#include "common/rng.h"
 
 namespace touchstone {
 

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/config.h"
 #include "kernels/backend.h"
-#include "model/config.h"
 #include "model/param_table.h"
 #include "parallel/tensor/regions.h"
 

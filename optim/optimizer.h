@@ -4,8 +4,8 @@
 
 #include <cstdint>
 
+#include "common/config.h"
 #include "kernels/backend.h"
-#include "model/config.h"
 #include "model/param_table.h"
 
 namespace touchstone {
@@ -28,7 +28,7 @@ struct AdamWState {
 
 // One AdamW update of every (non-empty) tensor with gradients scaled by `grad_scale` (the clip
 // coefficient). Weight decay applies to the tensors the table marks (2 or more dimensions).
-void adamw_step(Backend& backend, const ParamTable& table, const OptimConfig& optim, double lr, double grad_scale,
-                const ParamTensors& grads, ParamTensors& params, AdamWState& state);
+void adamw_step(Backend& backend, const ParamTable& table, const OptimConfig& optim, double lr,
+                double grad_scale, const ParamTensors& grads, ParamTensors& params, AdamWState& state);
 
 }  // namespace touchstone

@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "checkpoint/checkpoint_store.h"
-#include "data/ledger.h"
-#include "model/config.h"
+#include "checkpoint/ledger/ledger.h"
+#include "common/config.h"
 #include "oracle/global_batch.h"
 #include "oracle/train_step.h"
-#include "parallel/context.h"
+#include "parallel/comm/context.h"
 
 namespace touchstone {
 

@@ -3,8 +3,8 @@
 
 #include <cmath>
 
-#include "checkpoint/h5_file.h"
-#include "model/errors.h"
+#include "common/errors.h"
+#include "common/h5_file.h"
 
 namespace touchstone {
 
@@ -30,7 +30,8 @@ GoldenComparison compare_golden_files(const std::string& candidate, const std::s
   GoldenComparison result;
   for (const std::string& path : datasets) {
     if (!cand.exists(path)) throw InputError(candidate + ": missing dataset " + path);
-    if (cand.shape(path) != ref.shape(path)) throw InputError(candidate + ": dataset " + path + " has another shape");
+    if (cand.shape(path) != ref.shape(path))
+      throw InputError(candidate + ": dataset " + path + " has another shape");
     const std::vector<double> a = cand.read_f64(path), b = ref.read_f64(path);
     double diff = 0.0, norm = 0.0;
     for (size_t i = 0; i < a.size(); ++i) {

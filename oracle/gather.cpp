@@ -5,13 +5,15 @@
 
 namespace touchstone {
 
-ParamTensors gather_full_tensors(const ShardPlan& plan, const ParallelContext& context, const ParamTensors& local) {
+ParamTensors gather_full_tensors(const ShardPlan& plan, const ParallelContext& context,
+                                 const ParamTensors& local) {
   const ParamTable& table = plan.table();
   const bool sender = context.dp.rank() == 0 && context.world.rank() != 0;
   if (sender) {
     for (int id : plan.held_ids()) {
       if (!plan.is_primary(id)) continue;
-      context.world.send(local[id].data(), static_cast<int64_t>(local[id].size()), 0, id, plan.local_shape(id));
+      context.world.send(local[id].data(), static_cast<int64_t>(local[id].size()), 0, id,
+                         plan.local_shape(id));
     }
     context.world.wait_sends();
   }
@@ -25,12 +27,12 @@ ParamTensors gather_full_tensors(const ShardPlan& plan, const ParallelContext& c
     for (int r = 0; r < owners; ++r) {
       const int from = context.global_rank_of(r, 0, plan.owner_stage(id));
       if (from == 0) {
-        place_shard(spec, local[id], r, tp, full[id]);
+        place_shard(spec.sharding, spec.shape, local[id], r, tp, full[id]);
         continue;
       }
       std::vector<double> shard(static_cast<size_t>(plan.local_numel(id)));
       context.world.recv(shard.data(), static_cast<int64_t>(shard.size()), from, id, plan.local_shape(id));
-      place_shard(spec, shard, r, tp, full[id]);
+      place_shard(spec.sharding, spec.shape, shard, r, tp, full[id]);
     }
   }
   return full;

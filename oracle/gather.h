@@ -4,13 +4,14 @@
 #pragma once
 
 #include "model/param_table.h"
-#include "parallel/context.h"
+#include "parallel/comm/context.h"
 #include "parallel/shard_plan.h"
 
 namespace touchstone {
 
 // Collective over the world group. Returns full tensors on world rank 0, an empty set elsewhere.
 // Only data-parallel rank 0 sends: the replicas hold the same shards.
-ParamTensors gather_full_tensors(const ShardPlan& plan, const ParallelContext& context, const ParamTensors& local);
+ParamTensors gather_full_tensors(const ShardPlan& plan, const ParallelContext& context,
+                                 const ParamTensors& local);
 
 }  // namespace touchstone

@@ -9,18 +9,18 @@
 #include <ostream>
 
 #include "checkpoint/checkpoint_store.h"
-#include "data/ledger.h"
+#include "checkpoint/fault_injection.h"
+#include "checkpoint/ledger/ledger.h"
+#include "common/errors.h"
 #include "data/sources.h"
-#include "model/errors.h"
 #include "model/params.h"
 #include "oracle/checkpointing.h"
 #include "oracle/gather.h"
 #include "oracle/train_step.h"
-#include "parallel/context.h"
-#include "parallel/fault_injection.h"
-#include "parallel/mpi_runtime.h"
+#include "parallel/comm/context.h"
+#include "parallel/comm/mpi_runtime.h"
+#include "parallel/comm/trace.h"
 #include "parallel/pipeline/timeline.h"
-#include "parallel/trace.h"
 
 namespace touchstone {
 

@@ -9,13 +9,13 @@
 #include <vector>
 
 #include "checkpoint/checkpoint_file.h"
+#include "common/config.h"
 #include "data/packing.h"
-#include "model/config.h"
 #include "model/param_table.h"
 #include "oracle/checkpointing.h"
 #include "oracle/global_batch.h"
-#include "oracle/golden_writer.h"
-#include "parallel/grid.h"
+#include "oracle/golden/golden_writer.h"
+#include "parallel/comm/grid.h"
 
 namespace touchstone {
 

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "model/errors.h"
+#include "common/errors.h"
 #include "parallel/pipeline/executor.h"
 
 namespace touchstone {

@@ -10,14 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "common/config.h"
 #include "data/sampler_order.h"  // micro_batch_starts: Megatron-LM's sampler order
 #include "kernels/backend.h"
-#include "model/config.h"
 #include "model/param_table.h"
 #include "model/transformer.h"
 #include "optim/optimizer.h"
 #include "oracle/global_batch.h"
-#include "parallel/context.h"
+#include "parallel/comm/context.h"
 #include "parallel/data/data_parallel_optimizer.h"
 #include "parallel/pipeline/timeline.h"
 #include "parallel/shard_plan.h"

@@ -8,11 +8,14 @@
 namespace touchstone {
 
 ShardPlan::ShardPlan(const ParamTable& table, const Config& config, int tp_rank, int tp_size, int stage)
-    : table_(table), tp_rank_(tp_rank), tp_size_(tp_size), stage_(stage),
+    : table_(table),
+      tp_rank_(tp_rank),
+      tp_size_(tp_size),
+      stage_(stage),
       stage_boundaries_(config.stage_boundaries()) {
   const auto num_stages = static_cast<int>(config.parallel.pp);
-  range_ = StageRange{stage_boundaries_[static_cast<size_t>(stage)], stage_boundaries_[static_cast<size_t>(stage) + 1],
-                      stage == 0, stage == num_stages - 1};
+  range_ = StageRange{stage_boundaries_[static_cast<size_t>(stage)],
+                      stage_boundaries_[static_cast<size_t>(stage) + 1], stage == 0, stage == num_stages - 1};
   holds_.assign(static_cast<size_t>(table.size()), false);
   for (int id = 0; id < table.size(); ++id) {
     const ParamSpec& spec = table[id];
@@ -34,10 +37,13 @@ int ShardPlan::owner_stage(int id) const {
 }
 
 bool ShardPlan::is_primary(int id) const {
-  return holds(id) && owner_stage(id) == stage_ && (table_[id].sharding != Sharding::kReplicated || tp_rank_ == 0);
+  return holds(id) && owner_stage(id) == stage_ &&
+         (table_[id].sharding != Sharding::kReplicated || tp_rank_ == 0);
 }
 
-std::vector<int64_t> ShardPlan::local_shape(int id) const { return shard_shape(table_[id], tp_size_); }
+std::vector<int64_t> ShardPlan::local_shape(int id) const {
+  return shard_shape(table_[id].sharding, table_[id].shape, tp_size_);
+}
 
 int64_t ShardPlan::local_numel(int id) const {
   int64_t n = 1;
@@ -48,7 +54,8 @@ int64_t ShardPlan::local_numel(int id) const {
 ParamTensors ShardPlan::shard(const ParamTensors& full) const {
   ParamTensors local;
   local.tensors.resize(static_cast<size_t>(table_.size()));
-  for (int id : held_ids_) local[id] = shard_of(table_[id], full[id], tp_rank_, tp_size_);
+  for (int id : held_ids_)
+    local[id] = shard_of(table_[id].sharding, table_[id].shape, full[id], tp_rank_, tp_size_);
   return local;
 }
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/config.h"
+#include "common/config.h"
 #include "model/param_table.h"
 #include "model/transformer.h"
 

@@ -2,7 +2,7 @@
 // applying one.
 //
 // A mask element is a pure function of (the site's stream key, the window's global sample index, the
-// element's index in that sample's global tensor) through uniform_at (model/rng.h). A tensor-parallel
+// element's index in that sample's global tensor) through uniform_at (common/rng.h). A tensor-parallel
 // shard of heads, a sequence-parallel block of rows or one micro-batch therefore draws exactly its
 // slice of the one global mask, whatever the layout, and a resumed run draws the same masks again.
 #include "kernels/cpu/cpu_backend.h"

@@ -1,9 +1,9 @@
 // The CUDA backend's life cycle: the GPU, its stream and cuBLAS handle, and the factory.
 #include <string>
 
+#include "common/errors.h"
 #include "kernels/cuda/cuda_backend.cuh"
 #include "kernels/cuda/cuda_device.h"
-#include "model/errors.h"
 
 namespace touchstone {
 

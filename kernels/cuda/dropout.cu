@@ -1,7 +1,7 @@
 // CUDA inverted dropout: the masks drawn from global coordinates with the same Philox code as the CPU
-// (model/philox.h), so a GPU mask is bitwise the CPU's, and the forward and backward of applying one.
+// (common/philox.h), so a GPU mask is bitwise the CPU's, and the forward and backward of applying one.
+#include "common/philox.h"
 #include "kernels/cuda/cuda_backend.cuh"
-#include "model/philox.h"
 
 namespace touchstone {
 

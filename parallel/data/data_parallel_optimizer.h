@@ -13,10 +13,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/config.h"
 #include "kernels/backend.h"
-#include "model/config.h"
 #include "optim/optimizer.h"
-#include "parallel/context.h"
+#include "parallel/comm/context.h"
 #include "parallel/data/flat_buffer.h"
 #include "parallel/shard_plan.h"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "model/transformer.h"
-#include "parallel/context.h"
+#include "parallel/comm/context.h"
 #include "parallel/pipeline/timeline.h"
 
 namespace touchstone {

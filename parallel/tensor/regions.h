@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "parallel/comm.h"
+#include "parallel/comm/process_group.h"
 
 namespace touchstone {
 

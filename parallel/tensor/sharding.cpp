@@ -1,4 +1,4 @@
-// Shard <-> full tensor copies for each Sharding rule of the parameter table.
+// Shard <-> full tensor copies for each Sharding rule.
 #include "parallel/tensor/sharding.h"
 
 #include <algorithm>
@@ -13,9 +13,9 @@ struct Block {
 };
 
 // The blocks of the full tensor that rank r holds, in the order they are stacked in its shard.
-std::vector<Block> blocks_of(const ParamSpec& spec, int r, int t) {
-  const int64_t rows = spec.shape[0], cols = spec.shape.size() > 1 ? spec.shape[1] : 1;
-  switch (spec.sharding) {
+std::vector<Block> blocks_of(Sharding rule, const std::vector<int64_t>& shape, int r, int t) {
+  const int64_t rows = shape[0], cols = shape.size() > 1 ? shape[1] : 1;
+  switch (rule) {
     case Sharding::kReplicated:
       return {{0, rows, 0, cols}};
     case Sharding::kRows:
@@ -31,10 +31,10 @@ std::vector<Block> blocks_of(const ParamSpec& spec, int r, int t) {
 }
 
 template <typename Copy>
-void for_each_block_row(const ParamSpec& spec, int r, int t, Copy copy) {
-  const int64_t cols = spec.shape.size() > 1 ? spec.shape[1] : 1;
+void for_each_block_row(Sharding rule, const std::vector<int64_t>& shape, int r, int t, Copy copy) {
+  const int64_t cols = shape.size() > 1 ? shape[1] : 1;
   int64_t shard_offset = 0;
-  for (const Block& b : blocks_of(spec, r, t)) {
+  for (const Block& b : blocks_of(rule, shape, r, t)) {
     for (int64_t i = 0; i < b.nrows; ++i) {
       copy((b.row0 + i) * cols + b.col0, shard_offset, b.ncols);
       shard_offset += b.ncols;
@@ -44,25 +44,27 @@ void for_each_block_row(const ParamSpec& spec, int r, int t, Copy copy) {
 
 }  // namespace
 
-std::vector<int64_t> shard_shape(const ParamSpec& spec, int t) {
-  std::vector<int64_t> shape = spec.shape;
-  if (spec.sharding == Sharding::kRows || spec.sharding == Sharding::kGateUp) shape[0] /= t;
-  if (spec.sharding == Sharding::kColumns) shape[1] /= t;
+std::vector<int64_t> shard_shape(Sharding rule, const std::vector<int64_t>& full_shape, int t) {
+  std::vector<int64_t> shape = full_shape;
+  if (rule == Sharding::kRows || rule == Sharding::kGateUp) shape[0] /= t;
+  if (rule == Sharding::kColumns) shape[1] /= t;
   return shape;
 }
 
-std::vector<double> shard_of(const ParamSpec& spec, const std::vector<double>& full, int r, int t) {
+std::vector<double> shard_of(Sharding rule, const std::vector<int64_t>& full_shape,
+                             const std::vector<double>& full, int r, int t) {
   int64_t numel = 1;
-  for (int64_t d : shard_shape(spec, t)) numel *= d;
+  for (int64_t d : shard_shape(rule, full_shape, t)) numel *= d;
   std::vector<double> shard(static_cast<size_t>(numel));
-  for_each_block_row(spec, r, t, [&](int64_t full_offset, int64_t shard_offset, int64_t n) {
+  for_each_block_row(rule, full_shape, r, t, [&](int64_t full_offset, int64_t shard_offset, int64_t n) {
     std::copy_n(full.begin() + full_offset, n, shard.begin() + shard_offset);
   });
   return shard;
 }
 
-void place_shard(const ParamSpec& spec, const std::vector<double>& shard, int r, int t, std::vector<double>& full) {
-  for_each_block_row(spec, r, t, [&](int64_t full_offset, int64_t shard_offset, int64_t n) {
+void place_shard(Sharding rule, const std::vector<int64_t>& full_shape, const std::vector<double>& shard,
+                 int r, int t, std::vector<double>& full) {
+  for_each_block_row(rule, full_shape, r, t, [&](int64_t full_offset, int64_t shard_offset, int64_t n) {
     std::copy_n(shard.begin() + shard_offset, n, full.begin() + full_offset);
   });
 }

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "common/rng.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_device.h"
-#include "model/rng.h"
 
 namespace touchstone::gpu_testing {
 

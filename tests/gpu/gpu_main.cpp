@@ -6,8 +6,8 @@
 #include <iostream>
 #include <string>
 
+#include "common/errors.h"
 #include "kernels/cuda/cuda_device.h"
-#include "model/errors.h"
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);

@@ -23,14 +23,14 @@
 #include <string>
 #include <vector>
 
+#include "common/errors.h"
 #include "kernels/cuda/cuda_device.h"
 #include "kernels/cuda/device.cuh"
-#include "model/errors.h"
-#include "parallel/grid.h"
-#include "parallel/mpi_runtime.h"
-#include "parallel/nccl/nccl_group.h"
-#include "parallel/nccl/rank_order.h"
-#include "parallel/ordered_max.h"
+#include "parallel/comm/grid.h"
+#include "parallel/comm/mpi_runtime.h"
+#include "parallel/comm/nccl/nccl_group.h"
+#include "parallel/comm/nccl/rank_order.h"
+#include "parallel/comm/ordered_max.h"
 
 namespace touchstone {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "oracle/run.h"
 #include "oracle/train_step.h"
-#include "parallel/context.h"
+#include "parallel/comm/context.h"
 #include "tests/gpu/gpu_compare.h"
 
 namespace touchstone::gpu_testing {

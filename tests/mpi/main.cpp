@@ -6,7 +6,7 @@
 
 #include <iostream>
 
-#include "parallel/mpi_runtime.h"
+#include "parallel/comm/mpi_runtime.h"
 
 namespace {
 

@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <ostream>
 
-#include "model/errors.h"
-#include "tools/plan/format.h"
+#include "common/errors.h"
+#include "plan/format.h"
 
 namespace touchstone {
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "model/config.h"
-#include "tools/plan/rank_memory.h"
+#include "common/config.h"
+#include "plan/rank_memory.h"
 
 namespace touchstone {
 

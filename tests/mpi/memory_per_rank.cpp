@@ -1,5 +1,5 @@
 // Measures the heap peak of every rank of an MPI training run and compares it with the planner's
-// prediction for that rank (tools/plan/rank_memory.h). Linked with the allocation tracker, which counts
+// prediction for that rank (plan/rank_memory.h). Linked with the allocation tracker, which counts
 // every operator new of the process (MPI's and OpenBLAS's malloc are not counted; neither holds model
 // data).
 //
@@ -18,16 +18,16 @@
 #include <string>
 #include <vector>
 
+#include "common/errors.h"
 #include "kernels/backend.h"
-#include "model/errors.h"
 #include "oracle/run.h"
 #include "oracle/train_step.h"
-#include "parallel/context.h"
-#include "parallel/grid.h"
-#include "parallel/mpi_runtime.h"
+#include "parallel/comm/context.h"
+#include "parallel/comm/grid.h"
+#include "parallel/comm/mpi_runtime.h"
+#include "plan/alloc_tracker.h"
+#include "plan/rank_memory.h"
 #include "tests/mpi/memory_layouts.h"
-#include "tools/plan/alloc_tracker.h"
-#include "tools/plan/rank_memory.h"
 
 namespace touchstone {
 namespace {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/grid.h"
+#include "parallel/comm/grid.h"
 
 namespace touchstone::testing {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/trace.h"
+#include "parallel/comm/trace.h"
 #include "tests/mpi/mpi_test.h"
 
 namespace touchstone {

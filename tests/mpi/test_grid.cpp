@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "parallel/grid.h"
-#include "parallel/mpi_runtime.h"
+#include "parallel/comm/grid.h"
+#include "parallel/comm/mpi_runtime.h"
 #include "tests/mpi/mpi_test.h"
 
 namespace touchstone {

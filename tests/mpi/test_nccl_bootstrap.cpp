@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "model/errors.h"
-#include "parallel/mpi_grid.h"
-#include "parallel/mpi_runtime.h"
-#include "parallel/nccl/bootstrap.h"
+#include "common/errors.h"
+#include "parallel/comm/mpi_grid.h"
+#include "parallel/comm/mpi_runtime.h"
+#include "parallel/comm/nccl/bootstrap.h"
 #include "tests/mpi/mpi_test.h"
 
 namespace touchstone {

@@ -9,7 +9,7 @@
 #include <iterator>
 
 #include "checkpoint/checkpoint_store.h"
-#include "model/hash.h"
+#include "common/hash.h"
 #include "model/params.h"
 #include "optim/optimizer.h"
 #include "test_files.h"

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "model/errors.h"
-#include "parallel/comm_backend.h"
-#include "parallel/ordered_max.h"
+#include "common/errors.h"
+#include "parallel/comm/comm_backend.h"
+#include "parallel/comm/ordered_max.h"
 
 namespace touchstone {
 namespace {

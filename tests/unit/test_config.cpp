@@ -4,8 +4,8 @@
 
 #include <functional>
 
-#include "model/config.h"
-#include "model/errors.h"
+#include "common/config.h"
+#include "common/errors.h"
 
 namespace touchstone {
 namespace {

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "common/errors.h"
 #include "data/packing.h"
 #include "data/sources.h"
-#include "model/errors.h"
 
 namespace touchstone::data {
 namespace {
@@ -239,17 +239,18 @@ TEST(Builtin, DefaultLayoutAtSeqLength64) {
   EXPECT_EQ(windows[3].position_ids[0], 0);
   EXPECT_EQ(windows[4].document_ids[31], 57);  // its EOS, mid-window 4
   EXPECT_EQ(windows[4].tokens[31], kEos);
-  EXPECT_EQ(windows[5].targets[63], kEos);     // the overlap token: document 60's EOS
-  EXPECT_EQ(windows[6].tokens[0], kEos);       // alone opens window 6
+  EXPECT_EQ(windows[5].targets[63], kEos);  // the overlap token: document 60's EOS
+  EXPECT_EQ(windows[6].tokens[0], kEos);    // alone opens window 6
   EXPECT_EQ(windows[6].document_ids[0], 60);
-  EXPECT_EQ(windows[9].tokens[63], kEos);      // the long document over windows 7-9 ends on the edge
+  EXPECT_EQ(windows[9].tokens[63], kEos);  // the long document over windows 7-9 ends on the edge
   EXPECT_EQ(windows[9].document_ids[63], 66);
   EXPECT_EQ(windows[23].document_ids[31], 189);
   EXPECT_EQ(windows[23].document_ids[32], kPaddingDocument);
 
   // The loss-token counts of the table in data/builtin_acceptance.cpp (masking and eos_loss on).
   std::vector<int> counts;
-  for (size_t w = 0; w < 24; w += 2) counts.push_back(count_loss_tokens(windows[w]) + count_loss_tokens(windows[w + 1]));
+  for (size_t w = 0; w < 24; w += 2)
+    counts.push_back(count_loss_tokens(windows[w]) + count_loss_tokens(windows[w + 1]));
   EXPECT_EQ(counts, (std::vector<int>{71, 128, 125, 122, 127, 71, 125, 128, 125, 71, 128, 93}));
 }
 

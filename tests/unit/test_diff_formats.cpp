@@ -10,10 +10,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "checkpoint/h5_file.h"
-#include "model/errors.h"
-#include "tools/diff/hf_names.h"
-#include "tools/diff/safetensors.h"
+#include "common/errors.h"
+#include "common/h5_file.h"
+#include "oracle/diff/hf_names.h"
+#include "oracle/diff/safetensors.h"
 
 namespace touchstone::diff {
 namespace {

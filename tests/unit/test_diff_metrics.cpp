@@ -7,8 +7,8 @@
 #include <limits>
 
 #include "model/param_table.h"
-#include "tools/diff/diff.h"
-#include "tools/diff/metrics.h"
+#include "oracle/diff/diff.h"
+#include "oracle/diff/metrics.h"
 
 namespace touchstone::diff {
 namespace {

@@ -17,17 +17,17 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/h5_file.h"
+#include "common/h5_file.h"
 #include "kernels/backend.h"
 #include "kernels/precision.h"
-#include "oracle/golden_writer.h"
+#include "oracle/diff/candidate.h"
+#include "oracle/diff/diff.h"
+#include "oracle/diff/hf_names.h"
+#include "oracle/golden/golden_writer.h"
 #include "oracle/run.h"
 #include "oracle/train_step.h"
-#include "parallel/context.h"
+#include "parallel/comm/context.h"
 #include "test_support.h"
-#include "tools/diff/candidate.h"
-#include "tools/diff/diff.h"
-#include "tools/diff/hf_names.h"
 
 namespace touchstone::diff::testing {
 

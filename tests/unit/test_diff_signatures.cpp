@@ -1,4 +1,4 @@
-// The diff's recomputed signatures (tools/diff/hypotheses.cpp) and its FP32-in-FP64 check, each on a
+// The diff's recomputed signatures (oracle/diff/hypotheses.cpp) and its FP32-in-FP64 check, each on a
 // synthetic candidate made to match exactly one rule: the step computed by Touchstone's own trainer
 // under the mistaken rule (the other loss normalisation, the document mask dropped or added, position
 // ids not reset, linear_qkv read as [q; k; v], FP32 arithmetic) from the golden initial parameters on

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "optim/optimizer.h"
+#include "oracle/diff/optimizer_check.h"
 #include "test_diff_signature_fixture.h"
-#include "tools/diff/optimizer_check.h"
 
 namespace touchstone::diff::testing {
 namespace {

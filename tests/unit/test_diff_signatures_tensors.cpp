@@ -1,4 +1,4 @@
-// The diff's per-tensor signatures (tools/diff/signatures.cpp): token_count, qkv_layout, tp_shard,
+// The diff's per-tensor signatures (oracle/diff/signatures.cpp): token_count, qkv_layout, tp_shard,
 // gradient_scale and one_layer, each on a candidate made from the golden file's own datasets with one
 // planted mistake, diffed with run_analysis; and the golden file's own datasets, which pass without a
 // verdict. Each case asserts exit status 1 and the exact set of verdicts: its own signature fires and
@@ -191,9 +191,9 @@ TEST_F(TensorSignatures, QkvLayoutOfTheGradients) {
 // Tensor-parallel rank `rank` of `tp`'s shard of gradient `id` multiplied by 1.01.
 void perturb_shard(const ParamTable& table, TensorMap& candidate, int id, int rank, int tp) {
   std::vector<double>& full = candidate["steps/1/grads/" + table[id].name].values;
-  std::vector<double> shard = shard_of(table[id], full, rank, tp);
+  std::vector<double> shard = shard_of(table[id].sharding, table[id].shape, full, rank, tp);
   for (double& x : shard) x *= 1.01;
-  place_shard(table[id], shard, rank, tp, full);
+  place_shard(table[id].sharding, table[id].shape, shard, rank, tp, full);
 }
 
 TEST_F(TensorSignatures, TpShard) {

@@ -7,9 +7,9 @@
 #include <cmath>
 #include <numeric>
 
+#include "common/rng.h"
 #include "kernels/backend.h"
 #include "model/params.h"
-#include "model/rng.h"
 #include "model/transformer.h"
 #include "oracle/train_step.h"
 #include "test_support.h"

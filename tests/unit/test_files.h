@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "model/errors.h"
+#include "common/errors.h"
 
 namespace touchstone::testing {
 

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/h5_file.h"
-#include "model/errors.h"
+#include "common/errors.h"
+#include "common/h5_file.h"
 #include "test_files.h"
 
 namespace touchstone::h5 {

@@ -7,10 +7,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "data/ledger.h"
-#include "data/ledger_check.h"
-#include "model/errors.h"
-#include "tools/ledger/ledger_report.h"
+#include "checkpoint/ledger/ledger.h"
+#include "checkpoint/ledger/ledger_check.h"
+#include "checkpoint/ledger/ledger_report.h"
+#include "common/errors.h"
 
 namespace touchstone::ledger {
 namespace {

@@ -1,4 +1,4 @@
-// The optimizer check's arithmetic (tools/diff/optimizer_check.h) and the per-element bounds it hands to
+// The optimizer check's arithmetic (oracle/diff/optimizer_check.h) and the per-element bounds it hands to
 // the metrics:
 //   - adam_step_bound(t) against a brute-force maximisation of |m_hat / sqrt(v_hat)| over gradient
 //     sequences (a grid of signed magnitudes, exhaustively, and random sequences) for t = 1..6, and
@@ -23,8 +23,8 @@
 #include "kernels/backend.h"
 #include "model/param_table.h"
 #include "optim/optimizer.h"
-#include "tools/diff/metrics.h"
-#include "tools/diff/optimizer_check.h"
+#include "oracle/diff/metrics.h"
+#include "oracle/diff/optimizer_check.h"
 
 namespace touchstone::diff {
 namespace {

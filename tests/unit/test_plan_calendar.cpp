@@ -4,9 +4,9 @@
 
 #include <sstream>
 
-#include "model/errors.h"
-#include "tools/plan/calendar_plan.h"
-#include "tools/plan/format.h"
+#include "common/errors.h"
+#include "plan/calendar_plan.h"
+#include "plan/format.h"
 
 namespace touchstone::plan {
 namespace {

@@ -6,17 +6,17 @@
 #include <cmath>
 #include <cstdio>
 
+#include "common/errors.h"
 #include "kernels/backend.h"
-#include "model/errors.h"
 #include "oracle/run.h"
 #include "oracle/train_step.h"
-#include "parallel/context.h"
+#include "parallel/comm/context.h"
 #include "parallel/pipeline/schedule.h"
-#include "tools/plan/alloc_tracker.h"
-#include "tools/plan/format.h"
-#include "tools/plan/fp64_trainer_memory.h"
-#include "tools/plan/memory_plan.h"
-#include "tools/plan/rank_memory.h"
+#include "plan/alloc_tracker.h"
+#include "plan/format.h"
+#include "plan/fp64_trainer_memory.h"
+#include "plan/memory_plan.h"
+#include "plan/rank_memory.h"
 
 namespace touchstone::plan {
 namespace {

@@ -4,9 +4,9 @@
 
 #include <sstream>
 
-#include "model/errors.h"
-#include "tools/plan/format.h"
-#include "tools/plan/scaling_plan.h"
+#include "common/errors.h"
+#include "plan/format.h"
+#include "plan/scaling_plan.h"
 
 namespace touchstone::plan {
 namespace {

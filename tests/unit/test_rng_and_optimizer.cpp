@@ -5,10 +5,10 @@
 #include <cmath>
 #include <numbers>
 
+#include "common/rng.h"
 #include "kernels/backend.h"
 #include "model/param_table.h"
 #include "model/params.h"
-#include "model/rng.h"
 #include "optim/optimizer.h"
 
 namespace touchstone {
@@ -16,7 +16,8 @@ namespace {
 
 TEST(Philox, MatchesRandom123KnownAnswers) {
   // Random123 tests/kat_vectors, "philox4x32 10": counter, key -> output.
-  EXPECT_EQ(philox4x32_10({0, 0, 0, 0}, {0, 0}), (PhiloxCounter{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
+  EXPECT_EQ(philox4x32_10({0, 0, 0, 0}, {0, 0}),
+            (PhiloxCounter{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
   EXPECT_EQ(philox4x32_10({0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff}),
             (PhiloxCounter{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
   EXPECT_EQ(philox4x32_10({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0}),
@@ -36,7 +37,8 @@ TEST(Philox, NormalsHaveTheRightMomentsAndDependOnlyOnCoordinates) {
   EXPECT_NEAR(sum / kCount, 0.0, 0.012);
   EXPECT_NEAR(sum_squares / kCount, 1.0, 0.016);
   // Drawing element 99999 alone gives the same number as drawing it in sequence.
-  EXPECT_EQ(normal_at(key, 99999), normal_at(stream_key(1234, "decoder.layers.0.mlp.linear_fc1.weight"), 99999));
+  EXPECT_EQ(normal_at(key, 99999),
+            normal_at(stream_key(1234, "decoder.layers.0.mlp.linear_fc1.weight"), 99999));
   EXPECT_NE(stream_key(1234, "a"), stream_key(1235, "a"));
   EXPECT_NE(stream_key(1234, "a"), stream_key(1234, "b"));
 }

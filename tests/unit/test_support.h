@@ -5,12 +5,12 @@
 #include <memory>
 #include <vector>
 
+#include "common/config.h"
 #include "data/packing.h"
-#include "model/config.h"
 #include "model/param_table.h"
 #include "model/transformer.h"
 #include "oracle/global_batch.h"
-#include "parallel/single_rank_group.h"
+#include "parallel/comm/single_rank_group.h"
 #include "parallel/tensor/regions.h"
 
 namespace touchstone::testing {

@@ -11,7 +11,7 @@
 // Below FP64 a layout rounds differently from one rank as another BF16 implementation would, so it is
 // judged exactly as a production candidate is: `touchstone diff` against the single-rank envelope golden
 // file, each step re-anchored at the layout's own parameters and its updated parameters checked by
-// AdamW on its own gradients (tools/diff/judge.h). A layout then passes whatever kernels the BLAS
+// AdamW on its own gradients (oracle/diff/judge.h). A layout then passes whatever kernels the BLAS
 // library picks, while a sharding bug still fails by orders of magnitude.
 #include "tools/check/check_parallel.h"
 
@@ -24,13 +24,13 @@
 #include <limits>
 #include <map>
 
-#include "checkpoint/h5_file.h"
+#include "common/config.h"
+#include "common/errors.h"
+#include "common/h5_file.h"
 #include "kernels/cpu/gemm.h"
-#include "model/config.h"
-#include "model/errors.h"
 #include "oracle/compare.h"
-#include "tools/diff/diff.h"
-#include "tools/diff/report.h"
+#include "oracle/diff/diff.h"
+#include "oracle/diff/report.h"
 
 namespace touchstone {
 

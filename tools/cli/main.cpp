@@ -5,13 +5,13 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
+#include "common/config.h"
+#include "common/errors.h"
 #include "common/text_output.h"
-#include "model/config.h"
-#include "model/errors.h"
 #include "oracle/run.h"
-#include "parallel/comm_backend.h"
-#include "parallel/grid.h"
-#include "parallel/mpi_runtime.h"
+#include "parallel/comm/comm_backend.h"
+#include "parallel/comm/grid.h"
+#include "parallel/comm/mpi_runtime.h"
 #include "tools/check/check_parallel.h"
 #include "tools/commbench/commbench.h"
 #include "tools/diff/diff_cli.h"

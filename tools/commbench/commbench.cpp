@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "model/errors.h"
-#include "parallel/comm_backend.h"
-#include "parallel/grid.h"
-#include "parallel/mpi_runtime.h"
+#include "common/errors.h"
+#include "parallel/comm/comm_backend.h"
+#include "parallel/comm/grid.h"
+#include "parallel/comm/mpi_runtime.h"
 #include "tools/commbench/commbench_ops.h"
 
 namespace touchstone {

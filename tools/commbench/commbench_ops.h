@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/comm.h"
+#include "parallel/comm/process_group.h"
 
 namespace touchstone::commbench {
 

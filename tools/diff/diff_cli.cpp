@@ -6,9 +6,9 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "common/errors.h"
 #include "common/text_output.h"
-#include "model/errors.h"
-#include "tools/diff/report.h"
+#include "oracle/diff/report.h"
 
 namespace touchstone {
 

@@ -1,4 +1,4 @@
-// `touchstone diff GOLDEN CANDIDATE`: the command line of the diff (tools/diff/diff.h does the work).
+// `touchstone diff GOLDEN CANDIDATE`: the command line of the diff (oracle/diff/diff.h does the work).
 // Runs without MPI. Exit status: 0 every compared tensor passes, 1 some fail (or the candidate holds only
 // part of a group it records, without --allow-partial), 2 bad input.
 #pragma once

@@ -5,9 +5,9 @@
 #include <filesystem>
 #include <iostream>
 
+#include "checkpoint/ledger/ledger_report.h"
+#include "common/errors.h"
 #include "common/text_output.h"
-#include "model/errors.h"
-#include "tools/ledger/ledger_report.h"
 
 namespace touchstone::ledger {
 

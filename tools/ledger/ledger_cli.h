@@ -1,6 +1,6 @@
-// `touchstone ledger check DIR_OR_FILE [--json OUT]`: checks a sample ledger (data/ledger_check.h)
-// and prints the report. Reads files only, so it runs without MPI. Exit status: 0 every check passes,
-// 1 a check fails, 2 bad input (missing file, malformed line).
+// `touchstone ledger check DIR_OR_FILE [--json OUT]`: checks a sample ledger
+// (checkpoint/ledger/ledger_check.h) and prints the report. Reads files only, so it runs without MPI. Exit
+// status: 0 every check passes, 1 a check fails, 2 bad input (missing file, malformed line).
 #pragma once
 
 #include <iosfwd>

@@ -6,14 +6,14 @@
 #include <fstream>
 #include <ostream>
 
-#include "model/config.h"
-#include "model/errors.h"
-#include "tools/plan/calendar_plan.h"
-#include "tools/plan/format.h"
-#include "tools/plan/fp64_trainer_memory.h"
-#include "tools/plan/memory_plan.h"
-#include "tools/plan/rank_memory.h"
-#include "tools/plan/scaling_plan.h"
+#include "common/config.h"
+#include "common/errors.h"
+#include "plan/calendar_plan.h"
+#include "plan/format.h"
+#include "plan/fp64_trainer_memory.h"
+#include "plan/memory_plan.h"
+#include "plan/rank_memory.h"
+#include "plan/scaling_plan.h"
 
 namespace touchstone::plan {
 

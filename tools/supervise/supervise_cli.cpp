@@ -8,10 +8,10 @@
 #include <iostream>
 #include <sstream>
 
+#include "checkpoint/ledger/ledger.h"
+#include "checkpoint/supervise/recovery_report.h"
+#include "common/errors.h"
 #include "common/text_output.h"
-#include "data/ledger.h"
-#include "model/errors.h"
-#include "tools/supervise/recovery_report.h"
 
 namespace touchstone::supervise {
 

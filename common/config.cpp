@@ -1,0 +1,249 @@
+// Config resolution: defaults <- config file <- --set overrides, with every key and type checked.
+#include "common/config.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include "common/errors.h"
+
+namespace touchstone {
+
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ModelConfig, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
+                                   ffn_hidden_size, seq_length, norm_eps, rope_theta, tie_embeddings,
+                                   init_std, attention_dropout, hidden_dropout)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DataConfig, source, eos_token, pad_token, eos_loss, document_masking)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TrainConfig, global_batch_size, micro_batch_size, steps, seed,
+                                   loss_normalization, grad_accumulation_fusion)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(EnvelopeConfig, k, floor)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OptimConfig, lr, min_lr, warmup_steps, decay_steps, beta1, beta2, eps,
+                                   weight_decay, clip_grad)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ParallelConfig, tp, pp, dp, schedule, sequence_parallel,
+                                   distributed_optimizer, stage_layers)
+
+nlohmann::json to_json(const Config& config) {
+  return nlohmann::json{{"model", config.model},       {"data", config.data},
+                        {"train", config.train},       {"optim", config.optim},
+                        {"parallel", config.parallel}, {"precision", config.precision},
+                        {"envelope", config.envelope}};
+}
+
+nlohmann::json default_config_json() { return to_json(Config{}); }
+
+namespace {
+
+std::string type_name(const nlohmann::json& value) {
+  if (value.is_number_integer()) return "an integer";
+  if (value.is_number()) return "a number";
+  if (value.is_boolean()) return "a boolean";
+  if (value.is_array()) return "a list of integers";
+  if (value.is_string()) return "a string";
+  if (value.is_object()) return "an object";
+  return std::string("a ") + value.type_name();
+}
+
+// A value may replace a default only if it has the default's type; integers are accepted for floats.
+bool same_kind(const nlohmann::json& default_value, const nlohmann::json& value) {
+  if (default_value.is_number_integer()) return value.is_number_integer();
+  if (default_value.is_number_float()) return value.is_number();
+  if (default_value.is_array()) {  // the only list keys hold integers (parallel.stage_layers)
+    return value.is_array() &&
+           std::all_of(value.begin(), value.end(), [](const auto& v) { return v.is_number_integer(); });
+  }
+  return default_value.type() == value.type();
+}
+
+void merge_checked(nlohmann::json& target, const nlohmann::json& source, const std::string& prefix,
+                   const std::string& origin) {
+  if (!source.is_object()) {
+    throw InputError(origin + ": " + (prefix.empty() ? "the config" : prefix) + " must be a JSON object");
+  }
+  for (const auto& [key, value] : source.items()) {
+    const std::string path = prefix.empty() ? key : prefix + "." + key;
+    if (!target.contains(key)) throw InputError(origin + ": unknown config key '" + path + "'");
+    nlohmann::json& slot = target[key];
+    if (slot.is_object()) {
+      merge_checked(slot, value, path, origin);
+    } else if (!same_kind(slot, value)) {
+      throw InputError(origin + ": " + path + " must be " + type_name(slot) + ", got " + value.dump());
+    } else {
+      slot = slot.is_number_float() ? nlohmann::json(value.get<double>()) : value;
+    }
+  }
+}
+
+// "model.hidden_size=32" -> {"model": {"hidden_size": 32}}. The value is JSON when it parses as JSON
+// of the key's type, and a plain string otherwise (so --set data.source=docs.jsonl needs no quotes).
+nlohmann::json override_as_json(const std::string& assignment, const nlohmann::json& defaults) {
+  const auto equals = assignment.find('=');
+  if (equals == std::string::npos || equals == 0) {
+    throw InputError("--set " + assignment + ": expected section.key=value");
+  }
+  const std::string path = assignment.substr(0, equals);
+  const std::string text = assignment.substr(equals + 1);
+  const nlohmann::json* default_value = &defaults;
+  std::vector<std::string> keys;
+  std::stringstream stream(path);
+  for (std::string key; std::getline(stream, key, '.');) {
+    if (!default_value->is_object() || !default_value->contains(key)) {
+      throw InputError("--set: unknown config key '" + path + "'");
+    }
+    default_value = &(*default_value)[key];
+    keys.push_back(key);
+  }
+  if (default_value->is_object()) throw InputError("--set: '" + path + "' is a section, not a key");
+  nlohmann::json value = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded() || (default_value->is_string() && !value.is_string())) value = text;
+  nlohmann::json result = value;
+  for (auto key = keys.rbegin(); key != keys.rend(); ++key) result = nlohmann::json{{*key, result}};
+  return result;
+}
+
+}  // namespace
+
+nlohmann::json read_config_file(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) throw InputError(path + ": cannot open config file");
+  nlohmann::json parsed = nlohmann::json::parse(file, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) throw InputError(path + ": not valid JSON");
+  return parsed;
+}
+
+Config resolve_config(const nlohmann::json& file_json, const std::vector<std::string>& overrides,
+                      const std::string& origin) {
+  nlohmann::json resolved = default_config_json();
+  if (!file_json.is_null()) merge_checked(resolved, file_json, "", origin);
+  for (const std::string& assignment : overrides) {
+    merge_checked(resolved, override_as_json(assignment, resolved), "", "--set " + assignment);
+  }
+  Config config;
+  config.model = resolved["model"].get<ModelConfig>();
+  config.data = resolved["data"].get<DataConfig>();
+  config.train = resolved["train"].get<TrainConfig>();
+  config.optim = resolved["optim"].get<OptimConfig>();
+  config.parallel = resolved["parallel"].get<ParallelConfig>();
+  config.precision = resolved["precision"].get<std::string>();
+  config.envelope = resolved["envelope"].get<EnvelopeConfig>();
+  return config;
+}
+
+namespace {
+
+void require(bool ok, const std::string& key, const std::string& what) {
+  if (!ok) throw InputError("config: " + key + " " + what);
+}
+
+std::string str(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
+}  // namespace
+
+void validate_config(const Config& c, int world_size) {
+  const ModelConfig& m = c.model;
+  require(m.vocab_size >= 3, "model.vocab_size", "must be >= 3 (got " + std::to_string(m.vocab_size) + ")");
+  require(m.hidden_size >= 2, "model.hidden_size", "must be >= 2");
+  require(m.num_layers >= 1, "model.num_layers", "must be >= 1");
+  require(m.num_heads >= 1, "model.num_heads", "must be >= 1");
+  require(m.hidden_size % m.num_heads == 0, "model.hidden_size",
+          "(" + std::to_string(m.hidden_size) + ") must be divisible by model.num_heads (" +
+              std::to_string(m.num_heads) + ")");
+  require(
+      m.head_dim() % 2 == 0, "model.hidden_size",
+      "/ model.num_heads = head_dim " + std::to_string(m.head_dim()) + " must be even (RoPE rotates pairs)");
+  require(m.num_kv_heads >= 1 && m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
+          "(" + std::to_string(m.num_kv_heads) + ") must be >= 1 and divide model.num_heads (" +
+              std::to_string(m.num_heads) + ")");
+  require(m.ffn_hidden_size >= 1, "model.ffn_hidden_size", "must be >= 1");
+  require(m.seq_length >= 1, "model.seq_length", "must be >= 1");
+  require(m.norm_eps > 0, "model.norm_eps", "must be > 0 (got " + str(m.norm_eps) + ")");
+  require(m.rope_theta > 0, "model.rope_theta", "must be > 0");
+  require(m.init_std >= 0, "model.init_std", "must be >= 0");
+  require(m.attention_dropout >= 0 && m.attention_dropout < 1, "model.attention_dropout",
+          "must be in [0, 1) (got " + str(m.attention_dropout) + ")");
+  require(m.hidden_dropout >= 0 && m.hidden_dropout < 1, "model.hidden_dropout",
+          "must be in [0, 1) (got " + str(m.hidden_dropout) + ")");
+
+  const DataConfig& d = c.data;
+  require(!d.source.empty(), "data.source", "must not be empty");
+  require(d.eos_token >= 0 && d.eos_token < m.vocab_size, "data.eos_token",
+          "(" + std::to_string(d.eos_token) + ") must be in [0, model.vocab_size)");
+  require(d.pad_token >= 0 && d.pad_token < m.vocab_size, "data.pad_token",
+          "(" + std::to_string(d.pad_token) + ") must be in [0, model.vocab_size)");
+  require(d.pad_token != d.eos_token, "data.pad_token", "must differ from data.eos_token");
+
+  const TrainConfig& t = c.train;
+  const ParallelConfig& p = c.parallel;
+  require(t.global_batch_size >= 1, "train.global_batch_size", "must be >= 1");
+  require(t.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1");
+  require(p.dp >= 1 && t.global_batch_size % (t.micro_batch_size * p.dp) == 0, "train.global_batch_size",
+          "(" + std::to_string(t.global_batch_size) +
+              ") must be divisible by parallel.dp x train.micro_batch_size (" + std::to_string(p.dp) + " x " +
+              std::to_string(t.micro_batch_size) + ")");
+  require(t.steps >= 1, "train.steps", "must be >= 1");
+  require(t.seed >= 0, "train.seed", "must be >= 0");
+  require(t.loss_normalization == "global_token_mean" || t.loss_normalization == "per_microbatch_mean",
+          "train.loss_normalization",
+          "must be \"global_token_mean\" or \"per_microbatch_mean\" (got \"" + t.loss_normalization + "\")");
+
+  const OptimConfig& o = c.optim;
+  require(o.lr >= 0, "optim.lr", "must be >= 0");
+  require(o.min_lr >= 0, "optim.min_lr", "must be >= 0");
+  require(o.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0");
+  require(o.decay_steps >= o.warmup_steps, "optim.decay_steps", "must be >= optim.warmup_steps");
+  require(o.beta1 >= 0 && o.beta1 < 1, "optim.beta1", "must be in [0, 1)");
+  require(o.beta2 >= 0 && o.beta2 < 1, "optim.beta2", "must be in [0, 1)");
+  require(o.eps > 0, "optim.eps", "must be > 0");
+  require(o.weight_decay >= 0, "optim.weight_decay", "must be >= 0");
+  require(o.clip_grad >= 0, "optim.clip_grad", "must be >= 0 (0 disables clipping)");
+
+  require(p.tp >= 1, "parallel.tp", "must be >= 1");
+  require(p.pp >= 1, "parallel.pp", "must be >= 1");
+  require(p.schedule == "1f1b" || p.schedule == "afab", "parallel.schedule",
+          "must be \"1f1b\" or \"afab\" (got \"" + p.schedule + "\")");
+  require(m.num_heads % p.tp == 0 && m.num_kv_heads % p.tp == 0, "parallel.tp",
+          "(" + std::to_string(p.tp) + ") must divide model.num_heads and model.num_kv_heads");
+  require(m.ffn_hidden_size % p.tp == 0, "parallel.tp", "must divide model.ffn_hidden_size");
+  require(m.vocab_size % p.tp == 0, "parallel.tp", "must divide model.vocab_size");
+  if (p.stage_layers.empty()) {
+    require(m.num_layers % p.pp == 0, "parallel.pp",
+            "(" + std::to_string(p.pp) + ") must divide model.num_layers (" + std::to_string(m.num_layers) +
+                ") unless parallel.stage_layers lists the layers of each stage");
+  } else {
+    int64_t total = 0;
+    for (int64_t layers : p.stage_layers) {
+      require(layers >= 1, "parallel.stage_layers", "entries must be >= 1 (every stage holds a layer)");
+      total += layers;
+    }
+    require(static_cast<int64_t>(p.stage_layers.size()) == p.pp, "parallel.stage_layers",
+            "has " + std::to_string(p.stage_layers.size()) + " entries but parallel.pp is " +
+                std::to_string(p.pp));
+    require(total == m.num_layers, "parallel.stage_layers",
+            "sums to " + std::to_string(total) + " but model.num_layers is " + std::to_string(m.num_layers));
+  }
+  require(!p.sequence_parallel || m.seq_length % p.tp == 0, "parallel.sequence_parallel",
+          "needs model.seq_length divisible by parallel.tp");
+  require(p.tp * p.pp * p.dp == world_size, "parallel",
+          "tp x pp x dp = " + std::to_string(p.tp * p.pp * p.dp) + " but the run has " +
+              std::to_string(world_size) + " process(es) (launch with mpirun -np " +
+              std::to_string(p.tp * p.pp * p.dp) + ")");
+
+  require(c.precision == "fp64" || c.precision == "fp32" || c.precision == "bf16", "precision",
+          "must be \"fp64\", \"fp32\" or \"bf16\" (got \"" + c.precision + "\")");
+  require(c.envelope.k >= 1, "envelope.k", "must be >= 1 (a tolerance below the measured error cannot pass)");
+  require(c.envelope.floor >= 0, "envelope.floor", "must be >= 0");
+}
+
+std::vector<int64_t> Config::stage_boundaries() const {
+  std::vector<int64_t> boundaries{0};
+  for (int64_t stage = 0; stage < parallel.pp; ++stage) {
+    const int64_t layers = parallel.stage_layers.empty() ? model.num_layers / parallel.pp
+                                                         : parallel.stage_layers[static_cast<size_t>(stage)];
+    boundaries.push_back(boundaries.back() + layers);
+  }
+  return boundaries;
+}
+
+}  // namespace touchstone

@@ -1,0 +1,135 @@
+// Candidate formats: detection, the golden-schema HDF5 reader and the safetensors conversion.
+#include "oracle/diff/candidate.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "common/errors.h"
+#include "oracle/diff/hf_names.h"
+#include "oracle/diff/safetensors.h"
+#include "oracle/diff/shards.h"
+
+namespace touchstone::diff {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> list_datasets(const h5::H5Reader& file, const std::string& group) {
+  std::vector<std::string> out;
+  if (!file.exists(group)) return out;
+  for (const std::string& child : file.children(group)) {
+    const std::string path = (group == "/" ? "" : group) + "/" + child;
+    if (file.is_group(path)) {
+      const std::vector<std::string> below = list_datasets(file, path);
+      out.insert(out.end(), below.begin(), below.end());
+    } else {
+      out.push_back(path.substr(1));
+    }
+  }
+  return out;
+}
+
+Recorded read_recorded(const h5::H5Reader& file, const std::string& path) {
+  const std::string object = "/" + path;
+  return Recorded{file.shape(object), file.read_f64(object), file.element_type(object)};
+}
+
+namespace {
+
+bool has_extension(const fs::path& path, const std::string& extension) {
+  return path.extension() == extension;
+}
+
+bool starts_with_hdf5_signature(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char signature[8] = {};
+  in.read(signature, 8);
+  return in.gcount() == 8 && std::string(signature, 8) == std::string("\x89HDF\r\n\x1a\n", 8);
+}
+
+std::string detect_format(const std::string& path) {
+  if (!fs::exists(path)) throw InputError(path + ": no such file or directory");
+  if (fs::is_directory(path)) {
+    if (fs::exists(fs::path(path) / "shards.json")) return "shards";
+    for (const auto& entry : fs::directory_iterator(path)) {
+      if (has_extension(entry.path(), ".safetensors")) return "safetensors";
+    }
+    throw InputError(path + ": a directory without shards.json or .safetensors files");
+  }
+  if (has_extension(path, ".safetensors")) return "safetensors";
+  if (starts_with_hdf5_signature(path)) return "golden";
+  throw InputError(path + ": neither HDF5 nor a .safetensors file; name the format with --format");
+}
+
+Candidate load_golden_schema(const std::string& path) {
+  const h5::H5Reader file(path);
+  Candidate candidate;
+  candidate.format = "golden";
+  if (file.has_attribute("/", "generator")) candidate.generator = file.string_attribute("/", "generator");
+  for (const char* group : {"/params/init", "/steps"}) {
+    for (const std::string& dataset : list_datasets(file, group)) {
+      candidate.tensors.emplace(dataset, read_recorded(file, dataset));
+    }
+  }
+  for (const std::string& other : list_datasets(file, "/")) {
+    if (other.rfind("params/init/", 0) != 0 && other.rfind("steps/", 0) != 0 &&
+        other.rfind("batch/", 0) != 0) {
+      candidate.notes.push_back("ignored candidate dataset /" + other + " (not part of the compared schema)");
+    }
+  }
+  return candidate;
+}
+
+Candidate load_safetensors(const std::string& path, const CandidateOptions& options, const Golden& golden) {
+  if (options.kind != "grads" && options.kind != "params") {
+    throw InputError(path + ": say what the safetensors tensors are with --candidate-kind grads|params");
+  }
+  const int64_t step = options.step.value_or(1);
+  if (step < (options.kind == "params" ? 0 : 1)) {
+    throw InputError("--step " + std::to_string(step) + " is not a step with " + options.kind);
+  }
+  std::vector<fs::path> files;
+  if (fs::is_directory(path)) {
+    for (const auto& entry : fs::directory_iterator(path)) {
+      if (has_extension(entry.path(), ".safetensors")) files.push_back(entry.path());
+    }
+    std::sort(files.begin(), files.end());
+  } else {
+    files.push_back(path);
+  }
+  std::map<std::string, Recorded> all;
+  for (const fs::path& file : files) {
+    for (auto& [name, tensor] : read_safetensors(file.string())) {
+      if (!all.emplace(name, std::move(tensor)).second) {
+        throw InputError(file.string() + ": tensor " + name + " appears in more than one file");
+      }
+    }
+  }
+  const std::string group = options.kind == "grads" ? "steps/" + std::to_string(step) + "/grads"
+                            : step == 0             ? "params/init"
+                                                    : "steps/" + std::to_string(step) + "/params";
+  Candidate candidate;
+  candidate.format = "safetensors (" + options.kind + " of " +
+                     (step == 0 ? "the initial state" : "step " + std::to_string(step)) + ")";
+  std::vector<std::string> ignored;
+  candidate.tensors = hf_to_contract(all, golden.config().model, group, ignored);
+  for (const std::string& name : ignored) candidate.notes.push_back("ignored safetensors tensor " + name);
+  if (candidate.tensors.empty()) throw InputError(path + ": no tensor with a known name");
+  return candidate;
+}
+
+}  // namespace
+
+Candidate load_candidate(const std::string& path, const CandidateOptions& options, const Golden& golden) {
+  const std::string format = options.format == "auto" ? detect_format(path) : options.format;
+  if (format != "safetensors" && !options.kind.empty()) {
+    throw InputError("--candidate-kind applies to safetensors candidates only (this one is read as " +
+                     format + ")");
+  }
+  if (format == "golden") return load_golden_schema(path);
+  if (format == "safetensors") return load_safetensors(path, options, golden);
+  if (format == "shards") return load_shards(path, golden);
+  throw InputError("--format must be auto, golden, safetensors or shards");
+}
+
+}  // namespace touchstone::diff

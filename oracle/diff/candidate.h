@@ -1,0 +1,42 @@
+// Loading a candidate in any supported format into the golden schema (recorded.h):
+//   golden       an HDF5 file in the golden schema, possibly holding only some datasets;
+//   safetensors  a .safetensors file (or a directory of them) with HF Llama or contract names, holding
+//                the parameters or the gradients of one step (--candidate-kind, --step);
+//   shards       a directory with shards.json and one HDF5 file per (tp, pp) rank in Megatron-LM's
+//                layouts (shards.h), as written by tools/import_megatron_dump.py.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/h5_file.h"
+#include "oracle/diff/recorded.h"
+#include "oracle/golden/golden_reader.h"
+
+namespace touchstone::diff {
+
+struct CandidateOptions {
+  std::string format = "auto";  // "auto" | "golden" | "safetensors" | "shards"
+  std::string kind;             // safetensors: "grads" or "params"
+  std::optional<int64_t> step;  // safetensors: the step the tensors belong to (params: 0 = initial)
+};
+
+struct Candidate {
+  TensorMap tensors;
+  std::string format;              // the format that was read
+  std::string generator;           // the candidate's `generator` attribute, when it has one
+  std::vector<std::string> notes;  // what was left out while reading, and why
+};
+
+// Throws InputError naming the file for anything unreadable or inconsistent with the golden model.
+Candidate load_candidate(const std::string& path, const CandidateOptions& options, const Golden& golden);
+
+// Every dataset below `group` of an HDF5 file, as paths without the leading slash, in name order.
+std::vector<std::string> list_datasets(const h5::H5Reader& file, const std::string& group);
+
+// One dataset with its stored type.
+Recorded read_recorded(const h5::H5Reader& file, const std::string& path);
+
+}  // namespace touchstone::diff

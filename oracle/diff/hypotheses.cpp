@@ -1,0 +1,144 @@
+// The alternative rules, evaluated on the golden batch from the parameters the step started from.
+#include "oracle/diff/hypotheses.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "kernels/backend.h"
+#include "model/params.h"
+#include "model/transformer.h"
+#include "oracle/diff/hf_names.h"
+#include "oracle/train_step.h"
+#include "parallel/comm/single_rank_group.h"
+#include "parallel/tensor/regions.h"
+
+namespace touchstone::diff {
+
+namespace {
+
+struct Rule {
+  std::string signature, message;
+  bool document_masking;
+  LossNormalization normalization;
+  bool positions_from_zero = false;  // position ids 0..T-1 in every window instead of the recorded ones
+  bool qkv_read_separate = false;    // linear_qkv rows read as [q heads; k heads; v heads]
+  // With qkv_read_separate: the candidate reports the gradient regrouped per KV group again (the wrong
+  // split happened only when converting to separate q/k/v projections, and the diff converted back).
+  bool qkv_gradient_regrouped = false;
+};
+
+std::vector<Rule> rules_for(const Config& config) {
+  const bool masking = config.data.document_masking;
+  const std::string norm = config.train.loss_normalization;
+  const LossNormalization golden_norm = parse_loss_normalization(norm);
+  const bool global = golden_norm == LossNormalization::kGlobalTokenMean;
+  const std::string other = global ? "per_microbatch_mean" : "global_token_mean";
+  std::vector<Rule> rules;
+  rules.push_back({"loss_normalization",
+                   "wrong loss normalisation: the candidate matches " + other +
+                       (global ? " (the mean of the micro-batch means, micro_batch_size " +
+                                     std::to_string(config.train.micro_batch_size) + ")"
+                               : " (all token losses / all loss tokens)") +
+                       " on the golden batch; the golden run uses " + norm,
+                   masking,
+                   global ? LossNormalization::kPerMicrobatchMean : LossNormalization::kGlobalTokenMean});
+  if (masking) {
+    rules.push_back({"document_mask_missing",
+                     "document mask missing: the candidate matches plain causal attention across documents "
+                     "(position ids as recorded, reset per document)",
+                     false, golden_norm});
+    rules.push_back(
+        {"document_mask_missing_positions_not_reset",
+         "document mask missing and position ids not reset: the candidate matches causal attention "
+         "across documents with positions 0..T-1 in every window",
+         false, golden_norm, true});
+  } else {
+    rules.push_back(
+        {"document_mask_applied",
+         "document mask applied: the candidate matches per-document attention, the golden run has "
+         "data.document_masking = false",
+         true, golden_norm});
+  }
+  rules.push_back(
+      {"qkv_grouping",
+       "QKV rows in the wrong grouping: the candidate matches a model that reads linear_qkv as "
+       "[all query heads; all key heads; all value heads] instead of per KV group [its query heads; "
+       "key; value]",
+       masking, golden_norm, false, true});
+  rules.push_back(
+      {"qkv_conversion",
+       "linear_qkv split as [all query heads; all key heads; all value heads] when converting to separate "
+       "q/k/v projections (e.g. Hugging Face's q_proj, k_proj, v_proj): the candidate matches a model loaded "
+       "that way, its gradients converted back per KV group; split each KV group into [its query heads; "
+       "key; value] instead",
+       masking, golden_norm, false, true, true});
+  return rules;
+}
+
+// The golden step's loss and gradients under `rule`, with the gradients in the layout the candidate
+// stores (for the QKV rule: the rows as the candidate's model reads them).
+ObjectiveResult evaluate_rule(const Rule& rule, const Config& config, const ParamTable& table,
+                              const ParamTensors& params, const GlobalBatch& batch, Backend& backend,
+                              const TensorParallelRegion& region) {
+  GlobalBatch b = batch;
+  if (rule.positions_from_zero) {
+    for (size_t i = 0; i < b.position_ids.size(); ++i) {
+      b.position_ids[i] = static_cast<int32_t>(static_cast<int64_t>(i) % b.seq);
+    }
+  }
+  ParamTensors p = params;
+  const int64_t H = config.model.hidden_size;
+  for (int64_t l = 0; rule.qkv_read_separate && l < config.model.num_layers; ++l) {
+    p[table.layer(l).qkv] = qkv_grouped_from_separate(config.model, p[table.layer(l).qkv], H);
+  }
+  const Transformer model(config.model, rule.document_masking, config.train.seed, table, backend, region,
+                          StageRange{0, config.model.num_layers, true, true});
+  ObjectiveResult r =
+      evaluate_objective(model, table, p, b, config.train.micro_batch_size, rule.normalization, true);
+  for (int64_t l = 0; rule.qkv_read_separate && !rule.qkv_gradient_regrouped && l < config.model.num_layers;
+       ++l) {
+    r.grads[table.layer(l).qkv] = qkv_separate_from_grouped(config.model, r.grads[table.layer(l).qkv], H);
+  }
+  return r;
+}
+
+}  // namespace
+
+std::vector<Verdict> match_recomputed_rules(
+    const Golden& golden, const ParamTensors& params, const TensorMap& candidate, int64_t step,
+    const std::function<std::optional<Tolerance>(const std::string&)>& tolerance_of,
+    const std::function<bool(const ParamTensors&)>& update_matches) {
+  const std::string prefix = "steps/" + std::to_string(step) + "/";
+  const ParamTable& table = golden.table();
+  std::vector<int> compared;  // the candidate's gradients of the step (-1: its loss)
+  if (candidate.count(prefix + "loss")) compared.push_back(-1);
+  for (int id = 0; id < table.size(); ++id) {
+    if (candidate.count(prefix + "grads/" + table[id].name)) compared.push_back(id);
+  }
+  if (step < 1 || (compared.empty() && !update_matches)) return {};
+
+  const GlobalBatch batch = golden.batch(step);
+  std::unique_ptr<Backend> backend = make_cpu_backend();
+  SingleRankGroup group("tp");
+  const TensorParallelRegion region(group, false, *backend);
+  std::vector<Verdict> verdicts;
+  for (const Rule& rule : rules_for(golden.config())) {
+    const ObjectiveResult r = evaluate_rule(rule, golden.config(), table, params, batch, *backend, region);
+    const bool matches =
+        compared.empty()
+            ? update_matches(r.grads)
+            : std::all_of(compared.begin(), compared.end(), [&](int id) {
+                const std::string path = id < 0 ? prefix + "loss" : prefix + "grads/" + table[id].name;
+                const Recorded expected = id < 0 ? Recorded{{}, {r.loss}, "float64"}
+                                                 : Recorded{table[id].shape, r.grads[id], "float64"};
+                const Recorded& c = candidate.at(path);
+                const std::optional<Tolerance> tol = tolerance_of(path);
+                return tol && c.values.size() == expected.values.size() &&
+                       passes(compare_values(expected, c, *tol), *tol);
+              });
+    if (matches) verdicts.push_back({rule.signature, rule.message});
+  }
+  return verdicts;
+}
+
+}  // namespace touchstone::diff

@@ -1,0 +1,400 @@
+// The signature checks on the compared entries; the recomputed ones live in hypotheses.cpp.
+#include "oracle/diff/signatures.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "model/params.h"
+#include "oracle/diff/hf_names.h"
+#include "oracle/diff/hypotheses.h"
+#include "oracle/golden/golden_writer.h"
+#include "parallel/tensor/sharding.h"
+
+namespace touchstone::diff {
+
+namespace {
+
+std::string fmt(const char* format, double value) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), format, value);
+  return buffer;
+}
+
+// The values an entry was judged against (re-anchored, optimizer check or the golden file).
+Recorded reference_of(Judge& judge, const Entry& e) {
+  return judge.judge(e.path, e.group, e.param, e.step).reference;
+}
+
+// Loss-token count differences that known data-rule mistakes would cause on this batch.
+std::vector<Verdict> token_count(const Golden& golden, const DiffResult& result, int64_t step) {
+  const Entry* count = nullptr;
+  for (const Entry& e : result.entries) {
+    if (e.step == step && e.group == "num_loss_tokens" && e.status == Status::kFail) count = &e;
+  }
+  if (count == nullptr || !count->reason.empty()) return {};
+  const auto cand = static_cast<int64_t>(std::llround(count->metrics.worst_candidate));
+  const auto gold = static_cast<int64_t>(std::llround(count->metrics.worst_golden));
+  const int64_t difference = cand - gold;
+  const GlobalBatch batch = golden.batch(step);
+  const DataConfig& data = golden.config().data;
+  // Padding positions, and the last real token of each window whose next position is padding: a loss
+  // on padding counts the former, and the latter too when the mask is built from the inputs.
+  int64_t padding = 0, before_padding = 0, eos_targets = 0, untrained_eos = 0, boundaries = 0;
+  for (int64_t w = 0; w < batch.windows; ++w) {
+    for (int64_t i = 0; i < batch.seq; ++i) {
+      const auto at = static_cast<size_t>(w * batch.seq + i);
+      const bool has_next = i + 1 < batch.seq;
+      const int32_t doc = batch.document_ids[at], next_doc = has_next ? batch.document_ids[at + 1] : doc;
+      const bool ignored = batch.targets[at] == -100;
+      if (ignored && doc == -1) ++padding;
+      if (ignored && doc != -1 && next_doc == -1) ++before_padding;
+      if (batch.targets[at] == data.eos_token) ++eos_targets;
+      if (ignored && has_next && doc != -1 && next_doc == doc && batch.tokens[at + 1] == data.eos_token) {
+        ++untrained_eos;
+      }
+      if (ignored && has_next && doc != -1 && next_doc != -1 && next_doc != doc) ++boundaries;
+    }
+  }
+  std::string why;
+  auto add = [&](bool matches, const std::string& text) {
+    if (matches && difference != 0) why += (why.empty() ? "; it matches " : ", or ") + text;
+  };
+  add(difference == padding || difference == padding + before_padding,
+      "padding counted in the loss (" + std::to_string(padding) + " padding positions" +
+          (difference == padding
+               ? std::string()
+               : " and the " + std::to_string(before_padding) + " real token(s) before them") +
+          ")");
+  add(data.eos_loss && difference == -eos_targets,
+      "positions whose target is EOS left untrained (data.eos_loss rule flipped, " +
+          std::to_string(eos_targets) + " such positions)");
+  add(!data.eos_loss && difference == untrained_eos,
+      "positions whose target is EOS trained (data.eos_loss rule flipped, " + std::to_string(untrained_eos) +
+          " such positions)");
+  add(data.document_masking && difference == boundaries,
+      "loss across document boundaries (the position whose input is EOS trained, " +
+          std::to_string(boundaries) + " such positions)");
+  return {{"token_count", "token count differs: the candidate has " + std::to_string(cand) +
+                              " loss tokens, the golden batch " + std::to_string(gold) + " (" +
+                              (difference > 0 ? "+" : "") + std::to_string(difference) +
+                              "): a different data or masking rule" + why}};
+}
+
+// The first group of the step (initial parameters, gradients, updated parameters, moments) with a
+// failing tensor: where the per-tensor signatures look.
+struct Group {
+  std::vector<const Entry*> compared, failing;
+};
+
+Group first_failing_group(const DiffResult& result, int64_t step) {
+  for (const char* name : {"init", "grads", "params", "exp_avg", "exp_avg_sq"}) {
+    Group group;
+    for (const Entry& e : result.entries) {
+      if (e.step != step || e.group != name || e.status == Status::kNotCompared) continue;
+      group.compared.push_back(&e);
+      if (e.status == Status::kFail) group.failing.push_back(&e);
+    }
+    if (!group.failing.empty()) return group;
+  }
+  return {};
+}
+
+std::string block_text(const ParamSpec& spec, int r, int t) {
+  const int64_t rows = spec.shape[0], cols = spec.shape.size() > 1 ? spec.shape[1] : 1;
+  auto range = [](int64_t a, int64_t n) {
+    return "[" + std::to_string(a) + ", " + std::to_string(a + n) + ")";
+  };
+  switch (spec.sharding) {
+    case Sharding::kRows:
+      return "rows " + range(r * rows / t, rows / t);
+    case Sharding::kGateUp:
+      return "gate rows " + range(r * rows / 2 / t, rows / 2 / t) + " and up rows " +
+             range(rows / 2 + r * rows / 2 / t, rows / 2 / t);
+    case Sharding::kColumns:
+      return "columns " + range(r * cols / t, cols / t);
+    case Sharding::kReplicated:
+      break;
+  }
+  return "everything";
+}
+
+// The tp shard (largest tp first) holding every failing element of `e`, at least half of its elements
+// failing, as {rank, tp}; {-1, 0} if none.
+std::pair<int, int> confining_shard(const Golden& golden, Judge& judge, const TensorMap& candidate,
+                                    const Entry& e, const std::vector<int>& sizes) {
+  const ParamSpec& spec = golden.table()[e.param];
+  const ModelConfig& m = golden.config().model;
+  if (spec.sharding == Sharding::kReplicated || !e.reason.empty()) return {-1, 0};
+  const Recorded g = reference_of(judge, e);
+  const Recorded& c = candidate.at(e.path);
+  const double threshold =
+      e.tolerance.max_abs_normalized * (e.metrics.max_abs_golden > 0 ? e.metrics.max_abs_golden : 1);
+  std::vector<double> failing(g.values.size());
+  double total = 0;
+  for (size_t i = 0; i < failing.size(); ++i) {
+    failing[i] = !std::isfinite(c.values[i]) || std::fabs(c.values[i] - g.values[i]) > threshold ? 1.0 : 0.0;
+    total += failing[i];
+  }
+  for (auto t = sizes.rbegin(); t != sizes.rend(); ++t) {
+    const bool divides = spec.kind == ParamKind::kQkv          ? m.num_kv_heads % *t == 0
+                         : spec.sharding == Sharding::kColumns ? spec.shape[1] % *t == 0
+                         : spec.sharding == Sharding::kGateUp  ? (spec.shape[0] / 2) % *t == 0
+                                                               : spec.shape[0] % *t == 0;
+    if (*t < 2 || !divides || total == 0) continue;
+    for (int r = 0; r < *t; ++r) {
+      const std::vector<double> in_shard = shard_of(spec.sharding, spec.shape, failing, r, *t);
+      double inside = 0;
+      for (double f : in_shard) inside += f;
+      // A wrong shard is wrong almost everywhere; a few scattered elements always fit in one shard.
+      if (inside == total && inside >= 0.5 * static_cast<double>(in_shard.size())) return {r, *t};
+    }
+  }
+  return {-1, 0};
+}
+
+// linear_qkv stored with its rows in [q; k; v] order: a conversion mistake rather than a computation.
+std::vector<Verdict> qkv_layout(const Golden& golden, Judge& judge, const TensorMap& candidate,
+                                const Group& group) {
+  std::vector<Verdict> verdicts;
+  for (const Entry* e : group.failing) {
+    if (golden.table()[e->param].kind != ParamKind::kQkv || !e->reason.empty()) continue;
+    const Recorded reference = reference_of(judge, *e);
+    // Stored as [q; k; v], or the [q; k; v] rows of a wrong split regrouped per KV group.
+    for (const bool to_separate : {true, false}) {
+      Recorded g = reference;
+      g.values = to_separate ? qkv_separate_from_grouped(golden.config().model, g.values, g.shape[1])
+                             : qkv_grouped_from_separate(golden.config().model, g.values, g.shape[1]);
+      if (passes(compare_values(g, candidate.at(e->path), e->tolerance), e->tolerance)) {
+        verdicts.push_back(
+            {"qkv_layout",
+             "QKV rows in the wrong grouping: " + e->path +
+                 (to_separate
+                      ? " equals the golden tensor with its rows in [q; k; v] order instead of grouped "
+                        "per KV group"
+                      : " equals the golden tensor read as [all q; all k; all v] and regrouped per KV "
+                        "group: linear_qkv was split that way when converting to separate q/k/v")});
+        break;
+      }
+    }
+  }
+  return verdicts;
+}
+
+// Every failing tensor wrong in one tensor-parallel shard only.
+std::vector<Verdict> tp_shard(const Golden& golden, Judge& judge, const TensorMap& candidate,
+                              const Group& group, const std::vector<int>& tp_sizes) {
+  const std::vector<int> sizes = tp_sizes.empty() ? std::vector<int>{2, 4, 8} : tp_sizes;
+  std::vector<Verdict> verdicts;
+  for (const Entry* e : group.failing) {
+    const auto [rank, tp] = confining_shard(golden, judge, candidate, *e, sizes);
+    if (rank < 0) return {};
+    verdicts.push_back({"tp_shard", "one TP shard off: " + e->path + ": only tp rank " +
+                                        std::to_string(rank) + " of " + std::to_string(tp) + " (" +
+                                        block_text(golden.table()[e->param], rank, tp) + ") differs"});
+  }
+  return verdicts;
+}
+
+// One factor on every gradient: least squares over all of them, then each rescaled tensor must pass.
+std::vector<Verdict> gradient_scale(Judge& judge, const TensorMap& candidate, const Group& group) {
+  if (group.failing.front()->group != "grads") return {};
+  double cg = 0, gg = 0;
+  std::vector<std::pair<const Entry*, Recorded>> grads;
+  for (const Entry* e : group.compared) {
+    if (!e->reason.empty()) return {};  // a wrong shape or a NaN is not a scale
+    grads.emplace_back(e, reference_of(judge, *e));
+    const std::vector<double>& c = candidate.at(e->path).values;
+    const std::vector<double>& g = grads.back().second.values;
+    for (size_t i = 0; i < c.size(); ++i) {
+      cg += c[i] * g[i];
+      gg += g[i] * g[i];
+    }
+  }
+  const double factor = gg > 0 ? cg / gg : 0;
+  if (factor == 0 || !std::isfinite(factor)) return {};
+  for (const auto& [e, g] : grads) {
+    Recorded scaled = candidate.at(e->path);
+    for (double& v : scaled.values) v /= factor;
+    if (!passes(compare_values(g, scaled, e->tolerance), e->tolerance)) return {};
+  }
+  std::string hint;
+  auto whole = [](double x) { return std::round(x) >= 2 && std::fabs(x - std::round(x)) < 1e-6 * x; };
+  if (whole(1 / factor)) {
+    hint = " = 1/" + fmt("%.0f", 1 / factor) +
+           ": divided once more, e.g. by the data-parallel size or the number of micro-batches";
+  } else if (whole(factor)) {
+    hint = " = " + fmt("%.0f", factor) + ": a division missing, e.g. by the data-parallel size";
+  }
+  return {{"gradient_scale",
+           "all gradients scaled by one factor: candidate = " + fmt("%.6g", factor) + " x golden" + hint}};
+}
+
+// Only the tensors of one decoder layer fail, while other layers' tensors pass.
+std::vector<Verdict> one_layer(const ParamTable& table, const DiffResult& result, const Group& group,
+                               int64_t step) {
+  // An updated parameter whose gradient passes is an optimizer matter, not a layer computed wrong.
+  if (group.failing.front()->group != "grads") {
+    for (const Entry* e : group.failing) {
+      const bool gradient_passes =
+          std::any_of(result.entries.begin(), result.entries.end(), [&](const Entry& g) {
+            return g.step == step && g.group == "grads" && g.param == e->param && g.status == Status::kPass;
+          });
+      if (gradient_passes) return {};
+    }
+  }
+  std::set<int64_t> layers;
+  for (const Entry* e : group.failing) layers.insert(table[e->param].layer);
+  if (layers.size() != 1 || *layers.begin() < 0) return {};
+  const int64_t layer = *layers.begin();
+  const bool others_pass = std::any_of(group.compared.begin(), group.compared.end(), [&](const Entry* e) {
+    return e->status == Status::kPass && table[e->param].layer != layer;
+  });
+  if (!others_pass) return {};
+  std::string kinds;
+  for (const Entry* e : group.failing) kinds += (kinds.empty() ? "" : ", ") + kind_name(table[e->param].kind);
+  return {{"one_layer", "one layer off: among the " + group.failing.front()->group + " of step " +
+                            std::to_string(step) + " only layer " + std::to_string(layer) + " fails (" +
+                            kinds + ")"}};
+}
+
+// FP32 arithmetic inside an FP64 run (Hugging Face's Llama keeps RoPE, RMSNorm and the eager softmax in
+// float32 after .to(torch.float64)): every gradient of the step fails with an error of FP32 roundoff's
+// size, within a factor kFp32Band of Touchstone's FP32 mode at the same parameters. A wrong rule moves
+// gradients by 1e-3 or more, thousands of times FP32 roundoff (about 1e-7).
+std::vector<Verdict> fp32_inside_fp64(const Golden& golden, const ToleranceModel& tolerances, Judge& judge,
+                                      const DiffResult& result, int64_t step) {
+  constexpr double kFp32Band = 100.0;
+  if (golden.precision() != "fp64" || tolerances.kind() != "fp64" || tolerances.override_value() ||
+      step < 1) {
+    return {};
+  }
+  std::vector<const Entry*> grads;
+  for (const Entry& e : result.entries) {
+    if (e.step == step && e.group == "grads" && e.status != Status::kNotCompared) grads.push_back(&e);
+  }
+  if (grads.empty() || judge.anchors().params_after(step - 1) == nullptr) return {};
+  const bool all_fail = std::all_of(grads.begin(), grads.end(), [](const Entry* e) {
+    return e->status == Status::kFail && e->reason.empty();
+  });
+  if (!all_fail) return {};
+  const StepRecord fp32 = judge.anchors().evaluate_at(step, "fp32");
+  double lowest = std::numeric_limits<double>::infinity(), highest = 0.0;
+  for (const Entry* e : grads) {
+    const double fp32_error = envelope_error(fp32.grads[e->param], reference_of(judge, *e).values)[0];
+    const double ratio = e->metrics.relative_l2 / fp32_error;
+    lowest = std::min(lowest, ratio);
+    highest = std::max(highest, ratio);
+  }
+  if (!(lowest >= 1 / kFp32Band && highest <= kFp32Band)) return {};
+  return {
+      {"fp32_in_fp64",
+       "FP32 arithmetic inside an FP64 run: every gradient is off by FP32 roundoff (" + fmt("%.2g", lowest) +
+           " to " + fmt("%.2g", highest) +
+           " x Touchstone's FP32 mode at the same parameters); look for operations computed in float32, e.g. "
+           "Hugging Face's RoPE inv_freq and cos/sin, LlamaRMSNorm and the eager softmax"}};
+}
+
+// The updated parameters of the step match AdamW with one rule changed, on the candidate's own gradients.
+std::vector<Verdict> optimizer_rules(const Golden& golden, Judge& judge, const TensorMap& candidate,
+                                     const Group& group, int64_t step) {
+  if (group.failing.front()->group != "params" || group.failing.front()->basis != Basis::kOptimizer)
+    return {};
+  const std::optional<OptimizerInputs> inputs = judge.optimizer_inputs(step);
+  if (!inputs) return {};
+  std::vector<Verdict> verdicts;
+  for (const OptimizerRule& rule : mistaken_optimizer_rules()) {
+    const ExpectedUpdate expected =
+        expected_update(golden.table(), golden.config().optim, *inputs, rule, judge.master());
+    const bool matches = std::all_of(group.compared.begin(), group.compared.end(), [&](const Entry* e) {
+      if (!e->reason.empty()) return false;
+      const Recorded reference{golden.table()[e->param].shape, expected.params[e->param], "float64"};
+      const ElementBounds& bounds = expected.bounds[e->param];
+      return passes(compare_values(reference, candidate.at(e->path), e->tolerance, &bounds), e->tolerance);
+    });
+    if (matches) verdicts.push_back({rule.signature, rule.message});
+  }
+  return verdicts;
+}
+
+}  // namespace
+
+std::vector<Verdict> find_signatures(const Golden& golden, const ToleranceModel& tolerances,
+                                     const TensorMap& candidate, Judge& judge, DiffResult& result,
+                                     const SignatureOptions& options) {
+  const int64_t step = result.entries[static_cast<size_t>(result.first_failure)].step;
+  std::vector<Verdict> verdicts;
+  auto add = [&](std::vector<Verdict> more) {
+    for (Verdict& v : more) verdicts.push_back(std::move(v));
+  };
+  const bool forward_fails = std::any_of(result.entries.begin(), result.entries.end(), [&](const Entry& e) {
+    return e.step == step && (e.group == "loss" || e.group == "grads") && e.status == Status::kFail;
+  });
+  // A candidate with parameters but no loss or gradients: the rules are matched through its update.
+  const Entry& first = result.entries[static_cast<size_t>(result.first_failure)];
+  const bool update_only = !forward_fails && first.group == "params" && first.basis != Basis::kOptimizer &&
+                           judge.anchor(step) != nullptr &&
+                           std::none_of(result.entries.begin(), result.entries.end(), [&](const Entry& e) {
+                             return e.step == step && (e.group == "loss" || e.group == "grads") &&
+                                    e.status != Status::kNotCompared;
+                           });
+  std::function<bool(const ParamTensors&)> update_matches;
+  if (update_only) {
+    update_matches = [&](const ParamTensors& rule_grads) {
+      OptimizerInputs inputs;
+      for (int64_t k = 1; k < step; ++k) inputs.grads.push_back(judge.reanchored_grads(k));
+      inputs.grads.push_back(&rule_grads);
+      inputs.before = judge.anchor(step);
+      if (inputs.before == nullptr ||
+          std::find(inputs.grads.begin(), inputs.grads.end(), nullptr) != inputs.grads.end()) {
+        return false;
+      }
+      const ExpectedUpdate expected =
+          expected_update(golden.table(), golden.config().optim, inputs, OptimizerRule{}, MasterFormat{});
+      return std::all_of(result.entries.begin(), result.entries.end(), [&](const Entry& e) {
+        if (e.step != step || e.group != "params" || e.status == Status::kNotCompared) return true;
+        const Judgment judged = judge.judge(e.path, e.group, e.param, e.step);
+        const Recorded reference{golden.table()[e.param].shape, expected.params[e.param], "float64"};
+        return e.reason.empty() && passes(compare_values(reference, candidate.at(e.path), e.tolerance,
+                                                         judged.bounds.empty() ? nullptr : &judged.bounds),
+                                          e.tolerance);
+      });
+    };
+  }
+  if ((forward_fails || update_only) && options.recompute) {
+    const ParamTensors* anchor = judge.anchor(step);
+    const ParamTensors golden_params =
+        anchor ? ParamTensors{} : load_parameters(golden.table(), golden.path(), golden.params_before(step));
+    std::map<std::string, Tolerance> judged;
+    for (const Entry& e : result.entries) {
+      if (e.step == step && e.status != Status::kNotCompared) judged[e.path] = e.tolerance;
+    }
+    add(match_recomputed_rules(
+        golden, anchor ? *anchor : golden_params, candidate, step,
+        [&](const std::string& path) -> std::optional<Tolerance> {
+          const auto found = judged.find(path);
+          if (found == judged.end()) return std::nullopt;
+          return found->second;
+        },
+        update_matches));
+  } else if (forward_fails) {
+    result.notes.push_back("signatures that recompute the golden step were skipped (--no-recompute)");
+  }
+  add(token_count(golden, result, step));
+  add(fp32_inside_fp64(golden, tolerances, judge, result, step));
+  const Group group = first_failing_group(result, step);
+  if (group.failing.empty()) return verdicts;
+  // The most specific first: a layout, one shard, one factor, an optimizer rule, then one layer.
+  add(qkv_layout(golden, judge, candidate, group));
+  add(tp_shard(golden, judge, candidate, group, options.tp_sizes));
+  add(gradient_scale(judge, candidate, group));
+  add(optimizer_rules(golden, judge, candidate, group, step));
+  add(one_layer(golden.table(), result, group, step));
+  return verdicts;
+}
+
+}  // namespace touchstone::diff

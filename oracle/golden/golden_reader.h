@@ -1,0 +1,46 @@
+// Read access to the golden file a candidate is diffed against: its config and parameter table,
+// its recorded datasets in the in-memory form of recorded.h, and the batch of a step.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/h5_file.h"
+#include "model/param_table.h"
+#include "oracle/diff/recorded.h"
+#include "oracle/global_batch.h"
+
+namespace touchstone::diff {
+
+class Golden {
+ public:
+  // Checks the format attributes and reads the stored config; throws InputError when the file is not a
+  // golden file of format_version 1.
+  explicit Golden(const std::string& path);
+
+  const std::string& path() const { return reader_.path(); }
+  const h5::H5Reader& reader() const { return reader_; }
+  // The run's config with the parallel section reset: tensors in the file are always full.
+  const Config& config() const { return config_; }
+  const ParamTable& table() const { return table_; }
+  const std::string& precision() const { return config_.precision; }
+  const std::vector<int64_t>& steps() const { return steps_; }  // recorded steps, ascending
+
+  bool has(const std::string& path) const { return reader_.exists("/" + path); }
+  // A dataset (path without the leading slash). A non-finite golden value is bad input.
+  Recorded read(const std::string& path) const;
+  // The recorded batch of step `step` (1-based), rows in global sample order.
+  GlobalBatch batch(int64_t step) const;
+  // The group holding the parameters step `step` started from: /params/init or /steps/<step-1>/params.
+  std::string params_before(int64_t step) const;
+
+ private:
+  h5::H5Reader reader_;
+  Config config_;
+  ParamTable table_;
+  std::vector<int64_t> steps_;
+};
+
+}  // namespace touchstone::diff

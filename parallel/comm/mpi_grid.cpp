@@ -1,0 +1,121 @@
+// The process grid over MPI: rank arithmetic and Grid::create, which splits MPI_COMM_WORLD into the
+// tp, dp, pp and embedding groups documented in grid.h and makes each with the --comm backend.
+#include "parallel/comm/mpi_grid.h"
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "parallel/comm/mpi_group.h"
+#if defined(TOUCHSTONE_HAVE_CUDA)
+#include "parallel/comm/nccl/nccl_grid.h"
+#endif
+
+namespace touchstone {
+
+int rank_of(const GridLayout& layout, const GridCoordinates& coordinates) {
+  return coordinates.tp_rank + layout.tp * (coordinates.dp_rank + layout.dp * coordinates.pp_rank);
+}
+
+GridCoordinates coordinates_of(const GridLayout& layout, int rank) {
+  GridCoordinates coordinates;
+  coordinates.tp_rank = rank % layout.tp;
+  coordinates.dp_rank = (rank / layout.tp) % layout.dp;
+  coordinates.pp_rank = rank / (layout.tp * layout.dp);
+  return coordinates;
+}
+
+ProcessGroup& Grid::group(const std::string& name) {
+  if (name == "world") return world();
+  if (name == "tp") return tp();
+  if (name == "dp") return dp();
+  if (name == "pp") return pp();
+  if (name == "embedding") return embedding();
+  throw std::invalid_argument("no process group called '" + name + "' (world, tp, dp, pp, embedding)");
+}
+
+namespace {
+
+class MpiGrid final : public Grid {
+ public:
+  MpiGrid(const GridLayout& layout, int rank, const GroupMaker& make_group) : Grid(layout, rank) {
+    const GridCoordinates& c = coordinates();
+    // Keying every split by world rank orders each group's ranks by their coordinate along it.
+    world_ = make("world", 0, make_group);
+    tp_ = make("tp", c.dp_rank + layout.dp * c.pp_rank, make_group);
+    dp_ = make("dp", c.tp_rank + layout.tp * c.pp_rank, make_group);
+    pp_ = make("pp", c.tp_rank + layout.tp * c.dp_rank, make_group);
+    const bool embedding_stage = is_first_stage() || is_last_stage();
+    embedding_ =
+        make("embedding", embedding_stage ? c.tp_rank + layout.tp * c.dp_rank : MPI_UNDEFINED, make_group);
+  }
+
+  ProcessGroup& world() override { return *world_; }
+  ProcessGroup& tp() override { return *tp_; }
+  ProcessGroup& dp() override { return *dp_; }
+  ProcessGroup& pp() override { return *pp_; }
+  ProcessGroup& embedding() override { return *embedding_; }
+
+ private:
+  // Collective over MPI_COMM_WORLD: every rank makes every group, in the same order. A rank that
+  // passes MPI_UNDEFINED gets a group of itself alone, which needs no communicator.
+  std::unique_ptr<ProcessGroup> make(const std::string& name, int color, const GroupMaker& make_group) {
+    GroupMembers members;
+    members.name = name;
+    members.sink = [this](TransferRecord record) { this->record(std::move(record)); };
+    MPI_Comm comm = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, color, global_rank(), &comm);
+    if (comm == MPI_COMM_NULL) {
+      members.global_ranks = {global_rank()};
+      return make_group(std::move(members));
+    }
+    int group_size = 0;
+    MPI_Comm_rank(comm, &members.rank);
+    MPI_Comm_size(comm, &group_size);
+    members.global_ranks.resize(static_cast<size_t>(group_size));
+    int me = global_rank();
+    MPI_Allgather(&me, 1, MPI_INT, members.global_ranks.data(), 1, MPI_INT, comm);
+    if (group_size == 1) {
+      MPI_Comm_free(&comm);  // a group of one never communicates
+      comm = MPI_COMM_NULL;
+    }
+    members.comm = comm;
+    return make_group(std::move(members));
+  }
+
+  std::unique_ptr<ProcessGroup> world_, tp_, dp_, pp_, embedding_;
+};
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> make_mpi_group(GroupMembers members) {
+  return std::make_unique<MpiProcessGroup>(std::move(members.name), members.comm,
+                                           std::move(members.global_ranks), members.rank,
+                                           std::move(members.sink));
+}
+
+std::unique_ptr<Grid> create_grid(const GridLayout& layout, const GroupMaker& make_group) {
+  if (layout.tp < 1 || layout.dp < 1 || layout.pp < 1) {
+    throw std::invalid_argument("grid layout tp, dp and pp must all be at least 1");
+  }
+  int world_size = 0;
+  int rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (world_size != layout.world_size()) {
+    throw std::invalid_argument("grid tp x dp x pp = " + std::to_string(layout.world_size()) +
+                                " ranks, but MPI started " + std::to_string(world_size));
+  }
+  return std::make_unique<MpiGrid>(layout, rank, make_group);
+}
+
+std::unique_ptr<Grid> Grid::create(const GridLayout& layout, CommBackend comm) {
+  check_comm_available(comm);
+#if defined(TOUCHSTONE_HAVE_CUDA)
+  if (comm == CommBackend::kNccl) return create_grid(layout, nccl_group_maker());
+#endif
+  return create_grid(layout, make_mpi_group);
+}
+
+}  // namespace touchstone

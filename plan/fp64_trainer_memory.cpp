@@ -1,0 +1,317 @@
+// Allocation replay of training steps of Touchstone's FP64 trainer on one rank: the executor's walk
+// through the pipeline schedule, the loss and token-loss gather, the gradient finalization and the
+// optimizer update, in the order of the code (the passes themselves are in fp64_pass_replay.cpp, the
+// communication layer's buffers in comm_staging.cpp).
+#include "plan/fp64_trainer_memory.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "model/param_table.h"
+#include "parallel/pipeline/schedule.h"
+#include "parallel/shard_plan.h"
+#include "plan/comm_staging.h"
+#include "plan/fp64_pass_replay.h"
+
+namespace touchstone::plan {
+
+double Fp64Rank::params() const {
+  return std::accumulate(held.begin(), held.end(), 0.0,
+                         [](double sum, const HeldTensor& t) { return sum + t.numel; });
+}
+
+double Fp64Rank::flat_size() const {
+  const auto d = static_cast<double>(dp);
+  return std::ceil(params() / d) * d;
+}
+
+namespace {
+
+using pipeline::ActionKind;
+
+// The communication buffers of each of the rank's groups (parallel/comm/grid.h: the embedding group joins
+// the first and the last stage).
+struct Groups {
+  GroupScratch tp, dp, world, embedding;
+  SendCopies pp_sends, world_sends;
+  Groups(Ledger& l, const Fp64Rank& r)
+      : tp(l, "tp", r.tp),
+        dp(l, "dp", r.dp),
+        world(l, "world", r.tp * r.dp * r.pp),
+        embedding(l, "embedding", r.pp > 1 && (r.stage == 0 || r.stage == r.pp - 1) ? 2 : 1),
+        pp_sends(l, "pp", r.send_completion),
+        world_sends(l, "world", r.send_completion) {}
+};
+
+class StepReplay {
+ public:
+  explicit StepReplay(const Fp64Rank& rank) : r_(rank), d_(dims_of(rank)), groups_(l_, rank) {}
+
+  Fp64StepReplay run() {
+    Fp64StepReplay result;
+    step(&result);
+    PeakSnapshot first = l_.peak();
+    l_.reset_peak();
+    step(nullptr);
+    result.peak = l_.peak();
+    if (first.at.bytes > result.peak.at.bytes) {
+      result.peak = first;
+      result.peak.at.name = "first step, " + first.at.name;
+    }
+    result.in_flight = pipeline::peak_in_flight(schedule());
+    return result;
+  }
+
+ private:
+  std::vector<pipeline::Action> schedule() const {
+    return pipeline::build_schedule(r_.schedule, static_cast<int>(r_.pp), static_cast<int>(r_.stage),
+                                    static_cast<int>(r_.micro_batches));
+  }
+  bool last_stage() const { return r_.stage == r_.pp - 1; }
+  double token_losses_per_rank() const { return static_cast<double>(r_.micro_batches) * d_.N; }
+
+  void step(Fp64StepReplay* breakdown);
+  std::vector<int> pipeline(Fp64StepReplay* breakdown);
+  int gather_token_losses();
+  void finalize_grads();
+  void optimizer_update();
+
+  Ledger l_;
+  const Fp64Rank& r_;
+  Dims d_;
+  Groups groups_;
+};
+
+// parallel/pipeline/executor.cpp: the schedule's actions in order. Received inputs live through their
+// forward, received gradients through their backward; input gradients until the executor returns; the
+// last stage copies each micro-batch's token losses into the result, which lives until the step ends.
+// Returns those token-loss records.
+std::vector<int> StepReplay::pipeline(Fp64StepReplay* breakdown) {
+  PassReplay pass(l_, r_, groups_.tp);
+  const auto m = static_cast<size_t>(r_.micro_batches);
+  std::vector<std::vector<int>> acts(m);
+  std::vector<int> inputs(m, -1), d_outputs(m, -1), d_inputs(m, -1), token_records;
+  int64_t stored = 0;
+  for (const pipeline::Action& action : schedule()) {
+    const auto j = static_cast<size_t>(action.micro_batch);
+    const std::string micro_batch = "micro-batch " + std::to_string(j);
+    const bool forward_kind = action.kind == ActionKind::kForward ||
+                              action.kind == ActionKind::kRecvActivation ||
+                              action.kind == ActionKind::kSendActivation;
+    l_.context(micro_batch);
+    l_.at(forward_kind ? "forward" : "backward");
+    switch (action.kind) {
+      case ActionKind::kRecvActivation:
+        inputs[j] = l_.alloc(d_.Nl * d_.H, "received activation");
+        break;
+      case ActionKind::kForward:
+        acts[j] = pass.forward(breakdown && j == 0 ? breakdown : nullptr);
+        if (breakdown && j == 0) {
+          for (int h : acts[j]) breakdown->stored_per_micro_batch += l_.bytes(h);
+        }
+        if (inputs[j] >= 0) l_.release(inputs[j]);
+        l_.set_stored_micro_batches(++stored);
+        if (last_stage()) token_records.push_back(l_.alloc(d_.N, "token-loss record"));
+        break;
+      case ActionKind::kSendActivation:
+        groups_.pp_sends.send(d_.Nl * d_.H, "activation of " + micro_batch);
+        break;
+      case ActionKind::kRecvGradient:
+        d_outputs[j] = l_.alloc(d_.Nl * d_.H, "received gradient");
+        break;
+      case ActionKind::kBackward:
+        d_inputs[j] = pass.backward();
+        l_.release(acts[j]);
+        l_.set_stored_micro_batches(--stored);
+        if (d_outputs[j] >= 0) l_.release(d_outputs[j]);
+        break;
+      case ActionKind::kSendGradient:
+        groups_.pp_sends.send(d_.Nl * d_.H, "gradient of " + micro_batch);
+        break;
+    }
+  }
+  l_.context("");
+  l_.at("end of the pipeline");
+  groups_.pp_sends.wait_sends();
+  for (int h : d_inputs) {
+    if (h >= 0) l_.release(h);
+  }
+  return token_records;
+}
+
+// Trainer::gather_token_losses: every last-stage rank concatenates its token losses; its tp rank 0 sends
+// them to world rank 0, which assembles the global batch, receiving one dp rank's losses at a time.
+// Returns the handle of the assembled losses (the step's record keeps them), or -1.
+int StepReplay::gather_token_losses() {
+  l_.at("token-loss gather");
+  // `mine` grows by one micro-batch's losses at a time, by std::vector's doubling.
+  int mine = -1;
+  double size = 0, capacity = 0;
+  for (int64_t j = 0; last_stage() && j < r_.micro_batches; ++j) {
+    if (size + d_.N > capacity) {
+      capacity = size + std::max(size, d_.N);
+      const int grown = l_.alloc(capacity, "token losses of this rank");
+      if (mine >= 0) l_.release(mine);
+      mine = grown;
+    }
+    size += d_.N;
+  }
+  if (last_stage() && r_.tp_rank == 0 && !r_.world_rank_zero()) {
+    groups_.world_sends.send(size, "token losses");
+    groups_.world_sends.wait_sends();
+  }
+  int all = -1;
+  if (r_.world_rank_zero()) {
+    all = l_.alloc(token_losses_per_rank() * static_cast<double>(r_.dp), "token losses of the global batch");
+    for (int64_t from = 0; from < r_.dp; ++from) {
+      l_.release(l_.alloc(token_losses_per_rank(), "token losses of one dp rank"));
+    }
+  }
+  if (mine >= 0) l_.release(mine);
+  return all;
+}
+
+// Trainer::finalize_grads: with sequence parallelism every norm weight's gradient is summed over tp; a
+// tied embedding's gradient over the embedding group.
+void StepReplay::finalize_grads() {
+  l_.at("finalize gradients");
+  for (const HeldTensor& t : r_.held) {
+    if (r_.sequence_parallel && t.replicated) groups_.tp.all_reduce_sum(t.numel);
+    if (r_.shape.tied_embeddings && r_.pp > 1 && t.embedding) groups_.embedding.all_reduce_sum(t.numel);
+  }
+}
+
+// parallel/data/data_parallel_optimizer.cpp: the flat gradient, then either the all-reduce over dp and
+// AdamW per tensor on a scaled copy of its gradient, or (distributed) the reduce-scattered chunk, the
+// flat parameters, AdamW on a scaled copy of each tensor's part of the chunk, the all-gathered
+// parameters and the all-gathered gradient. The gradient norm is one world all-reduce of one element.
+void StepReplay::optimizer_update() {
+  l_.at("optimizer update");
+  const double flat = r_.flat_size(), chunk = r_.chunk();
+  std::vector<int> update{l_.alloc(flat, "flat gradient")};
+  if (!r_.distributed_optimizer) {
+    groups_.dp.all_reduce_sum(flat);
+    groups_.world.all_reduce_sum(1);
+    double largest = 0;
+    for (const HeldTensor& t : r_.held) largest = std::max(largest, t.numel);
+    l_.release(l_.alloc(largest, "scaled gradient of the largest tensor"));
+  } else {
+    update.push_back(l_.alloc(chunk, "gradient chunk"));
+    groups_.dp.reduce_scatter_sum(chunk);
+    groups_.world.all_reduce_sum(1);
+    update.push_back(l_.alloc(flat, "flat parameters"));
+    const double begin = chunk * static_cast<double>(r_.dp_rank), end = begin + chunk;
+    double offset = 0, largest = 0;
+    for (const HeldTensor& t : r_.held) {
+      largest = std::max(largest, std::min(end, offset + t.numel) - std::max(begin, offset));
+      offset += t.numel;
+    }
+    l_.release(l_.alloc(largest, "scaled gradient of one tensor's part of the chunk"));
+    update.push_back(l_.alloc(flat, "gathered parameters"));
+    if (r_.collect_outputs) update.push_back(l_.alloc(flat, "gathered gradient"));
+  }
+  l_.release(update);
+}
+
+// Trainer::step. In FP64 the passes read the weights themselves (only BF16 makes a copy); the
+// loss-token count is an integer all-reduce, which goes to MPI without scratch.
+void StepReplay::step(Fp64StepReplay* breakdown) {
+  const std::vector<int> token_records = pipeline(breakdown);
+  l_.context("");
+  l_.at("loss");
+  groups_.world.all_reduce_sum(1);
+  const int all = r_.collect_outputs ? gather_token_losses() : -1;
+  finalize_grads();
+  optimizer_update();
+  if (all >= 0) l_.release(all);
+  l_.release(token_records);
+}
+
+Config config_for(const MemoryPlanInput& in) {
+  Config c;
+  const ModelShape& s = in.shape;
+  c.model.vocab_size = s.vocab;
+  c.model.hidden_size = s.hidden;
+  c.model.num_layers = s.layers;
+  c.model.num_heads = s.heads;
+  c.model.num_kv_heads = s.kv_heads;
+  c.model.ffn_hidden_size = s.ffn;
+  c.model.seq_length = s.seq;
+  c.model.tie_embeddings = s.tied_embeddings;
+  c.parallel.tp = in.tp;
+  c.parallel.pp = in.pp;
+  c.parallel.stage_layers = in.stage_layers;
+  return c;
+}
+
+}  // namespace
+
+Fp64Rank fp64_rank(const MemoryPlanInput& in, int64_t dp, int64_t micro_batches, int64_t stage,
+                   int64_t tp_rank, int64_t dp_rank) {
+  Fp64Rank rank;
+  rank.shape = in.shape;
+  rank.micro_batch = in.micro_batch;
+  rank.micro_batches = micro_batches;
+  rank.tp = in.tp;
+  rank.pp = in.pp;
+  rank.dp = dp;
+  rank.tp_rank = tp_rank;
+  rank.dp_rank = dp_rank;
+  rank.stage = stage;
+  rank.schedule = in.schedule;
+  rank.sequence_parallel = in.sequence_parallel;
+  rank.distributed_optimizer = in.distributed_optimizer;
+  rank.attention_dropout = in.attention_dropout;
+  rank.hidden_dropout = in.hidden_dropout;
+  const Config config = config_for(in);
+  const ParamTable table(config.model);
+  const ShardPlan plan(table, config, static_cast<int>(tp_rank), static_cast<int>(in.tp),
+                       static_cast<int>(stage));
+  rank.first_layer = plan.stage_range().first_layer;
+  rank.layers = plan.stage_range().end_layer - plan.stage_range().first_layer;
+  for (int id : plan.held_ids()) {
+    rank.held.push_back({static_cast<double>(plan.local_numel(id)),
+                         table[id].sharding == Sharding::kReplicated, id == table.embedding()});
+  }
+  return rank;
+}
+
+Fp64StepReplay replay_fp64_step(const Fp64Rank& rank) { return StepReplay(rank).run(); }
+
+MemoryPlanInput plan_input_from_config(const Config& c) {
+  MemoryPlanInput in;
+  const ModelConfig& m = c.model;
+  in.shape = ModelShape{m.num_layers,      m.hidden_size, m.num_heads,  m.num_kv_heads,
+                        m.ffn_hidden_size, m.vocab_size,  m.seq_length, m.tie_embeddings};
+  in.recipe = find_recipe("fp64");
+  in.distributed_optimizer = c.parallel.distributed_optimizer;
+  in.tp = c.parallel.tp;
+  in.pp = c.parallel.pp;
+  in.dps = {c.parallel.dp};
+  in.stage_layers = c.parallel.stage_layers;
+  in.schedule = c.parallel.schedule;
+  in.micro_batch = c.train.micro_batch_size;
+  in.global_batch = c.train.global_batch_size;
+  in.sequence_parallel = c.parallel.sequence_parallel;
+  in.attention_dropout = m.attention_dropout > 0.0;
+  in.hidden_dropout = m.hidden_dropout > 0.0;
+  in.activations = ActivationModel::kTouchstoneFp64;
+  in.trainer_precision = c.precision;
+  return in;
+}
+
+StepPeakPrediction predict_single_process_step(const Config& config) {
+  MemoryPlanInput in = plan_input_from_config(config);
+  in.tp = in.pp = 1;
+  in.dps = {1};
+  in.stage_layers.clear();
+  validate(in);
+  StepPeakPrediction prediction;
+  prediction.stage = plan_layout(in, 1).stages.front();
+  prediction.state = prediction.stage.state;
+  prediction.total = prediction.stage.total();
+  return prediction;
+}
+
+}  // namespace touchstone::plan

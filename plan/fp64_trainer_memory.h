@@ -1,0 +1,86 @@
+// The "Touchstone FP64 trainer" activation model: replays, allocation by allocation, what training
+// steps of Touchstone's own trainer (model/transformer.cpp, parallel/pipeline/executor.cpp,
+// oracle/train_step.cpp, parallel/data/data_parallel_optimizer.cpp, and the communication layer's own
+// buffers in parallel/comm/mpi_group.cpp) keep alive on one rank of the grid, and reports the largest live
+// total beyond the model state. Every buffer is FP64 (8 bytes per element). The replay mirrors the
+// order of the code it predicts; when that code changes its buffers, this file changes with it, and
+// test_plan_memory (one process) and memory_per_rank (every rank of MPI layouts), which compare the
+// prediction with measured peaks, say so.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "plan/comm_staging.h"
+#include "plan/memory_model.h"
+#include "plan/memory_plan.h"
+#include "plan/replay_ledger.h"
+
+namespace touchstone::plan {
+
+// A parameter tensor one rank holds (its local shard), in parameter-table order (ShardPlan).
+struct HeldTensor {
+  double numel = 0;
+  bool replicated = false;  // a norm weight: whole on every tp rank
+  bool embedding = false;   // the embedding (also the last stage's output layer when tied)
+};
+
+// One rank of the grid: tensor-parallel rank tp_rank and data-parallel rank dp_rank of pipeline stage
+// `stage`.
+struct Fp64Rank {
+  ModelShape shape;
+  int64_t micro_batch = 1;    // b windows of shape.seq tokens
+  int64_t micro_batches = 1;  // per replica per update
+  int64_t tp = 1, pp = 1, dp = 1;
+  int64_t tp_rank = 0, dp_rank = 0, stage = 0;
+  int64_t first_layer = 0, layers = 0;
+  std::string schedule = "1f1b";  // or "afab" (parallel/pipeline/schedule.h)
+  bool sequence_parallel = false, distributed_optimizer = false;
+  bool attention_dropout = false, hidden_dropout = false;  // masks kept from forward to backward
+  // Trainer::step's collect_outputs (its default, and golden runs): world rank 0 assembles the token
+  // losses of the global batch, and the distributed optimizer gathers the whole summed gradient.
+  bool collect_outputs = true;
+  // When the copies of pipeline sends are freed (comm_staging.h): the earliest possible moment gives the
+  // prediction, the latest its upper bound.
+  SendCompletion send_completion = SendCompletion::kAtNextSend;
+  std::vector<HeldTensor> held;
+
+  double params() const;
+  // The optimizer's flat buffer (this rank's parameters padded to a multiple of dp) and each dp rank's
+  // chunk of it (parallel/data/flat_buffer.h).
+  double flat_size() const;
+  double chunk() const { return flat_size() / static_cast<double>(dp); }
+  bool world_rank_zero() const { return tp_rank == 0 && dp_rank == 0 && stage == 0; }
+};
+
+// The rank at grid coordinates (tp_rank, dp_rank, stage) of a layout with `micro_batches` per replica;
+// its tensors come from a ShardPlan of the parameter table.
+Fp64Rank fp64_rank(const MemoryPlanInput& input, int64_t dp, int64_t micro_batches, int64_t stage,
+                   int64_t tp_rank, int64_t dp_rank);
+
+struct Fp64StepReplay {
+  double stored_per_micro_batch = 0;         // bytes one micro-batch keeps from its forward to its backward
+  int64_t in_flight = 0;                     // most micro-batches stored at once under the schedule
+  PeakSnapshot peak;                         // largest live bytes beyond the model state, where, and of what
+  std::vector<NamedBytes> stored_per_layer;  // one layer's stored tensors
+  std::vector<NamedBytes> stored_head;       // stage output, and the head's on the last stage
+};
+
+// Replays a run's first two steps and returns the larger peak: the communication scratch grows during
+// the first step and stays allocated, so from the second step on every step peaks at the same bytes.
+Fp64StepReplay replay_fp64_step(const Fp64Rank& rank);
+
+// The planner input that describes a Touchstone run's config (shapes, batch, layout, fp64 recipe).
+MemoryPlanInput plan_input_from_config(const Config& config);
+
+// The predicted peak of one Trainer::step of a single-process run, model state included, in bytes.
+struct StepPeakPrediction {
+  ModelState state;
+  StageMemory stage;
+  double total = 0;
+};
+StepPeakPrediction predict_single_process_step(const Config& config);
+
+}  // namespace touchstone::plan

@@ -1,0 +1,203 @@
+// Validation of a layout and the per-stage memory of one GPU.
+#include "plan/memory_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <stdexcept>
+
+#include "common/errors.h"
+#include "plan/fp64_trainer_memory.h"
+
+namespace touchstone::plan {
+
+ActivationModel parse_activation_model(const std::string& name) {
+  if (name == "none") return ActivationModel::kNone;
+  if (name == "megatron-16bit") return ActivationModel::kMegatron16Bit;
+  if (name == "touchstone-fp64") return ActivationModel::kTouchstoneFp64;
+  throw InputError("--activations: unknown model \"" + name + "\" (megatron-16bit, touchstone-fp64 or none)");
+}
+
+namespace {
+
+void require(bool condition, const std::string& message) {
+  if (!condition) throw InputError(message);
+}
+
+std::string str(int64_t value) { return std::to_string(value); }
+
+}  // namespace
+
+namespace {
+
+void validate_shape(const MemoryPlanInput& in) {
+  const ModelShape& m = in.shape;
+  require(m.kv_heads >= 1 && m.ffn >= 1 && m.vocab >= 1, "--kv-heads, --ffn and --vocab must be >= 1");
+  require(m.hidden % m.heads == 0,
+          "--heads (" + str(m.heads) + ") must divide --hidden (" + str(m.hidden) + ")");
+  require(m.heads % m.kv_heads == 0,
+          "--kv-heads (" + str(m.kv_heads) + ") must divide --heads (" + str(m.heads) + ")");
+  require(m.heads % in.tp == 0 && m.kv_heads % in.tp == 0,
+          "--tp (" + str(in.tp) + ") must divide --heads (" + str(m.heads) + ") and --kv-heads (" +
+              str(m.kv_heads) + "): tensor parallelism splits whole query groups");
+  require(m.ffn % in.tp == 0, "--tp (" + str(in.tp) + ") must divide --ffn (" + str(m.ffn) + ")");
+}
+
+// The trainer's rule (common/config.cpp): equal stages unless every stage's layers are listed.
+void validate_stages(const MemoryPlanInput& in) {
+  const int64_t layers = in.shape.layers;
+  require(in.pp <= layers, "--pp " + str(in.pp) + " is larger than --layers " + str(layers) +
+                               ": every pipeline stage needs at least one layer");
+  if (in.stage_layers.empty()) {
+    require(layers % in.pp == 0, "--pp (" + str(in.pp) + ") must divide --layers (" + str(layers) +
+                                     ") unless --stage-layers lists the layers of each stage");
+    return;
+  }
+  const auto entries = static_cast<int64_t>(in.stage_layers.size());
+  require(entries == in.pp, "--stage-layers has " + str(entries) + " entries but --pp is " + str(in.pp));
+  for (int64_t stage : in.stage_layers) require(stage >= 1, "--stage-layers: every stage needs a layer");
+  const int64_t sum = std::accumulate(in.stage_layers.begin(), in.stage_layers.end(), int64_t{0});
+  require(sum == layers, "--stage-layers adds up to " + str(sum) + " layers, not --layers " + str(layers));
+}
+
+void validate_activations(const MemoryPlanInput& in) {
+  const ModelShape& m = in.shape;
+  const bool fp64 = in.activations == ActivationModel::kTouchstoneFp64;
+  if (in.activations != ActivationModel::kNone) {
+    require(m.seq >= 1, "--seq-length: must be >= 1 to compute activations");
+    require(!in.sequence_parallel || (m.seq * in.micro_batch) % in.tp == 0,
+            "--sequence-parallel: --tp (" + str(in.tp) + ") must divide the micro-batch's tokens (" +
+                str(m.seq * in.micro_batch) + ")");
+  }
+  require(in.schedule == "1f1b" || in.schedule == "afab",
+          "parallel.schedule: unknown schedule \"" + in.schedule + "\" (1f1b or afab)");
+  require(!in.flash_attention || in.activations == ActivationModel::kMegatron16Bit,
+          "--flash-attention applies to --activations megatron-16bit only (Touchstone's trainer stores the "
+          "attention probabilities)");
+  if (!fp64) return;
+  require(in.trainer_precision == "fp64",
+          "--activations touchstone-fp64 replays the trainer in precision "
+          "\"fp64\", not \"" +
+              in.trainer_precision + "\" (its emulation modes add conversion buffers)");
+  require(in.recompute == Recompute::kNone,
+          "--recompute: Touchstone's trainer does not recompute activations");
+  require(in.vocab_multiple == 1, "--vocab-multiple: Touchstone's trainer does not pad the vocabulary");
+  require(m.vocab % in.tp == 0,
+          "--tp (" + str(in.tp) + ") must divide --vocab (" + str(m.vocab) + ") for Touchstone's trainer");
+}
+
+}  // namespace
+
+void validate(const MemoryPlanInput& in) {
+  require(in.tp >= 1, "--tp: must be >= 1, got " + str(in.tp));
+  require(in.pp >= 1, "--pp: must be >= 1, got " + str(in.pp));
+  require(!in.dps.empty(), "--dp: give at least one data-parallel size");
+  for (int64_t dp : in.dps) require(dp >= 1, "--dp: must be >= 1, got " + str(dp));
+  require(in.micro_batch >= 1, "--micro-batch: must be >= 1, got " + str(in.micro_batch));
+  require(in.global_batch >= 0, "--global-batch: must be >= 1, got " + str(in.global_batch));
+  require(in.gpu_memory_gb >= 0, "--gpu-memory-gb: must be > 0");
+  require(in.vocab_multiple >= 1, "--vocab-multiple: must be >= 1, got " + str(in.vocab_multiple));
+  require(in.total_params >= 0, "--params: must be > 0");
+  const bool shaped = in.shape.known();
+  require(shaped || in.total_params > 0,
+          "give --params or the model's shape (--layers, --hidden, --heads, --ffn, --vocab), or --config");
+  require(
+      shaped || in.activations == ActivationModel::kNone,
+      "--activations needs the model's shape (--layers, --hidden, --heads, --ffn, --vocab, --seq-length)");
+  require(shaped || in.stage_layers.empty(), "--stage-layers needs --layers");
+  if (shaped) {
+    validate_shape(in);
+    validate_stages(in);
+    validate_activations(in);
+  }
+  if (in.global_batch > 0) {
+    for (int64_t dp : in.dps) {
+      require(in.global_batch % (dp * in.micro_batch) == 0,
+              "--global-batch " + str(in.global_batch) + " is not divisible by DP " + str(dp) +
+                  " x --micro-batch " + str(in.micro_batch) + " = " + str(dp * in.micro_batch));
+    }
+  }
+}
+
+std::vector<int64_t> stage_layer_counts(const MemoryPlanInput& in) {
+  if (!in.stage_layers.empty()) return in.stage_layers;
+  return std::vector<int64_t>(static_cast<size_t>(in.pp), in.shape.known() ? in.shape.layers / in.pp : 0);
+}
+
+const StageMemory& LayoutPlan::largest() const {
+  return *std::max_element(stages.begin(), stages.end(),
+                           [](const StageMemory& a, const StageMemory& b) { return a.total() < b.total(); });
+}
+
+namespace {
+
+void add_megatron_activations(const MemoryPlanInput& in, StageMemory& s) {
+  const ModelShape& m = in.shape;
+  const int64_t vocab = padded_vocab(m.vocab, in.vocab_multiple, in.tp);
+  double per_micro_batch = static_cast<double>(s.layers) *
+                           megatron_layer_activation_bytes(m, in.micro_batch, in.tp, in.sequence_parallel,
+                                                           in.recompute, in.flash_attention);
+  if (s.first)
+    per_micro_batch += megatron_embedding_activation_bytes(m, in.micro_batch, in.tp, in.sequence_parallel);
+  if (s.last)
+    per_micro_batch += megatron_head_activation_bytes(m, in.micro_batch, in.tp, in.sequence_parallel, vocab);
+  s.activations = static_cast<double>(s.in_flight) * per_micro_batch;
+  const double working = megatron_recompute_working_bytes(m, in.micro_batch, in.tp, in.sequence_parallel,
+                                                          in.recompute, in.flash_attention);
+  s.peak = {working > 0 ? "backward, recomputing one layer" : "all in-flight micro-batches stored (1F1B)",
+            s.activations + working};
+}
+
+void add_fp64_activations(const MemoryPlanInput& in, int64_t dp, int64_t micro_batches, StageMemory& s) {
+  const Fp64Rank rank = fp64_rank(in, dp, micro_batches > 0 ? micro_batches : in.pp, s.stage, 0, 0);
+  // The state above counts the stage's parameters by formula, the replay takes them from the trainer's
+  // ShardPlan: a disagreement is a bug in one of them, not bad input.
+  if (std::abs(rank.params() - s.state.params) > 0.5) {
+    throw std::logic_error("stage " + str(s.stage) + ": the parameter formula counts " +
+                           std::to_string(s.state.params) + " parameters, the ShardPlan " +
+                           std::to_string(rank.params()));
+  }
+  const Fp64StepReplay replay = replay_fp64_step(rank);
+  s.in_flight = replay.in_flight;
+  s.activations = static_cast<double>(s.in_flight) * replay.stored_per_micro_batch;
+  s.peak = replay.peak.at;
+  s.stored_per_layer = replay.stored_per_layer;
+  s.stored_head = replay.stored_head;
+}
+
+}  // namespace
+
+LayoutPlan plan_layout(const MemoryPlanInput& in, int64_t dp) {
+  LayoutPlan plan;
+  plan.dp = dp;
+  plan.micro_batches = in.global_batch > 0 ? in.global_batch / (dp * in.micro_batch) : 0;
+  const std::vector<int64_t> layers = stage_layer_counts(in);
+  const int64_t vocab = in.shape.known() ? padded_vocab(in.shape.vocab, in.vocab_multiple, in.tp) : 0;
+  int64_t first_layer = 0;
+  for (int64_t stage = 0; stage < in.pp; ++stage) {
+    StageMemory s;
+    s.stage = stage;
+    s.first_layer = first_layer;
+    s.layers = layers[static_cast<size_t>(stage)];
+    first_layer += s.layers;
+    s.first = stage == 0;
+    s.last = stage == in.pp - 1;
+    double params = 0;
+    if (in.total_params > 0) {
+      params = in.total_params / static_cast<double>(in.tp * in.pp);  // no shapes: every stage alike
+    } else {
+      params = static_cast<double>(s.layers) * layer_params_per_rank(in.shape, in.tp);
+      if (s.first) params += embedding_params_per_rank(in.shape, in.tp, vocab);
+      if (s.last) params += head_params_per_rank(in.shape, in.tp, vocab, s.first);
+    }
+    s.state = model_state(params, in.recipe, in.distributed_optimizer, dp);
+    s.in_flight = in_flight_micro_batches(stage, in.pp, plan.micro_batches);
+    if (in.activations == ActivationModel::kMegatron16Bit) add_megatron_activations(in, s);
+    if (in.activations == ActivationModel::kTouchstoneFp64)
+      add_fp64_activations(in, dp, plan.micro_batches, s);
+    plan.stages.push_back(s);
+  }
+  return plan;
+}
+
+}  // namespace touchstone::plan

@@ -1,0 +1,87 @@
+// `touchstone plan memory`: per-GPU memory of every pipeline stage of a TP x PP x DP layout, for one
+// or several DP sizes. Model state comes from the precision recipe, activations from the chosen
+// activation model (the published 16-bit formulas, or Touchstone's own FP64 trainer, whose tensors are
+// enumerated in fp64_trainer_memory.h). The single-process prediction that the unit test compares with
+// a measured peak goes through the same stage function with TP = PP = DP = 1.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "plan/memory_model.h"
+
+namespace touchstone::plan {
+
+enum class ActivationModel {
+  kNone,            // no layer shapes given: model state only
+  kMegatron16Bit,   // Korthikanti et al. 2022, 16-bit activations
+  kTouchstoneFp64,  // Touchstone's FP64 trainer, tensor by tensor
+};
+ActivationModel parse_activation_model(const std::string& name);
+
+struct MemoryPlanInput {
+  ModelShape shape;         // shape.known() false: only total_params is known
+  double total_params = 0;  // > 0: the parameter count to plan with (overrides the shape's own count)
+  Recipe recipe;
+  bool distributed_optimizer = false;
+  int64_t tp = 1, pp = 1;
+  std::vector<int64_t> dps{1};
+  std::vector<int64_t> stage_layers;  // empty: layers / pp on every stage
+  std::string schedule = "1f1b";      // pipeline schedule of the FP64 trainer: "1f1b" or "afab"
+  int64_t micro_batch = 1;            // b, sequences per micro-batch
+  int64_t global_batch = 0;           // sequences per update; 0: unknown (1F1B then holds pp - stage)
+  bool sequence_parallel = false;
+  // The FP64 trainer with model.attention_dropout / model.hidden_dropout > 0: it keeps each mask from
+  // the forward to the backward (kTouchstoneFp64 activations only).
+  bool attention_dropout = false, hidden_dropout = false;
+  Recompute recompute = Recompute::kNone;
+  bool flash_attention = false;  // 16-bit model: attention scores never stored
+  ActivationModel activations = ActivationModel::kNone;
+  std::string trainer_precision = "fp64";  // a Touchstone config's precision (--config)
+  int64_t vocab_multiple = 1;              // pad the vocabulary to a multiple of this x tp (Megatron: 128)
+  double gpu_memory_gb = 0;                // > 0: flag stages that do not fit
+};
+
+// Throws InputError for an impossible layout (PP larger than the layers, DP not dividing the batch, a
+// head count TP does not divide, ...), naming the option.
+void validate(const MemoryPlanInput& input);
+
+// Bytes with the name of what they are, or of the moment they are live.
+struct NamedBytes {
+  std::string name;
+  double bytes = 0;
+};
+
+struct StageMemory {
+  int64_t stage = 0, first_layer = 0, layers = 0;
+  bool first = false, last = false;
+  ModelState state;        // weights, grads, master weights, optimizer moments
+  int64_t in_flight = 0;   // micro-batches stored at once (FP64: under its schedule; else 1F1B)
+  double activations = 0;  // bytes stored for the backward pass, all in-flight micro-batches
+  NamedBytes peak;         // the step's largest live bytes beyond the model state, and when
+  std::vector<NamedBytes> stored_per_layer;  // FP64 trainer: one layer's stored tensors (breakdown)
+  std::vector<NamedBytes> stored_head;       // FP64 trainer: the stage output and head tensors
+  double total() const { return state.total() + peak.bytes; }
+};
+
+struct LayoutPlan {
+  int64_t dp = 1;
+  int64_t micro_batches = 0;  // per replica per update; 0 when the global batch is unknown
+  std::vector<StageMemory> stages;
+  const StageMemory& largest() const;
+};
+
+// One GPU of every stage (tensor-parallel rank 0; the others hold the same amounts).
+LayoutPlan plan_layout(const MemoryPlanInput& input, int64_t dp);
+
+// The stage's layer counts: input.stage_layers, or layers / pp each.
+std::vector<int64_t> stage_layer_counts(const MemoryPlanInput& input);
+
+// The whole report of `touchstone plan memory`.
+void print_memory_plan(const MemoryPlanInput& input, std::ostream& out);
+// FP64 trainer: the stored tensors of each stage and where its peak is (first DP size only).
+void print_memory_breakdown(const MemoryPlanInput& input, std::ostream& out);
+
+}  // namespace touchstone::plan

@@ -1,0 +1,74 @@
+// Per-rank prediction: one replay for every grid coordinate, and its printed table.
+#include "plan/rank_memory.h"
+
+#include <cstdio>
+#include <ostream>
+
+#include "parallel/comm/grid.h"
+#include "plan/format.h"
+#include "plan/fp64_trainer_memory.h"
+#include "plan/memory_plan.h"
+
+namespace touchstone::plan {
+
+std::vector<RankMemory> predict_rank_memory(const Config& config) {
+  const MemoryPlanInput in = plan_input_from_config(config);
+  validate(in);
+  const int64_t dp = config.parallel.dp;
+  const int64_t micro_batches = config.train.global_batch_size / (dp * config.train.micro_batch_size);
+  const GridLayout layout{static_cast<int>(config.parallel.tp), static_cast<int>(dp),
+                          static_cast<int>(config.parallel.pp)};
+  std::vector<RankMemory> ranks;
+  for (int world_rank = 0; world_rank < layout.world_size(); ++world_rank) {
+    const GridCoordinates c = coordinates_of(layout, world_rank);
+    Fp64Rank rank = fp64_rank(in, dp, micro_batches, c.pp_rank, c.tp_rank, c.dp_rank);
+    const Fp64StepReplay replay = replay_fp64_step(rank);
+    rank.send_completion = SendCompletion::kAtWaitSends;
+    const double peak_sends_held = replay_fp64_step(rank).peak.at.bytes;
+    RankMemory r;
+    r.world_rank = world_rank;
+    r.tp_rank = c.tp_rank;
+    r.dp_rank = c.dp_rank;
+    r.stage = c.pp_rank;
+    r.state = model_state(rank.params(), in.recipe, false, 1);
+    // The distributed optimizer keeps moments for its chunk of the padded flat buffer, not params / dp.
+    if (in.distributed_optimizer) r.state.moments = in.recipe.moments * rank.chunk();
+    r.in_flight = replay.in_flight;
+    r.stored_per_micro_batch = replay.stored_per_micro_batch;
+    r.peak = replay.peak;
+    r.total_sends_held = r.state.total() + peak_sends_held;
+    ranks.push_back(r);
+  }
+  return ranks;
+}
+
+void print_rank_memory(const std::vector<RankMemory>& ranks, std::ostream& out) {
+  out << "\nPer rank, bytes (the run's peak: its second step, once the communication scratch has grown):\n";
+  char line[512];
+  std::snprintf(line, sizeof line, "%5s %3s %3s %5s %11s %7s %30s %11s %11s %11s  %s\n", "rank", "tp", "dp",
+                "stage", "state", "flight", "activations (k x per)", "transient", "staging", "total",
+                "peak at");
+  out << line;
+  for (const RankMemory& r : ranks) {
+    const std::string activations = std::to_string(r.peak.stored_micro_batches) + " x " +
+                                    grouped(r.stored_per_micro_batch) + " = " + grouped(r.activations());
+    std::snprintf(line, sizeof line, "%5d %3lld %3lld %5lld %11s %7lld %30s %11s %11s %11s  %s\n",
+                  r.world_rank, static_cast<long long>(r.tp_rank), static_cast<long long>(r.dp_rank),
+                  static_cast<long long>(r.stage), grouped(r.state.total()).c_str(),
+                  static_cast<long long>(r.in_flight), activations.c_str(), grouped(r.transient()).c_str(),
+                  grouped(r.peak.staging).c_str(), grouped(r.total()).c_str(), r.peak.at.name.c_str());
+    out << line;
+  }
+  out << "Staging buffers live at each rank's peak:\n";
+  for (const RankMemory& r : ranks) {
+    out << "  rank " << r.world_rank << ":";
+    if (r.peak.staging_buffers.empty()) out << " none";
+    for (size_t i = 0; i < r.peak.staging_buffers.size(); ++i) {
+      const NamedBytes& b = r.peak.staging_buffers[i];
+      out << (i == 0 ? " " : "; ") << b.name << " " << grouped(b.bytes);
+    }
+    out << "\n";
+  }
+}
+
+}  // namespace touchstone::plan
