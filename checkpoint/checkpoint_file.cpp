@@ -8,6 +8,7 @@
 
 #include "common/errors.h"
 #include "common/hash.h"
+#include "common/version.h"
 #include "optim/optimizer.h"
 
 namespace touchstone {
@@ -130,8 +131,7 @@ CheckpointFileWriter::CheckpointFileWriter(const std::string& path, const Config
   writer_.set_attribute("/", "config", to_json(config).dump());
   writer_.set_attribute("/", "layout", layout_json(config).dump());
   writer_.set_attribute("/", "precision", config.precision);
-  writer_.set_attribute("/", "generator",
-                        std::string("touchstone ") + TOUCHSTONE_VERSION + " (" + TOUCHSTONE_GIT_COMMIT + ")");
+  writer_.set_attribute("/", "generator", generator_string());
 }
 
 void CheckpointFileWriter::checksum(const std::string& path, const void* data, size_t bytes) {

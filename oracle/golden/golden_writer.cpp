@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/version.h"
 #include "data/sampler_order.h"
 
 namespace touchstone {
@@ -94,8 +95,7 @@ GoldenWriter::GoldenWriter(const std::string& path, const Config& config, const 
   writer_.set_attribute("/", "grad_accumulation_fusion",
                         static_cast<int64_t>(config.train.grad_accumulation_fusion));
   writer_.set_attribute("/", "backend", backend);
-  writer_.set_attribute("/", "generator",
-                        std::string("touchstone ") + TOUCHSTONE_VERSION + " (" + TOUCHSTONE_GIT_COMMIT + ")");
+  writer_.set_attribute("/", "generator", generator_string());
 }
 
 void GoldenWriter::write_tensors(const std::string& group, const ParamTensors& tensors) {

@@ -8,6 +8,7 @@
 #include "common/config.h"
 #include "common/errors.h"
 #include "common/text_output.h"
+#include "common/version.h"
 #include "oracle/run.h"
 #include "parallel/comm/comm_backend.h"
 #include "parallel/comm/grid.h"
@@ -134,8 +135,7 @@ int run(const ConfigOptions& config_options, const CommOptions& comm_options,
 
 int main(int argc, char** argv) {
   CLI::App app{"Touchstone: a reference trainer whose golden files production runs are diffed against"};
-  app.set_version_flag("--version",
-                       std::string("touchstone ") + TOUCHSTONE_VERSION + " (" + TOUCHSTONE_GIT_COMMIT + ")");
+  app.set_version_flag("--version", touchstone::generator_string());
   app.require_subcommand(1);
 
   ConfigOptions config_options;
