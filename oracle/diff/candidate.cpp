@@ -80,7 +80,8 @@ Candidate load_golden_schema(const std::string& path) {
   return candidate;
 }
 
-Candidate load_safetensors(const std::string& path, const CandidateOptions& options, const Golden& golden) {
+Candidate load_safetensors(const std::string& path, const CandidateOptions& options,
+                           const GoldenReader& golden) {
   if (options.kind != "grads" && options.kind != "params") {
     throw InputError(path + ": say what the safetensors tensors are with --candidate-kind grads|params");
   }
@@ -120,7 +121,8 @@ Candidate load_safetensors(const std::string& path, const CandidateOptions& opti
 
 }  // namespace
 
-Candidate load_candidate(const std::string& path, const CandidateOptions& options, const Golden& golden) {
+Candidate load_candidate(const std::string& path, const CandidateOptions& options,
+                         const GoldenReader& golden) {
   const std::string format = options.format == "auto" ? detect_format(path) : options.format;
   if (format != "safetensors" && !options.kind.empty()) {
     throw InputError("--candidate-kind applies to safetensors candidates only (this one is read as " +

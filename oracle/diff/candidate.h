@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "common/h5_file.h"
-#include "oracle/diff/recorded.h"
 #include "oracle/golden/golden_reader.h"
+#include "oracle/golden/recorded.h"
 
 namespace touchstone::diff {
 
@@ -31,7 +31,8 @@ struct Candidate {
 };
 
 // Throws InputError naming the file for anything unreadable or inconsistent with the golden model.
-Candidate load_candidate(const std::string& path, const CandidateOptions& options, const Golden& golden);
+Candidate load_candidate(const std::string& path, const CandidateOptions& options,
+                         const GoldenReader& golden);
 
 // Every dataset below `group` of an HDF5 file, as paths without the leading slash, in name order.
 std::vector<std::string> list_datasets(const h5::H5Reader& file, const std::string& group);

@@ -62,7 +62,7 @@ bool same_shape(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
   return a == b || (scalar(a) && scalar(b));
 }
 
-Entry compare_item(const Golden& golden, const Candidate& candidate, Judge& judge,
+Entry compare_item(const GoldenReader& golden, const Candidate& candidate, Judge& judge,
                    const std::string& tolerance_kind, const Item& item, int64_t step) {
   Entry e;
   e.path = item.path;
@@ -164,7 +164,7 @@ int DiffResult::count(Status status) const {
 namespace {
 
 // The steps to walk: those the candidate holds (0 for its initial parameters), or the one asked for.
-std::set<int64_t> steps_to_compare(const Golden& golden, const Candidate& candidate,
+std::set<int64_t> steps_to_compare(const GoldenReader& golden, const Candidate& candidate,
                                    const AnalysisOptions& options, std::vector<std::string>& notes) {
   const auto recorded = [&](int64_t s) {
     return s == 0 || std::find(golden.steps().begin(), golden.steps().end(), s) != golden.steps().end();
@@ -277,7 +277,7 @@ double DiffResult::worst_tolerance_ratio(int64_t step, const std::string& group)
 
 DiffResult run_analysis(const std::string& golden_path, const std::string& candidate_path,
                         const AnalysisOptions& options) {
-  const Golden golden(golden_path);
+  const GoldenReader golden(golden_path);
   const ToleranceModel tolerances(golden.reader(), options.tolerance);
   const Candidate candidate = load_candidate(candidate_path, options.candidate, golden);
   DiffResult result;

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "common/config.h"
-#include "oracle/diff/recorded.h"
+#include "oracle/golden/recorded.h"
 
 namespace touchstone::diff {
 

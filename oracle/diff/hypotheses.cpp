@@ -105,7 +105,7 @@ ObjectiveResult evaluate_rule(const Rule& rule, const Config& config, const Para
 }  // namespace
 
 std::vector<Verdict> match_recomputed_rules(
-    const Golden& golden, const ParamTensors& params, const TensorMap& candidate, int64_t step,
+    const GoldenReader& golden, const ParamTensors& params, const TensorMap& candidate, int64_t step,
     const std::function<std::optional<Tolerance>(const std::string&)>& tolerance_of,
     const std::function<bool(const ParamTensors&)>& update_matches) {
   const std::string prefix = "steps/" + std::to_string(step) + "/";

@@ -24,7 +24,7 @@ namespace touchstone::diff {
 // through its update: `update_matches(grads)` says whether its parameters after the step equal AdamW
 // applied to those gradients of the step (signatures.cpp builds it from the re-anchored steps).
 std::vector<Verdict> match_recomputed_rules(
-    const Golden& golden, const ParamTensors& params, const TensorMap& candidate, int64_t step,
+    const GoldenReader& golden, const ParamTensors& params, const TensorMap& candidate, int64_t step,
     const std::function<std::optional<Tolerance>(const std::string&)>& tolerance_of,
     const std::function<bool(const ParamTensors&)>& update_matches = {});
 

@@ -25,7 +25,7 @@ std::string basis_name(Basis basis) {
   return "trajectory";
 }
 
-Judge::Judge(const Golden& golden, const ToleranceModel& tolerances, const TensorMap& candidate,
+Judge::Judge(const GoldenReader& golden, const ToleranceModel& tolerances, const TensorMap& candidate,
              bool recompute)
     : golden_(golden),
       tolerances_(tolerances),

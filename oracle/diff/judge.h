@@ -46,7 +46,8 @@ struct Judgment {
 class Judge {
  public:
   // `recompute` false: every step against the trajectory (--no-recompute).
-  Judge(const Golden& golden, const ToleranceModel& tolerances, const TensorMap& candidate, bool recompute);
+  Judge(const GoldenReader& golden, const ToleranceModel& tolerances, const TensorMap& candidate,
+        bool recompute);
 
   // The dataset `path` of group `group` (parameter `param`, -1 for scalars) of step `step`.
   Judgment judge(const std::string& path, const std::string& group, int param, int64_t step);
@@ -89,7 +90,7 @@ class Judge {
   const ParamTensors* candidate_grads(int64_t step);
   void note_once(int64_t step, const std::string& text);
 
-  const Golden& golden_;
+  const GoldenReader& golden_;
   const ToleranceModel& tolerances_;
   const TensorMap& candidate_;
   bool recompute_;

@@ -6,6 +6,9 @@
 #include <cstring>
 #include <limits>
 
+#include "common/errors.h"
+#include "oracle/golden/golden_reader.h"
+
 namespace touchstone::diff {
 
 std::vector<int64_t> unravel(int64_t flat, const std::vector<int64_t>& shape) {
@@ -108,6 +111,29 @@ TensorMetrics compare_values(const Recorded& golden, const Recorded& candidate, 
 bool passes(const TensorMetrics& metrics, const Tolerance& tol) {
   return metrics.non_finite == 0 && metrics.rule_relative_l2 <= tol.relative_l2 &&
          metrics.over_tolerance == 0 && metrics.rule_max_abs_normalized <= tol.max_abs_normalized;
+}
+
+FileDifference worst_step_difference(const std::string& candidate, const std::string& reference) {
+  constexpr double kInfinity = std::numeric_limits<double>::infinity();
+  FileDifference worst{"", -1.0};
+  try {
+    const GoldenReader cand(candidate), ref(reference);
+    if (cand.steps() != ref.steps())
+      return {candidate + ": records other steps than " + reference, kInfinity};
+    for (int64_t step : ref.steps()) {
+      for (const std::string& path : ref.step_datasets(step)) {
+        if (!cand.has(path)) return {candidate + ": missing dataset " + path, kInfinity};
+        const Recorded expected = ref.read(path), got = cand.read(path);
+        if (got.shape != expected.shape) return {candidate + ": " + path + " has another shape", kInfinity};
+        const double relative_l2 = compare_values(expected, got, Tolerance{0.0, 0.0}).relative_l2;
+        if (relative_l2 > worst.relative_l2) worst = {path, relative_l2};
+      }
+    }
+  } catch (const InputError& e) {
+    return {e.what(), kInfinity};
+  }
+  if (worst.path.empty()) return {reference + ": no dataset compared", kInfinity};
+  return worst;
 }
 
 }  // namespace touchstone::diff

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "oracle/diff/recorded.h"
 #include "oracle/diff/tolerance.h"
+#include "oracle/golden/recorded.h"
 
 namespace touchstone::diff {
 
@@ -60,6 +60,16 @@ bool passes(const TensorMetrics& metrics, const Tolerance& tol);
 
 // Distance in representable values of `type` ("float64" or "float32") between two values stored in it.
 uint64_t ulp_distance(double a, double b, const std::string& type);
+
+// Two Touchstone golden files of the same run compared dataset by dataset over every recorded step
+// (`touchstone check parallel` in FP64): the dataset with the largest relative L2 error of `candidate`
+// against `reference`. A step or dataset missing, another shape, a non-finite value or a file that is
+// not a golden file gives relative_l2 = infinity with `path` saying what.
+struct FileDifference {
+  std::string path;          // e.g. "steps/2/grads/output_layer.weight"
+  double relative_l2 = 0.0;  // ||candidate - reference|| / ||reference||
+};
+FileDifference worst_step_difference(const std::string& candidate, const std::string& reference);
 
 // Row-major flat index -> multi-index.
 std::vector<int64_t> unravel(int64_t flat, const std::vector<int64_t>& shape);

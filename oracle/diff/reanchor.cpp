@@ -12,7 +12,7 @@
 
 namespace touchstone::diff {
 
-Anchors::Anchors(const Golden& golden, const ToleranceModel& tolerances, const TensorMap& candidate)
+Anchors::Anchors(const GoldenReader& golden, const ToleranceModel& tolerances, const TensorMap& candidate)
     : golden_(golden), tolerances_(tolerances), candidate_(candidate) {}
 
 std::optional<ParamTensors> complete_tensors(const ParamTable& table, const TensorMap& candidate,

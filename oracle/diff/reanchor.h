@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "model/param_table.h"
-#include "oracle/diff/recorded.h"
 #include "oracle/diff/tolerance.h"
 #include "oracle/golden/golden_reader.h"
+#include "oracle/golden/recorded.h"
 #include "oracle/train_step.h"
 
 namespace touchstone::diff {
@@ -45,7 +45,7 @@ struct AnchoredStep {
 class Anchors {
  public:
   // `tolerances` decides the precisions: FP64 and the envelope's, or the golden file's own.
-  Anchors(const Golden& golden, const ToleranceModel& tolerances, const TensorMap& candidate);
+  Anchors(const GoldenReader& golden, const ToleranceModel& tolerances, const TensorMap& candidate);
 
   // The candidate's full parameters after `step` when it recorded every tensor of the table; null
   // otherwise. After step 0: its /params/init, or else the golden initial parameters it loaded.
@@ -69,7 +69,7 @@ class Anchors {
   StepRecord evaluate(const ParamTensors& params, int64_t step, const std::string& precision,
                       bool grad_accumulation_fusion) const;
 
-  const Golden& golden_;
+  const GoldenReader& golden_;
   const ToleranceModel& tolerances_;
   const TensorMap& candidate_;
   std::map<int64_t, std::optional<ParamTensors>> params_;

@@ -6,7 +6,7 @@
 #include <map>
 #include <string>
 
-#include "oracle/diff/recorded.h"
+#include "oracle/golden/recorded.h"
 
 namespace touchstone::diff {
 

@@ -29,7 +29,7 @@ int positive_int(const nlohmann::json& json, const char* key, const std::string&
   return static_cast<int>(json[key].get<int64_t>());
 }
 
-Layout read_layout(const std::string& directory, const Golden& golden) {
+Layout read_layout(const std::string& directory, const GoldenReader& golden) {
   const std::string where = directory + "/shards.json";
   std::ifstream in(where);
   if (!in) throw InputError(where + ": cannot open");
@@ -127,7 +127,7 @@ using ShardSet = std::map<std::string, std::map<std::pair<int, int>, std::map<in
 
 // Reads every rank file: parameter shards into `shards`, everything else (scalars, token losses)
 // straight into the candidate.
-ShardSet read_ranks(const std::string& directory, const Layout& layout, const Golden& golden,
+ShardSet read_ranks(const std::string& directory, const Layout& layout, const GoldenReader& golden,
                     Candidate& candidate) {
   const ParamTable& table = golden.table();
   ShardSet shards;
@@ -190,7 +190,7 @@ Recorded place_all(const std::string& directory, const std::string& group, const
 
 }  // namespace
 
-Candidate load_shards(const std::string& directory, const Golden& golden) {
+Candidate load_shards(const std::string& directory, const GoldenReader& golden) {
   const Layout layout = read_layout(directory, golden);
   const ParamTable& table = golden.table();
   Candidate candidate;

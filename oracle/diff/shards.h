@@ -23,6 +23,6 @@
 
 namespace touchstone::diff {
 
-Candidate load_shards(const std::string& directory, const Golden& golden);
+Candidate load_shards(const std::string& directory, const GoldenReader& golden);
 
 }  // namespace touchstone::diff

@@ -31,7 +31,7 @@ Recorded reference_of(Judge& judge, const Entry& e) {
 }
 
 // Loss-token count differences that known data-rule mistakes would cause on this batch.
-std::vector<Verdict> token_count(const Golden& golden, const DiffResult& result, int64_t step) {
+std::vector<Verdict> token_count(const GoldenReader& golden, const DiffResult& result, int64_t step) {
   const Entry* count = nullptr;
   for (const Entry& e : result.entries) {
     if (e.step == step && e.group == "num_loss_tokens" && e.status == Status::kFail) count = &e;
@@ -125,7 +125,7 @@ std::string block_text(const ParamSpec& spec, int r, int t) {
 
 // The tp shard (largest tp first) holding every failing element of `e`, at least half of its elements
 // failing, as {rank, tp}; {-1, 0} if none.
-std::pair<int, int> confining_shard(const Golden& golden, Judge& judge, const TensorMap& candidate,
+std::pair<int, int> confining_shard(const GoldenReader& golden, Judge& judge, const TensorMap& candidate,
                                     const Entry& e, const std::vector<int>& sizes) {
   const ParamSpec& spec = golden.table()[e.param];
   const ModelConfig& m = golden.config().model;
@@ -158,7 +158,7 @@ std::pair<int, int> confining_shard(const Golden& golden, Judge& judge, const Te
 }
 
 // linear_qkv stored with its rows in [q; k; v] order: a conversion mistake rather than a computation.
-std::vector<Verdict> qkv_layout(const Golden& golden, Judge& judge, const TensorMap& candidate,
+std::vector<Verdict> qkv_layout(const GoldenReader& golden, Judge& judge, const TensorMap& candidate,
                                 const Group& group) {
   std::vector<Verdict> verdicts;
   for (const Entry* e : group.failing) {
@@ -186,7 +186,7 @@ std::vector<Verdict> qkv_layout(const Golden& golden, Judge& judge, const Tensor
 }
 
 // Every failing tensor wrong in one tensor-parallel shard only.
-std::vector<Verdict> tp_shard(const Golden& golden, Judge& judge, const TensorMap& candidate,
+std::vector<Verdict> tp_shard(const GoldenReader& golden, Judge& judge, const TensorMap& candidate,
                               const Group& group, const std::vector<int>& tp_sizes) {
   const std::vector<int> sizes = tp_sizes.empty() ? std::vector<int>{2, 4, 8} : tp_sizes;
   std::vector<Verdict> verdicts;
@@ -266,8 +266,8 @@ std::vector<Verdict> one_layer(const ParamTable& table, const DiffResult& result
 // float32 after .to(torch.float64)): every gradient of the step fails with an error of FP32 roundoff's
 // size, within a factor kFp32Band of Touchstone's FP32 mode at the same parameters. A wrong rule moves
 // gradients by 1e-3 or more, thousands of times FP32 roundoff (about 1e-7).
-std::vector<Verdict> fp32_inside_fp64(const Golden& golden, const ToleranceModel& tolerances, Judge& judge,
-                                      const DiffResult& result, int64_t step) {
+std::vector<Verdict> fp32_inside_fp64(const GoldenReader& golden, const ToleranceModel& tolerances,
+                                      Judge& judge, const DiffResult& result, int64_t step) {
   constexpr double kFp32Band = 100.0;
   if (golden.precision() != "fp64" || tolerances.kind() != "fp64" || tolerances.override_value() ||
       step < 1) {
@@ -300,7 +300,7 @@ std::vector<Verdict> fp32_inside_fp64(const Golden& golden, const ToleranceModel
 }
 
 // The updated parameters of the step match AdamW with one rule changed, on the candidate's own gradients.
-std::vector<Verdict> optimizer_rules(const Golden& golden, Judge& judge, const TensorMap& candidate,
+std::vector<Verdict> optimizer_rules(const GoldenReader& golden, Judge& judge, const TensorMap& candidate,
                                      const Group& group, int64_t step) {
   if (group.failing.front()->group != "params" || group.failing.front()->basis != Basis::kOptimizer)
     return {};
@@ -323,7 +323,7 @@ std::vector<Verdict> optimizer_rules(const Golden& golden, Judge& judge, const T
 
 }  // namespace
 
-std::vector<Verdict> find_signatures(const Golden& golden, const ToleranceModel& tolerances,
+std::vector<Verdict> find_signatures(const GoldenReader& golden, const ToleranceModel& tolerances,
                                      const TensorMap& candidate, Judge& judge, DiffResult& result,
                                      const SignatureOptions& options) {
   const int64_t step = result.entries[static_cast<size_t>(result.first_failure)].step;

@@ -34,7 +34,7 @@ struct SignatureOptions {
 
 // `result` holds the compared entries (first_failure set); notes about skipped checks are added to it.
 // `judge` gives each entry's reference (re-anchored, optimizer check or trajectory).
-std::vector<Verdict> find_signatures(const Golden& golden, const ToleranceModel& tolerances,
+std::vector<Verdict> find_signatures(const GoldenReader& golden, const ToleranceModel& tolerances,
                                      const TensorMap& candidate, Judge& judge, DiffResult& result,
                                      const SignatureOptions& options);
 

@@ -8,7 +8,7 @@
 
 #include "common/errors.h"
 
-namespace touchstone::diff {
+namespace touchstone {
 
 namespace {
 
@@ -35,7 +35,7 @@ Config stored_config(const h5::H5Reader& reader) {
 
 }  // namespace
 
-Golden::Golden(const std::string& path)
+GoldenReader::GoldenReader(const std::string& path)
     : reader_(path), config_(stored_config(reader_)), table_(config_.model) {
   if (reader_.exists("/steps")) {
     for (const std::string& name : reader_.children("/steps")) {
@@ -48,7 +48,7 @@ Golden::Golden(const std::string& path)
   if (steps_.empty()) throw InputError(path + ": the golden file records no steps");
 }
 
-Recorded Golden::read(const std::string& path) const {
+Recorded GoldenReader::read(const std::string& path) const {
   const std::string object = "/" + path;
   Recorded r{reader_.shape(object), reader_.read_f64(object), reader_.element_type(object)};
   for (double v : r.values) {
@@ -59,7 +59,7 @@ Recorded Golden::read(const std::string& path) const {
   return r;
 }
 
-GlobalBatch Golden::batch(int64_t step) const {
+GlobalBatch GoldenReader::batch(int64_t step) const {
   const std::vector<int64_t> shape = reader_.shape("/batch/tokens");
   if (shape.size() != 3 || step < 1 || step > shape[0]) {
     throw InputError(reader_.path() + ": /batch/tokens holds no batch for step " + std::to_string(step));
@@ -85,8 +85,27 @@ GlobalBatch Golden::batch(int64_t step) const {
   return batch;
 }
 
-std::string Golden::params_before(int64_t step) const {
+std::vector<std::string> GoldenReader::step_datasets(int64_t step) const {
+  std::vector<std::string> paths;
+  std::vector<std::string> groups{"steps/" + std::to_string(step)};
+  while (!groups.empty()) {
+    const std::string group = groups.back();
+    groups.pop_back();
+    const std::vector<std::string> children = reader_.children("/" + group);
+    for (auto child = children.rbegin(); child != children.rend(); ++child) {
+      const std::string path = group + "/" + *child;
+      if (reader_.is_group("/" + path)) {
+        groups.push_back(path);
+      } else {
+        paths.push_back(path);
+      }
+    }
+  }
+  return paths;
+}
+
+std::string GoldenReader::params_before(int64_t step) const {
   return step <= 1 ? "/params/init" : "/steps/" + std::to_string(step - 1) + "/params";
 }
 
-}  // namespace touchstone::diff
+}  // namespace touchstone

@@ -9,16 +9,16 @@
 #include "common/config.h"
 #include "common/h5_file.h"
 #include "model/param_table.h"
-#include "oracle/diff/recorded.h"
 #include "oracle/global_batch.h"
+#include "oracle/golden/recorded.h"
 
-namespace touchstone::diff {
+namespace touchstone {
 
-class Golden {
+class GoldenReader {
  public:
   // Checks the format attributes and reads the stored config; throws InputError when the file is not a
   // golden file of format_version 1.
-  explicit Golden(const std::string& path);
+  explicit GoldenReader(const std::string& path);
 
   const std::string& path() const { return reader_.path(); }
   const h5::H5Reader& reader() const { return reader_; }
@@ -29,6 +29,9 @@ class Golden {
   const std::vector<int64_t>& steps() const { return steps_; }  // recorded steps, ascending
 
   bool has(const std::string& path) const { return reader_.exists("/" + path); }
+  // Every dataset recorded for step `step` (loss, counts, token losses, gradients, parameters, ...),
+  // as paths without the leading slash, in file order.
+  std::vector<std::string> step_datasets(int64_t step) const;
   // A dataset (path without the leading slash). A non-finite golden value is bad input.
   Recorded read(const std::string& path) const;
   // The recorded batch of step `step` (1-based), rows in global sample order.
@@ -43,4 +46,4 @@ class Golden {
   std::vector<int64_t> steps_;
 };
 
-}  // namespace touchstone::diff
+}  // namespace touchstone

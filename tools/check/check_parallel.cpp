@@ -1,5 +1,5 @@
 // The layout matrix: reference and layouts as child jobs (so each layout gets its own MPI world),
-// compared with oracle/compare.h in FP64 and judged by `touchstone diff` below FP64.
+// compared tensor by tensor with the diff's metrics in FP64 and judged by `touchstone diff` below FP64.
 //
 // The bound, 1e-12 relative L2: a layout computes the same sums as one rank in another grouping (tp
 // splits dot products, dp and micro-batches split the gradient sum, sequence parallelism splits the
@@ -28,13 +28,15 @@
 #include "common/errors.h"
 #include "common/h5_file.h"
 #include "kernels/cpu/gemm.h"
-#include "oracle/compare.h"
 #include "oracle/diff/diff.h"
+#include "oracle/diff/metrics.h"
 #include "oracle/diff/report.h"
 
 namespace touchstone {
 
 namespace {
+
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
 struct Layout {
   std::string name;
@@ -195,11 +197,10 @@ int run_check_parallel(const CheckParallelOptions& options) {
       continue;
     }
     bool pass = true;
-    TensorDifference worst;
+    diff::FileDifference worst;
     if (fp64) {
-      const GoldenComparison cmp = compare_golden_files(out, references[key]);
-      worst = cmp.worst;
-      pass = cmp.worst.relative_l2 <= options.tolerance;
+      worst = diff::worst_step_difference(out, references[key]);
+      pass = worst.relative_l2 <= options.tolerance;
     } else {  // report the tensor closest to (or furthest over) its own tolerance
       const diff::DiffResult judged =
           diff::run_analysis(references[key] + ".envelope.h5", out, diff::AnalysisOptions{});
@@ -207,11 +208,10 @@ int run_check_parallel(const CheckParallelOptions& options) {
       double worst_ratio = -1.0;
       for (const diff::Entry& e : judged.entries) {
         if (e.status == diff::Status::kNotCompared) continue;
-        const double ratio =
-            e.reason.empty() ? e.metrics.tolerance_ratio : std::numeric_limits<double>::infinity();
+        const double ratio = e.reason.empty() ? e.metrics.tolerance_ratio : kInfinity;
         if (ratio > worst_ratio) {
           worst_ratio = ratio;
-          worst = TensorDifference{
+          worst = diff::FileDifference{
               e.path + " (" + diff::basis_name(e.basis) + ", " + diff::number(ratio, 2) + " x tol)",
               e.metrics.relative_l2};
         }
@@ -219,7 +219,7 @@ int run_check_parallel(const CheckParallelOptions& options) {
     }
     failures += pass ? 0 : 1;
     std::printf("%-22s %5d  %-12.3e %-58s %s (%.1f s)\n", layout.name.c_str(), layout.ranks,
-                worst.relative_l2, worst.name.c_str(), pass ? "pass" : "FAIL", seconds);
+                worst.relative_l2, worst.path.c_str(), pass ? "pass" : "FAIL", seconds);
     std::fflush(stdout);
   }
   if (fp64) {

@@ -1,11 +1,11 @@
 // Shape utilities shared by the candidate readers.
-#include "oracle/diff/recorded.h"
+#include "oracle/golden/recorded.h"
 
 #include <limits>
 
 #include "common/errors.h"
 
-namespace touchstone::diff {
+namespace touchstone {
 
 std::string shape_text(const std::vector<int64_t>& shape) {
   if (shape.empty()) return "scalar";
@@ -26,4 +26,4 @@ int64_t checked_numel(const std::vector<int64_t>& shape, const std::string& what
   return numel;
 }
 
-}  // namespace touchstone::diff
+}  // namespace touchstone

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-namespace touchstone::diff {
+namespace touchstone {
 
 struct Recorded {
   std::vector<int64_t> shape;  // empty for a scalar
@@ -30,4 +30,4 @@ std::string shape_text(const std::vector<int64_t>& shape);
 // negative or the product does not fit in int64.
 int64_t checked_numel(const std::vector<int64_t>& shape, const std::string& what);
 
-}  // namespace touchstone::diff
+}  // namespace touchstone
