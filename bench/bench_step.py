@@ -45,16 +45,28 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import importlib.util
 import time
 
+import h5py
+import torch
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "python"))
 sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 
-import h5py  # noqa: E402
-import torch  # noqa: E402
 
-import torch_reference as ref  # noqa: E402
+def load_reference_module(name):
+    """A module of the PyTorch reference the cross-check tests use (tests/python/), loaded from its
+    file, so that the benchmark times exactly the reference that is tested."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO_ROOT, "tests", "python", name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+load_reference_module("dropout_masks")  # imported by torch_reference
+ref = load_reference_module("torch_reference")
 
 # The step-1 loss and gradient norm of both sides must agree to this relative error (both are
 # FP64 and differ only in summation order; see tests/python/crosscheck.py for the reasoning).

@@ -8,8 +8,8 @@ namespace touchstone::plan {
 
 void ReusedVector::reallocate(double capacity) {
   const int old = handle_;
-  handle_ = ledger_.alloc(capacity, name_, BufferKind::kStaging);
-  if (old >= 0) ledger_.release(old);
+  handle_ = tally_.alloc(capacity, name_, BufferKind::kStaging);
+  if (old >= 0) tally_.release(old);
   capacity_ = capacity;
 }
 
@@ -23,10 +23,10 @@ void ReusedVector::resize(double n) {
   size_ = n;
 }
 
-GroupScratch::GroupScratch(Ledger& ledger, const std::string& group, int64_t size)
+GroupScratch::GroupScratch(BufferTally& tally, const std::string& group, int64_t size)
     : size_(static_cast<double>(size)),
-      padded_(ledger, group + " all-reduce padded copy"),
-      exchange_(ledger, group + " reduce-scatter exchange") {}
+      padded_(tally, group + " all-reduce padded copy"),
+      exchange_(tally, group + " reduce-scatter exchange") {}
 
 void GroupScratch::all_reduce_sum(double count) {
   if (size_ == 1 || count <= 0) return;
@@ -43,14 +43,14 @@ void GroupScratch::reduce_scatter_sum(double count) {
 void SendCopies::send(double count, const std::string& what) {
   // Before posting, the group frees the copies of the sends MPI_Test finds complete.
   while (completion_ == SendCompletion::kAtNextSend && !pending_.empty()) {
-    ledger_.release(pending_.front());
+    tally_.release(pending_.front());
     pending_.pop_front();
   }
-  pending_.push_back(ledger_.alloc(count, group_ + " send copy: " + what, BufferKind::kStaging));
+  pending_.push_back(tally_.alloc(count, group_ + " send copy: " + what, BufferKind::kStaging));
 }
 
 void SendCopies::wait_sends() {
-  for (int handle : pending_) ledger_.release(handle);
+  for (int handle : pending_) tally_.release(handle);
   pending_.clear();
 }
 

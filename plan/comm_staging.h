@@ -1,4 +1,4 @@
-// The communication layer's own buffers, replayed into a Ledger as staging buffers: what
+// The communication layer's own buffers, replayed into a BufferTally as staging buffers: what
 // parallel/comm/mpi_group.cpp allocates beside the caller's data.
 //
 //   GroupScratch  each group's reduction scratch: `padded_` (all_reduce_sum pads the buffer to a
@@ -19,7 +19,7 @@
 #include <deque>
 #include <string>
 
-#include "plan/replay_ledger.h"
+#include "plan/buffer_tally.h"
 
 namespace touchstone::plan {
 
@@ -29,14 +29,14 @@ namespace touchstone::plan {
 // freed.
 class ReusedVector {
  public:
-  ReusedVector(Ledger& ledger, std::string name) : ledger_(ledger), name_(std::move(name)) {}
+  ReusedVector(BufferTally& tally, std::string name) : tally_(tally), name_(std::move(name)) {}
   void assign(double n);
   void resize(double n);
 
  private:
   void reallocate(double capacity);
 
-  Ledger& ledger_;
+  BufferTally& tally_;
   std::string name_;
   double size_ = 0, capacity_ = 0;
   int handle_ = -1;
@@ -44,7 +44,7 @@ class ReusedVector {
 
 class GroupScratch {
  public:
-  GroupScratch(Ledger& ledger, const std::string& group, int64_t size);
+  GroupScratch(BufferTally& tally, const std::string& group, int64_t size);
   void all_reduce_sum(double count);      // doubles; integer sums and maxima go straight to MPI
   void reduce_scatter_sum(double count);  // count: this rank's chunk
 
@@ -60,14 +60,14 @@ enum class SendCompletion {
 
 class SendCopies {
  public:
-  SendCopies(Ledger& ledger, std::string group, SendCompletion completion)
-      : ledger_(ledger), group_(std::move(group)), completion_(completion) {}
+  SendCopies(BufferTally& tally, std::string group, SendCompletion completion)
+      : tally_(tally), group_(std::move(group)), completion_(completion) {}
   // A send of `count` elements; `what` names the data.
   void send(double count, const std::string& what);
   void wait_sends();
 
  private:
-  Ledger& ledger_;
+  BufferTally& tally_;
   std::string group_;
   SendCompletion completion_;
   std::deque<int> pending_;

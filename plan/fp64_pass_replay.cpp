@@ -28,7 +28,7 @@ Dims dims_of(const Fp64Rank& r) {
 
 // A stored activation: kept in `stored`, and named in `names` for the breakdown when asked.
 struct PassReplay::Keeper {
-  Ledger& l;
+  BufferTally& l;
   std::vector<int>& stored;
   std::vector<NamedBytes>* names;
   int keep(double elements, const std::string& what) {

@@ -7,7 +7,7 @@
 
 #include "plan/comm_staging.h"
 #include "plan/fp64_trainer_memory.h"
-#include "plan/replay_ledger.h"
+#include "plan/buffer_tally.h"
 
 namespace touchstone::plan {
 
@@ -21,8 +21,8 @@ Dims dims_of(const Fp64Rank& rank);
 
 class PassReplay {
  public:
-  PassReplay(Ledger& ledger, const Fp64Rank& rank, GroupScratch& tp_scratch)
-      : l_(ledger), d_(dims_of(rank)), r_(rank), tp_(tp_scratch) {}
+  PassReplay(BufferTally& tally, const Fp64Rank& rank, GroupScratch& tp_scratch)
+      : l_(tally), d_(dims_of(rank)), r_(rank), tp_(tp_scratch) {}
 
   // One micro-batch's forward; returns the handles of what its Activations hold. With `breakdown`, the
   // first layer's and the head's stored tensors are named there.
@@ -42,7 +42,7 @@ class PassReplay {
   void attention_backward();
   void mlp_backward();
 
-  Ledger& l_;
+  BufferTally& l_;
   Dims d_;
   const Fp64Rank& r_;
   GroupScratch& tp_;

@@ -35,7 +35,7 @@ using pipeline::ActionKind;
 struct Groups {
   GroupScratch tp, dp, world, embedding;
   SendCopies pp_sends, world_sends;
-  Groups(Ledger& l, const Fp64Rank& r)
+  Groups(BufferTally& l, const Fp64Rank& r)
       : tp(l, "tp", r.tp),
         dp(l, "dp", r.dp),
         world(l, "world", r.tp * r.dp * r.pp),
@@ -77,7 +77,7 @@ class StepReplay {
   void finalize_grads();
   void optimizer_update();
 
-  Ledger l_;
+  BufferTally l_;
   const Fp64Rank& r_;
   Dims d_;
   Groups groups_;

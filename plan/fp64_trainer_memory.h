@@ -16,7 +16,7 @@
 #include "plan/comm_staging.h"
 #include "plan/memory_model.h"
 #include "plan/memory_plan.h"
-#include "plan/replay_ledger.h"
+#include "plan/buffer_tally.h"
 
 namespace touchstone::plan {
 

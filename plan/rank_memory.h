@@ -25,7 +25,7 @@
 
 #include "common/config.h"
 #include "plan/memory_model.h"
-#include "plan/replay_ledger.h"
+#include "plan/buffer_tally.h"
 
 namespace touchstone::plan {
 

@@ -26,7 +26,7 @@ struct PeakSnapshot {
   std::vector<NamedBytes> staging_buffers;  // each live staging buffer
 };
 
-class Ledger {
+class BufferTally {
  public:
   // Elements of 8 bytes (FP64); returns the handle to release.
   int alloc(double elements, const std::string& what, BufferKind kind = BufferKind::kWorking);

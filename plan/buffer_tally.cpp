@@ -1,5 +1,5 @@
-// Live bytes by kind, and the snapshot of the largest total (see replay_ledger.h).
-#include "plan/replay_ledger.h"
+// Live bytes by kind, and the snapshot of the largest total (see buffer_tally.h).
+#include "plan/buffer_tally.h"
 
 #include <algorithm>
 
@@ -9,7 +9,7 @@ namespace {
 constexpr double kBytes = 8.0;  // FP64
 }  // namespace
 
-double& Ledger::live_of(BufferKind kind) {
+double& BufferTally::live_of(BufferKind kind) {
   switch (kind) {
     case BufferKind::kStored:
       return stored_;
@@ -21,7 +21,7 @@ double& Ledger::live_of(BufferKind kind) {
   return working_;
 }
 
-int Ledger::alloc(double elements, const std::string& what, BufferKind kind) {
+int BufferTally::alloc(double elements, const std::string& what, BufferKind kind) {
   const double bytes = elements * kBytes;
   const int handle = static_cast<int>(buffers_.size());
   buffers_.push_back({bytes, kind, kind == BufferKind::kStaging ? what : std::string()});
@@ -32,7 +32,7 @@ int Ledger::alloc(double elements, const std::string& what, BufferKind kind) {
   return handle;
 }
 
-void Ledger::release(int handle) {
+void BufferTally::release(int handle) {
   Buffer& buffer = buffers_[static_cast<size_t>(handle)];
   live_ -= buffer.bytes;
   live_of(buffer.kind) -= buffer.bytes;
@@ -40,20 +40,20 @@ void Ledger::release(int handle) {
   if (buffer.kind == BufferKind::kStaging) std::erase(live_staging_, handle);
 }
 
-void Ledger::store(int handle) {
+void BufferTally::store(int handle) {
   Buffer& buffer = buffers_[static_cast<size_t>(handle)];
   live_of(buffer.kind) -= buffer.bytes;
   buffer.kind = BufferKind::kStored;
   stored_ += buffer.bytes;
 }
 
-void Ledger::release(const std::vector<int>& handles) {
+void BufferTally::release(const std::vector<int>& handles) {
   for (int h : handles) release(h);
 }
 
-void Ledger::reset_peak() { take_snapshot("live at the start"); }
+void BufferTally::reset_peak() { take_snapshot("live at the start"); }
 
-void Ledger::take_snapshot(const std::string& what) {
+void BufferTally::take_snapshot(const std::string& what) {
   peak_.at = {context_ + where_ + ": " + what, live_};
   peak_.stored = stored_;
   peak_.working = working_;
