@@ -1,6 +1,7 @@
 // Gathering shards to world rank 0 over point-to-point transfers, one tag per parameter.
 #include "oracle/gather.h"
 
+#include "parallel/comm/message_tags.h"
 #include "parallel/tensor/sharding.h"
 
 namespace touchstone {
@@ -12,8 +13,8 @@ ParamTensors gather_full_tensors(const ShardPlan& plan, const ParallelContext& c
   if (sender) {
     for (int id : plan.held_ids()) {
       if (!plan.is_primary(id)) continue;
-      context.world.send(local[id].data(), static_cast<int64_t>(local[id].size()), 0, id,
-                         plan.local_shape(id));
+      context.world.send(local[id].data(), static_cast<int64_t>(local[id].size()), 0,
+                         message_tags::parameter(id), plan.local_shape(id));
     }
     context.world.wait_sends();
   }
@@ -31,7 +32,8 @@ ParamTensors gather_full_tensors(const ShardPlan& plan, const ParallelContext& c
         continue;
       }
       std::vector<double> shard(static_cast<size_t>(plan.local_numel(id)));
-      context.world.recv(shard.data(), static_cast<int64_t>(shard.size()), from, id, plan.local_shape(id));
+      context.world.recv(shard.data(), static_cast<int64_t>(shard.size()), from, message_tags::parameter(id),
+                         plan.local_shape(id));
       place_shard(spec.sharding, spec.shape, shard, r, tp, full[id]);
     }
   }
