@@ -1,14 +1,15 @@
 // Every point-to-point message tag in one place. A tag tells apart the transfers that can be in flight
 // at once between the same two ranks of one group (MPI matches a receive by group, peer and tag).
 //
-//   group   tag                              transfer                                        where
-//   pp      2 j                              activation of micro-batch j, stage s -> s + 1
-//   parallel/pipeline/executor.cpp pp      2 j + 1                          its gradient, stage s + 1 -> s
-//   parallel/pipeline/executor.cpp world   parameter id (< 2^20)            a parameter's shard to world rank
-//   0             oracle/gather.cpp world   2^20                             token losses to world rank 0
-//   oracle/train_step.cpp world   2^20 + 1, 2^20 + 2               a stage's timeline: length, then events
-//   oracle/run.cpp world   2^20 + 3                         consumed sample indices to world rank 0
-//   oracle/checkpointing.cpp
+// clang-format off
+//   group  tag                      transfer                                  sent in
+//   pp     2 j                      activation of micro-batch j, s -> s + 1   parallel/pipeline/executor.cpp
+//   pp     2 j + 1                  its gradient, stage s + 1 -> s            parallel/pipeline/executor.cpp
+//   world  parameter id (< 2^20)    a parameter's shard to world rank 0       oracle/gather.cpp
+//   world  2^20                     token losses to world rank 0              oracle/train_step.cpp
+//   world  2^20 + 1, 2^20 + 2       a stage's timeline: length, events        oracle/run.cpp
+//   world  2^20 + 3                 consumed sample indices to rank 0         oracle/checkpointing.cpp
+// clang-format on
 #pragma once
 
 #include <cstdint>
