@@ -37,9 +37,11 @@ class DataParallelOptimizer {
   DataParallelOptimizer(const ShardPlan& plan, const OptimConfig& optim, bool distributed,
                         const ParallelContext& context, Backend& backend, const ParamTensors& params);
 
-  // `grads` holds this rank's accumulated gradients; on return it holds the gradients summed over dp
-  // and multiplied by `grad_scale` (only this rank's chunk is meaningful with the distributed optimizer
-  // unless `want_full_grads`). The norm, clipping and update see the scaled gradients.
+  // `grads` holds this rank's accumulated gradients. On return it holds the gradients summed over dp
+  // and multiplied by `grad_scale`, except with the distributed optimizer and `want_full_grads` false:
+  // then `grads` is left as it came (this rank's own gradients) and the reduced chunk stays internal,
+  // which saves the all-gather a step without outputs does not need. The norm, clipping and update see
+  // the scaled, reduced gradients either way.
   UpdateResult step(int64_t update, ParamTensors& grads, ParamTensors& params, bool want_full_grads,
                     double grad_scale = 1.0);
 
