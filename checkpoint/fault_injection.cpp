@@ -8,10 +8,13 @@
 #include <stdexcept>
 
 #include "checkpoint/ledger/ledger.h"
-#include "common/errors.h"
 #include "parallel/comm/context.h"
 
 namespace touchstone {
+
+bool is_fault_phase(std::string_view phase) {
+  return phase == "forward" || phase == "backward" || phase == "optimizer" || phase == "save";
+}
 
 namespace {
 
@@ -24,39 +27,6 @@ std::optional<ArmedFault>& armed() {
   static std::optional<ArmedFault> fault;
   return fault;
 }
-
-bool known_phase(const std::string& phase) {
-  return phase == "forward" || phase == "backward" || phase == "optimizer" || phase == "save";
-}
-
-}  // namespace
-
-ProcessFault parse_process_fault(const std::string& spec) {
-  const auto fail = [&]() -> ProcessFault {
-    throw InputError("--fail-at " + spec +
-                     ": expected step:rank[:phase] with phase forward, backward, optimizer or save");
-  };
-  ProcessFault fault;
-  const size_t first = spec.find(':');
-  if (first == std::string::npos) return fail();
-  const size_t second = spec.find(':', first + 1);
-  try {
-    size_t used = 0;
-    fault.step = std::stoll(spec.substr(0, first), &used);
-    if (used != first) return fail();
-    const std::string rank =
-        spec.substr(first + 1, second == std::string::npos ? std::string::npos : second - first - 1);
-    fault.rank = std::stoi(rank, &used);
-    if (used != rank.size()) return fail();
-  } catch (const std::logic_error&) {
-    return fail();
-  }
-  if (second != std::string::npos) fault.phase = spec.substr(second + 1);
-  if (fault.step < 1 || fault.rank < 0 || !known_phase(fault.phase)) return fail();
-  return fault;
-}
-
-namespace {
 
 // Whether `record_path` already holds this fault's record: it has fired in an earlier attempt.
 bool already_fired(const ProcessFault& fault, const std::string& record_path) {

@@ -1,8 +1,8 @@
-// Process failures on purpose, for recovery tests: `--fail-at step:rank[:phase]` makes world rank
-// `rank` die abruptly (SIGKILL: no clean-up, no MPI_Finalize, no flushing) when it reaches `phase` of
-// update `step`. Phases: forward, backward, optimizer (ParallelContext::set_phase marks them as the
-// step runs) and save (the middle of a checkpoint save, after the parameters are written and before
-// the optimizer state is).
+// Process failures on purpose, for recovery tests: an armed ProcessFault (the command line's
+// `--fail-at step:rank[:phase]`) makes world rank `rank` die abruptly (SIGKILL: no clean-up, no MPI_Finalize,
+// no flushing) when it reaches `phase` of update `step`. Phases: forward, backward, optimizer
+// (ParallelContext::set_phase marks them as the step runs) and save (the middle of a checkpoint save, after
+// the parameters are written and before the optimizer state is).
 //
 // Just before dying, the rank appends one line to a record file (`faults.jsonl` in the checkpoint
 // directory) so that a recovery report can state when the failure happened, not only when it was seen.
@@ -15,13 +15,13 @@
 namespace touchstone {
 
 struct ProcessFault {
-  int64_t step = 0;
-  int rank = 0;
+  int64_t step = 0;  // >= 1
+  int rank = 0;      // >= 0
   std::string phase = "forward";
 };
 
-// Parses "step:rank[:phase]"; throws InputError naming the option on anything else.
-ProcessFault parse_process_fault(const std::string& spec);
+// Whether `phase` is one a fault can fire in: forward, backward, optimizer or save.
+bool is_fault_phase(std::string_view phase);
 
 // Arms the fault in this process (world rank `world_rank`); `record_path` may be empty (no record).
 // A fault fires once: when `record_path` already holds its record, it is not armed again, so that a

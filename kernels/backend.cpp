@@ -18,44 +18,38 @@ std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
   return std::make_unique<CpuBackend>(options);
 }
 
-void require_cuda_device(const std::string& option) {
+std::string backend_kind_name(BackendKind kind) { return kind == BackendKind::kCuda ? "cuda" : "cpu"; }
+
+void require_cuda_device() {
 #if defined(TOUCHSTONE_HAVE_CUDA) || defined(TOUCHSTONE_CUDA_EMULATION)
-  try {
-    cuda_device_count();
-  } catch (const InputError& e) {
-    throw InputError(option + ": " + e.what());
-  }
+  cuda_device_count();  // throws InputError naming the cause when no GPU is usable
 #else
   throw InputError(
-      option +
-      ": this build has no CUDA backend (configure with -DTOUCHSTONE_CUDA=ON where nvcc, cuBLAS and "
-      "NCCL are installed)");
+      "this build has no CUDA backend (configure with -DTOUCHSTONE_CUDA=ON where nvcc, cuBLAS and NCCL are "
+      "installed)");
 #endif
 }
 
-void check_backend_available(const std::string& name) {
-  if (name == "cpu") return;
-  if (name != "cuda") throw InputError("--backend: unknown value \"" + name + "\" (cpu, cuda)");
-  require_cuda_device("--backend cuda");
+void check_backend_available(BackendKind kind) {
+  if (kind == BackendKind::kCuda) require_cuda_device();
 }
 
-std::string backend_description(const std::string& name, int local_rank) {
-  check_backend_available(name);
+std::string backend_description(BackendKind kind, int local_rank) {
+  check_backend_available(kind);
 #if defined(TOUCHSTONE_HAVE_CUDA) || defined(TOUCHSTONE_CUDA_EMULATION)
-  if (name == "cuda") {
+  if (kind == BackendKind::kCuda) {
     return "cuda (" + cuda_device_name(cuda::device_for_local_rank(local_rank, cuda_device_count())) + ")";
   }
 #else
   (void)local_rank;
 #endif
-  return name;
+  return backend_kind_name(kind);
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options,
-                                      int local_rank) {
-  check_backend_available(name);
+std::unique_ptr<Backend> make_backend(BackendKind kind, const BackendOptions& options, int local_rank) {
+  check_backend_available(kind);
 #if defined(TOUCHSTONE_HAVE_CUDA) || defined(TOUCHSTONE_CUDA_EMULATION)
-  if (name == "cuda") return make_cuda_backend(options, local_rank);
+  if (kind == BackendKind::kCuda) return make_cuda_backend(options, local_rank);
 #else
   (void)local_rank;
 #endif

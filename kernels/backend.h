@@ -162,18 +162,21 @@ class Backend {
 // The embedded default: plain C++ with OpenBLAS for the GEMMs.
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options = {});
 
-// The backend called `name`: "cpu", or "cuda" (kernels/cuda/, docs/cuda.md) on GPU
-// local_rank % (visible GPUs). Throws InputError for an unknown name, a build without the CUDA
-// backend, or a machine without a usable GPU.
-std::unique_ptr<Backend> make_backend(const std::string& name, const BackendOptions& options,
-                                      int local_rank = 0);
+// The kernels a run computes with: the CPU reference, or the CUDA backend (kernels/cuda/, docs/cuda.md).
+enum class BackendKind { kCpu, kCuda };
+std::string backend_kind_name(BackendKind kind);  // "cpu" or "cuda"
+
+// The backend of `kind`; the CUDA backend on GPU local_rank % (visible GPUs). Throws InputError for a
+// build without the CUDA backend or a machine without a usable GPU.
+std::unique_ptr<Backend> make_backend(BackendKind kind, const BackendOptions& options, int local_rank = 0);
 // Throws the InputError make_backend would throw, without making a backend (the up-front check).
-void check_backend_available(const std::string& name);
-// Throws InputError("<option>: <why>") unless this build has the CUDA backend and a GPU is usable: the
-// one wording of both causes, for --backend cuda and --comm nccl.
-void require_cuda_device(const std::string& option);
+void check_backend_available(BackendKind kind);
+// Throws InputError saying why unless this build has the CUDA backend and a GPU is usable: the one
+// wording of both causes, for the CUDA backend and for NCCL communication. The message names no
+// option; a command line that knows which flag asked for CUDA puts that flag in front.
+void require_cuda_device();
 // What the golden file records about the kernels: "cpu", or "cuda (<GPU name>)" for the GPU that
-// make_backend(name, options, local_rank) drives.
-std::string backend_description(const std::string& name, int local_rank);
+// make_backend(kind, options, local_rank) drives.
+std::string backend_description(BackendKind kind, int local_rank);
 
 }  // namespace touchstone

@@ -7,10 +7,12 @@
 #include <filesystem>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "checkpoint/checkpoint_store.h"
+#include "checkpoint/fault_injection.h"
 #include "checkpoint/ledger/ledger.h"
 #include "common/config.h"
 #include "oracle/global_batch.h"
@@ -22,11 +24,11 @@ namespace touchstone {
 // Checkpoints, resume and injected failures (docs/checkpoints.md).
 struct CheckpointOptions {
   std::string directory;   // checkpoints, latest.json and the sample ledger; empty: none of them
-  int64_t save_every = 0;  // save after every N updates; the last update is always saved
-  int keep = 2;            // complete checkpoints kept (0: all)
+  int64_t save_every = 0;  // >= 0: save after every N updates (0: none); the last update is always saved
+  int keep = 2;            // >= 0: complete checkpoints kept (0: all)
   bool resume = false;     // continue from the latest complete checkpoint of `directory`, if any
   bool fallback = false;   // if the latest is refused, continue from the newest older one that verifies
-  std::string fail_at;     // "step:rank[:phase]": that rank dies abruptly there (recovery tests)
+  std::optional<ProcessFault> fail_at;  // that rank dies abruptly there (recovery tests)
 };
 
 // Collective over the world group: after update `step` (learning rate `lr`), gathers the master

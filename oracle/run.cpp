@@ -30,29 +30,17 @@ BackendOptions backend_options(const Config& config) {
   return BackendOptions{parse_precision(config.precision), config.train.grad_accumulation_fusion};
 }
 
-void prepare_checkpoints(const RunOptions& options, const Config& config, int world_size, PreparedRun& run) {
+void prepare_checkpoints(const RunOptions& options, const Config& config, PreparedRun& run) {
   const CheckpointOptions& c = options.checkpoint;
-  if (c.save_every < 0) throw InputError("--save-every must be >= 0");
-  if (c.keep < 0) throw InputError("--keep must be >= 0");
-  if (!c.fail_at.empty() && parse_process_fault(c.fail_at).rank >= world_size) {
-    throw InputError("--fail-at " + c.fail_at + ": rank is not below the world size " +
-                     std::to_string(world_size));
-  }
-  if (c.directory.empty()) {
-    if (c.resume || c.fallback || c.save_every > 0) {
-      throw InputError("--resume, --fallback and --save-every need --checkpoint-dir");
-    }
-    return;
-  }
-  if (options.envelope)
-    throw InputError("--envelope runs twice from the same weights: it takes no --checkpoint-dir");
-  if (std::filesystem::exists(c.directory) && !std::filesystem::is_directory(c.directory)) {
-    throw InputError(c.directory + ": --checkpoint-dir is not a directory");
+  if (c.directory.empty()) return;
+  if (options.envelope) {
+    throw InputError(
+        "an envelope run trains twice from the same weights: it cannot save or resume checkpoints");
   }
   if (!c.resume) return;
   if (!options.golden_path.empty()) {
     throw InputError(
-        "--out records a whole run from its initial weights; it cannot be combined with --resume");
+        "a golden file records a whole run from its initial weights: a resumed run cannot write one");
   }
   const CheckpointStore store(c.directory, c.keep);
   const auto start = std::chrono::steady_clock::now();
@@ -92,10 +80,10 @@ PreparedRun prepare_run(const Config& config, const RunOptions& options, int wor
   for (auto& t : run.initial_params.tensors)
     backend->round(TensorRole::kState, t.data(), static_cast<int64_t>(t.size()));
   if (options.envelope && config.precision == "fp64") {
-    throw InputError("--envelope measures a lower precision against FP64: set precision to bf16 or fp32");
+    throw InputError("an envelope measures a lower precision against FP64: set precision to bf16 or fp32");
   }
   check_backend_available(options.backend);
-  prepare_checkpoints(options, config, world_size, run);
+  prepare_checkpoints(options, config, run);
   return run;
 }
 
@@ -226,11 +214,11 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
 void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, std::ostream& out) {
   const bool writer_rank = grid.global_rank() == 0;
   // Which GPU this rank drives with --backend cuda (collective, so every rank asks here, once).
-  const int local_rank = options.backend == "cpu" ? 0 : node_local_rank();
+  const int local_rank = options.backend == BackendKind::kCpu ? 0 : node_local_rank();
   const std::string& checkpoint_dir = options.checkpoint.directory;
   if (!checkpoint_dir.empty()) std::filesystem::create_directories(checkpoint_dir);
-  if (!options.checkpoint.fail_at.empty()) {
-    arm_process_fault(parse_process_fault(options.checkpoint.fail_at), grid.global_rank(),
+  if (options.checkpoint.fail_at) {
+    arm_process_fault(*options.checkpoint.fail_at, grid.global_rank(),
                       checkpoint_dir.empty()
                           ? ""
                           : (std::filesystem::path(checkpoint_dir) / ledger::kFaultsFileName).string());

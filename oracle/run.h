@@ -11,6 +11,7 @@
 #include "checkpoint/checkpoint_file.h"
 #include "common/config.h"
 #include "data/packing.h"
+#include "kernels/backend.h"
 #include "model/param_table.h"
 #include "oracle/checkpointing.h"
 #include "oracle/global_batch.h"
@@ -24,10 +25,10 @@ struct RunOptions {
   std::string init_from;                    // HDF5 file with initial parameters; empty: RNG init
   std::string init_group = "/params/init";  // group of init_from holding the tensors
   GoldenOptions golden;
-  bool trace = false;           // print every transfer and the pipeline timeline
-  std::string timeline_svg;     // write the last step's pipeline timeline here (rank 0)
-  bool envelope = false;        // also run FP64 and record the error envelope (golden)
-  std::string backend = "cpu";  // the kernels: "cpu" or "cuda" (kernels/backend.h make_backend)
+  bool trace = false;                       // print every transfer and the pipeline timeline
+  std::string timeline_svg;                 // write the last step's pipeline timeline here (rank 0)
+  bool envelope = false;                    // also run FP64 and record the error envelope (golden)
+  BackendKind backend = BackendKind::kCpu;  // the kernels (kernels/backend.h make_backend)
   CheckpointOptions checkpoint;
 };
 
@@ -46,7 +47,9 @@ struct PreparedRun {
 
 // Validates the config against `world_size`, loads and packs the data, draws or loads the initial
 // parameters, and with options.checkpoint.resume loads and verifies the latest checkpoint. Throws InputError
-// for anything the user must fix; nothing has been computed or written.
+// for anything the user must fix; nothing has been computed or written. The options' own values are the
+// caller's to check (the command line does, naming its flags); this refuses only the combinations whose
+// outputs would be wrong: an envelope at FP64 precision or with checkpoints, a golden file of a resumed run.
 PreparedRun prepare_run(const Config& config, const RunOptions& options, int world_size = 1);
 
 // Where a run stands in the training: it performs updates first_update(run) ... train.steps, update s

@@ -15,19 +15,6 @@ namespace {
 
 constexpr double kSecondsPerDay = 86400.0;
 
-std::chrono::sys_days parse_date(const std::string& text) {
-  int year = 0;
-  unsigned month = 0, day = 0;
-  char tail = 0;
-  if (text.size() != 10 || std::sscanf(text.c_str(), "%4d-%2u-%2u%c", &year, &month, &day, &tail) != 3) {
-    throw InputError("--start-date: \"" + text + "\" is not a date of the form YYYY-MM-DD");
-  }
-  const std::chrono::year_month_day date{std::chrono::year{year}, std::chrono::month{month},
-                                         std::chrono::day{day}};
-  if (!date.ok()) throw InputError("--start-date: \"" + text + "\" is not a valid date");
-  return std::chrono::sys_days{date};
-}
-
 std::string format_time(std::chrono::sys_seconds time) {
   const auto days = std::chrono::floor<std::chrono::days>(time);
   const std::chrono::year_month_day date{days};
@@ -41,36 +28,22 @@ std::string format_time(std::chrono::sys_seconds time) {
 
 }  // namespace
 
-ThroughputKind parse_throughput_kind(const std::string& name) {
-  if (name == "compute") return ThroughputKind::kCompute;
-  if (name == "wall-clock") return ThroughputKind::kWallClock;
-  throw InputError("--throughput-kind: unknown value \"" + name + "\" (compute or wall-clock)");
-}
-
-double parse_efficiency(const std::string& text) {
-  const bool percent_sign = !text.empty() && text.back() == '%';
-  const double value =
-      parse_quantity(percent_sign ? text.substr(0, text.size() - 1) : text, "--calendar-efficiency");
-  return percent_sign ? value / 100.0 : value;
-}
-
 CalendarPlan plan_calendar(const CalendarInput& in) {
   if (!(in.throughput > 0))
-    throw InputError("--throughput: must be > 0 tokens/s, got " + scientific(in.throughput));
-  if (!(in.tokens > 0)) throw InputError("--tokens: must be > 0, got " + scientific(in.tokens));
-  if (in.tokens_done < 0) throw InputError("--tokens-done: must be >= 0, got " + scientific(in.tokens_done));
+    throw InputError("throughput: must be > 0 tokens/s, got " + scientific(in.throughput));
+  if (!(in.tokens > 0)) throw InputError("tokens to train: must be > 0, got " + scientific(in.tokens));
+  if (in.tokens_done < 0) throw InputError("tokens done: must be >= 0, got " + scientific(in.tokens_done));
   if (in.tokens_done > in.tokens) {
-    throw InputError("--tokens-done: " + short_quantity(in.tokens_done) + " is more than --tokens " +
-                     short_quantity(in.tokens));
+    throw InputError("tokens done: " + short_quantity(in.tokens_done) + " is more than the " +
+                     short_quantity(in.tokens) + " tokens to train");
   }
   if (in.kind == ThroughputKind::kWallClock && in.calendar_efficiency) {
     throw InputError(
-        "--calendar-efficiency cannot be applied to a --throughput-kind wall-clock throughput: it "
-        "already includes the losses, and discounting it again would count them twice");
+        "a calendar efficiency cannot be applied to a wall-clock throughput: it already includes the "
+        "losses, and discounting it again would count them twice");
   }
   if (in.calendar_efficiency && !(*in.calendar_efficiency > 0 && *in.calendar_efficiency <= 1)) {
-    throw InputError("--calendar-efficiency: must be in (0, 1] (e.g. 0.9 or 90%), got " +
-                     fixed(*in.calendar_efficiency, 4));
+    throw InputError("calendar efficiency: must be in (0, 1], got " + fixed(*in.calendar_efficiency, 4));
   }
   CalendarPlan plan;
   plan.remaining_tokens = in.tokens - in.tokens_done;
@@ -80,8 +53,8 @@ CalendarPlan plan_calendar(const CalendarInput& in) {
     plan.efficiency = in.calendar_efficiency.value_or(1.0);
   }
   plan.calendar_days = days / plan.efficiency;
-  if (!in.start_date.empty()) {
-    const std::chrono::sys_seconds start{parse_date(in.start_date)};
+  if (in.start_date) {
+    const std::chrono::sys_seconds start{*in.start_date};
     const auto duration = std::chrono::seconds{std::llround(plan.calendar_days * kSecondsPerDay)};
     plan.start = format_time(start);
     plan.end = format_time(start + duration);

@@ -4,6 +4,7 @@
 // measured over whole wall-clock time already contains those losses and is never discounted again.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <iosfwd>
 #include <optional>
@@ -15,15 +16,14 @@ enum class ThroughputKind {
   kCompute,    // measured over steady-state training time only
   kWallClock,  // measured over whole wall-clock time, losses included
 };
-ThroughputKind parse_throughput_kind(const std::string& name);
 
 struct CalendarInput {
   double tokens = 0;       // the main run's total
   double tokens_done = 0;  // already trained
   double throughput = 0;   // non-padding tokens/s
   ThroughputKind kind = ThroughputKind::kCompute;
-  std::optional<double> calendar_efficiency;  // (0, 1]; only with a compute throughput
-  std::string start_date;                     // YYYY-MM-DD (00:00 UTC); empty: no end date
+  std::optional<double> calendar_efficiency;        // (0, 1]; only with a compute throughput
+  std::optional<std::chrono::sys_days> start_date;  // 00:00 UTC of that day; none: no end date
 };
 
 struct CalendarPlan {
@@ -35,11 +35,8 @@ struct CalendarPlan {
 };
 
 // Throws InputError for a non-positive throughput or token count, more tokens done than planned, an
-// efficiency outside (0, 1], an efficiency given with a wall-clock throughput, or a malformed date.
+// efficiency outside (0, 1], or an efficiency given with a wall-clock throughput.
 CalendarPlan plan_calendar(const CalendarInput& input);
-
-// Parses "0.9" or "90%".
-double parse_efficiency(const std::string& text);
 
 void print_calendar(const CalendarInput& input, const CalendarPlan& plan, std::ostream& out);
 

@@ -9,8 +9,8 @@
 
 namespace touchstone {
 
-// GPUs visible to this process; throws InputError naming the cause when there are none (callers
-// prefix the option that needed one: require_cuda_device in kernels/backend.h).
+// GPUs visible to this process; throws InputError naming the cause when there are none
+// (require_cuda_device in kernels/backend.h; the command line puts the flag that needed one in front).
 int cuda_device_count();
 // The product name of GPU `device` ("NVIDIA H200").
 std::string cuda_device_name(int device);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <stdexcept>
 
 #include "common/errors.h"
 #include "oracle/diff/hf_names.h"
@@ -13,6 +14,24 @@
 namespace touchstone::diff {
 
 namespace fs = std::filesystem;
+
+std::string candidate_format_name(CandidateFormat format) {
+  switch (format) {
+    case CandidateFormat::kAuto:
+      return "auto";
+    case CandidateFormat::kGolden:
+      return "golden";
+    case CandidateFormat::kSafetensors:
+      return "safetensors";
+    case CandidateFormat::kShards:
+      return "shards";
+  }
+  return "unknown";
+}
+
+std::string candidate_kind_name(CandidateKind kind) {
+  return kind == CandidateKind::kGrads ? "grads" : "params";
+}
 
 std::vector<std::string> list_datasets(const h5::H5Reader& file, const std::string& group) {
   std::vector<std::string> out;
@@ -47,20 +66,6 @@ bool starts_with_hdf5_signature(const std::string& path) {
   return in.gcount() == 8 && std::string(signature, 8) == std::string("\x89HDF\r\n\x1a\n", 8);
 }
 
-std::string detect_format(const std::string& path) {
-  if (!fs::exists(path)) throw InputError(path + ": no such file or directory");
-  if (fs::is_directory(path)) {
-    if (fs::exists(fs::path(path) / "shards.json")) return "shards";
-    for (const auto& entry : fs::directory_iterator(path)) {
-      if (has_extension(entry.path(), ".safetensors")) return "safetensors";
-    }
-    throw InputError(path + ": a directory without shards.json or .safetensors files");
-  }
-  if (has_extension(path, ".safetensors")) return "safetensors";
-  if (starts_with_hdf5_signature(path)) return "golden";
-  throw InputError(path + ": neither HDF5 nor a .safetensors file; name the format with --format");
-}
-
 Candidate load_golden_schema(const std::string& path) {
   const h5::H5Reader file(path);
   Candidate candidate;
@@ -82,12 +87,11 @@ Candidate load_golden_schema(const std::string& path) {
 
 Candidate load_safetensors(const std::string& path, const CandidateOptions& options,
                            const GoldenReader& golden) {
-  if (options.kind != "grads" && options.kind != "params") {
-    throw InputError(path + ": say what the safetensors tensors are with --candidate-kind grads|params");
-  }
+  if (!options.kind) throw InputError(path + ": a safetensors candidate needs its kind, grads or params");
+  const std::string kind = candidate_kind_name(*options.kind);
   const int64_t step = options.step.value_or(1);
-  if (step < (options.kind == "params" ? 0 : 1)) {
-    throw InputError("--step " + std::to_string(step) + " is not a step with " + options.kind);
+  if (step < (options.kind == CandidateKind::kParams ? 0 : 1)) {
+    throw InputError("step " + std::to_string(step) + " is not a step with " + kind);
   }
   std::vector<fs::path> files;
   if (fs::is_directory(path)) {
@@ -106,11 +110,10 @@ Candidate load_safetensors(const std::string& path, const CandidateOptions& opti
       }
     }
   }
-  const std::string group = options.kind == "grads" ? "steps/" + std::to_string(step) + "/grads"
-                            : step == 0             ? "params/init"
-                                                    : "steps/" + std::to_string(step) + "/params";
+  // Step 0 holds parameters only (gradients start at step 1, refused above).
+  const std::string group = step == 0 ? "params/init" : "steps/" + std::to_string(step) + "/" + kind;
   Candidate candidate;
-  candidate.format = "safetensors (" + options.kind + " of " +
+  candidate.format = "safetensors (" + kind + " of " +
                      (step == 0 ? "the initial state" : "step " + std::to_string(step)) + ")";
   std::vector<std::string> ignored;
   candidate.tensors = hf_to_contract(all, golden.config().model, group, ignored);
@@ -121,17 +124,40 @@ Candidate load_safetensors(const std::string& path, const CandidateOptions& opti
 
 }  // namespace
 
+std::optional<CandidateFormat> detect_candidate_format(const std::string& path) {
+  if (!fs::exists(path)) throw InputError(path + ": no such file or directory");
+  if (fs::is_directory(path)) {
+    if (fs::exists(fs::path(path) / "shards.json")) return CandidateFormat::kShards;
+    for (const auto& entry : fs::directory_iterator(path)) {
+      if (has_extension(entry.path(), ".safetensors")) return CandidateFormat::kSafetensors;
+    }
+    throw InputError(path + ": a directory without shards.json or .safetensors files");
+  }
+  if (has_extension(path, ".safetensors")) return CandidateFormat::kSafetensors;
+  if (starts_with_hdf5_signature(path)) return CandidateFormat::kGolden;
+  return std::nullopt;
+}
+
 Candidate load_candidate(const std::string& path, const CandidateOptions& options,
                          const GoldenReader& golden) {
-  const std::string format = options.format == "auto" ? detect_format(path) : options.format;
-  if (format != "safetensors" && !options.kind.empty()) {
-    throw InputError("--candidate-kind applies to safetensors candidates only (this one is read as " +
-                     format + ")");
+  std::optional<CandidateFormat> format = options.format;
+  if (format == CandidateFormat::kAuto) format = detect_candidate_format(path);
+  if (!format) throw InputError(path + ": neither HDF5 nor a .safetensors file, and no format was named");
+  if (format != CandidateFormat::kSafetensors && options.kind) {
+    throw InputError("a candidate kind applies to safetensors candidates only (this one is read as " +
+                     candidate_format_name(*format) + ")");
   }
-  if (format == "golden") return load_golden_schema(path);
-  if (format == "safetensors") return load_safetensors(path, options, golden);
-  if (format == "shards") return load_shards(path, golden);
-  throw InputError("--format must be auto, golden, safetensors or shards");
+  switch (*format) {
+    case CandidateFormat::kGolden:
+      return load_golden_schema(path);
+    case CandidateFormat::kSafetensors:
+      return load_safetensors(path, options, golden);
+    case CandidateFormat::kShards:
+      return load_shards(path, golden);
+    case CandidateFormat::kAuto:
+      break;
+  }
+  throw std::logic_error("load_candidate: a detected format is never auto");
 }
 
 }  // namespace touchstone::diff

@@ -17,11 +17,23 @@
 
 namespace touchstone::diff {
 
+enum class CandidateFormat { kAuto, kGolden, kSafetensors, kShards };
+std::string candidate_format_name(CandidateFormat format);  // "auto", "golden", "safetensors", "shards"
+
+// What the tensors of a safetensors candidate are.
+enum class CandidateKind { kGrads, kParams };
+std::string candidate_kind_name(CandidateKind kind);  // "grads" or "params"
+
 struct CandidateOptions {
-  std::string format = "auto";  // "auto" | "golden" | "safetensors" | "shards"
-  std::string kind;             // safetensors: "grads" or "params"
+  CandidateFormat format = CandidateFormat::kAuto;  // kAuto: detect_candidate_format
+  std::optional<CandidateKind> kind;                // safetensors only, and needed there
   std::optional<int64_t> step;  // safetensors: the step the tensors belong to (params: 0 = initial)
 };
+
+// The format of the candidate at `path` as its contents show it: a directory with shards.json or
+// .safetensors files, a .safetensors file, or an HDF5 file (the golden schema). None when it is a file
+// of neither kind; throws InputError for a missing path or a directory of neither.
+std::optional<CandidateFormat> detect_candidate_format(const std::string& path);
 
 struct Candidate {
   TensorMap tensors;

@@ -85,7 +85,7 @@ Entry compare_item(const GoldenReader& golden, const Candidate& candidate, Judge
   e.basis = judgment.basis;
   e.integer = item.group == "num_loss_tokens";
   if (!judgment.tolerance) {
-    e.reason = kNoTolerance + (" (tolerance model " + tolerance_kind + "); --tolerance compares it");
+    e.reason = kNoTolerance + (" (tolerance model " + tolerance_kind + "); a tolerance override compares it");
     return e;
   }
   e.tolerance = *judgment.tolerance;
@@ -257,7 +257,7 @@ std::string judgment_line(const std::vector<Entry>& entries, bool recompute) {
   if (!trajectory.empty()) {
     line += (line.empty() ? "" : "; ") +
             std::string("against the golden trajectory (errors of earlier steps included): steps ") +
-            list(trajectory) + (recompute ? "" : " (--no-recompute)");
+            list(trajectory) + (recompute ? "" : " (recomputation off)");
   }
   return line.empty() ? "nothing compared per step" : line;
 }
@@ -323,9 +323,9 @@ DiffResult run_analysis(const std::string& golden_path, const std::string& candi
     const bool untolerated = std::any_of(result.entries.begin(), result.entries.end(),
                                          [](const Entry& e) { return e.reason.rfind(kNoTolerance, 0) == 0; });
     if (untolerated) {
-      throw InputError(golden_path +
-                       ": records no tolerance for any dataset the candidate holds (tolerance model " +
-                       tolerances.kind() + "); give one with --tolerance");
+      throw NoToleranceError(golden_path +
+                             ": records no tolerance for any dataset the candidate holds (tolerance model " +
+                             tolerances.kind() + ")");
     }
     throw InputError(candidate_path + ": holds nothing to compare with " + golden_path +
                      " (neither the loss nor any tensor of a recorded step" +

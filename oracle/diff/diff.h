@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/errors.h"
 #include "oracle/diff/candidate.h"
 #include "oracle/diff/judge.h"
 #include "oracle/diff/metrics.h"
@@ -44,6 +45,13 @@ struct Verdict {
   std::string
       signature;        // "loss_normalization", "token_count", "gradient_scale", "one_layer", "tp_shard", ...
   std::string message;  // one line for the reports
+};
+
+// What run_analysis throws when the golden file records no tolerance for anything the candidate holds:
+// only a tolerance override (AnalysisOptions::tolerance) can compare it, which a command line may say.
+class NoToleranceError : public InputError {
+ public:
+  using InputError::InputError;
 };
 
 struct AnalysisOptions {

@@ -316,7 +316,7 @@ const Judge::UpdatedParams& Judge::updated_params(int64_t step) {
               std::string("updated parameters judged against the golden trajectory: ") +
                   (recompute_ ? "the candidate recorded neither its gradients of steps 1.." +
                                     std::to_string(step) + " nor its parameters after every earlier step"
-                              : "--no-recompute"));
+                              : "recomputation is off"));
   }
   return updated_.emplace(step, std::move(*updated)).first->second;
 }

@@ -148,7 +148,8 @@ void print_table(const DiffResult& r, std::ostream& out, bool colour) {
   }
   if (r.refused_as_partial()) {
     out << c.red
-        << "the candidate holds only part of a group it records: exit status 1 (--allow-partial accepts it)"
+        << "the candidate holds only part of a group it records: exit status 1 (partial candidates not "
+           "accepted)"
         << c.reset << "\n";
   }
   if (r.tolerance_override) {

@@ -382,7 +382,7 @@ std::vector<Verdict> find_signatures(const GoldenReader& golden, const Tolerance
         },
         update_matches));
   } else if (forward_fails) {
-    result.notes.push_back("signatures that recompute the golden step were skipped (--no-recompute)");
+    result.notes.push_back("signatures that recompute the golden step were skipped (recomputation off)");
   }
   add(token_count(golden, result, step));
   add(fp32_inside_fp64(golden, tolerances, judge, result, step));

@@ -31,7 +31,7 @@ double positive_number(const nlohmann::json& json, const std::string& key, const
 ToleranceModel::ToleranceModel(const h5::H5Reader& golden, std::optional<double> override_value)
     : golden_(golden), override_(override_value) {
   if (override_ && (!std::isfinite(*override_) || *override_ < 0)) {
-    throw InputError("--tolerance must be a finite number >= 0");
+    throw InputError("the tolerance override must be a finite number >= 0");
   }
   from_file_ = golden.has_attribute("/", "tolerance_model");
   json_ = from_file_ ? golden.string_attribute("/", "tolerance_model")

@@ -125,7 +125,8 @@ class BadInput(unittest.TestCase):
 
     # ---- backend ----
     def test_unknown_backend(self):
-        self.assert_refused(["--backend", "tpu"], '--backend: unknown value "tpu" (cpu, cuda)')
+        for bad in ("tpu", "CPU", "cuda "):
+            self.assert_refused(["--backend", bad], f'--backend: unknown value "{bad}" (cpu, cuda)')
 
     def test_cuda_backend_without_a_visible_gpu(self):
         # An empty CUDA_VISIBLE_DEVICES hides every GPU, so this holds on GPU machines too. A build with
@@ -134,6 +135,10 @@ class BadInput(unittest.TestCase):
         self.assert_refused(["--backend", "cuda"], "--backend cuda: ", env=env)
         result = run("golden", "--backend", "cuda", "--out", self.out, env=env)
         self.assertRegex(result.stderr, "no CUDA device|this build has no CUDA backend")
+
+    def test_envelope_needs_a_lower_precision(self):
+        self.assert_refused(["--envelope"],
+                            "--envelope measures a lower precision against FP64: set precision to bf16 or fp32")
 
     def test_missing_out_option(self):
         result = run("golden")
@@ -171,7 +176,8 @@ class BadCheckpointInput(unittest.TestCase):
         return os.path.join(self.ckpt, "step_00000001", "state.h5")
 
     def test_options_need_a_checkpoint_directory(self):
-        self.assert_refused(["--resume"], "--resume, --fallback and --save-every need --checkpoint-dir")
+        for args in (["--resume"], ["--fallback"], ["--save-every", "2"]):
+            self.assert_refused(args, "--resume, --fallback and --save-every need --checkpoint-dir")
 
     def test_bad_fail_at(self):
         for spec in ["3", "x:0", "2:0:sideways", "0:0", "2:-1"]:
@@ -180,15 +186,21 @@ class BadCheckpointInput(unittest.TestCase):
 
     def test_bad_keep_and_directory(self):
         self.assert_refused(["--checkpoint-dir", self.ckpt, "--keep", "-1"], "--keep must be >= 0")
+        self.assert_refused(["--checkpoint-dir", self.ckpt, "--save-every", "-1"], "--save-every must be >= 0")
         not_a_directory = os.path.join(self.dir.name, "file")
         open(not_a_directory, "w").close()
-        self.assert_refused(["--checkpoint-dir", not_a_directory], "is not a directory")
+        self.assert_refused(["--checkpoint-dir", not_a_directory], f"{not_a_directory}: --checkpoint-dir is not a directory")
+
+    def test_envelope_takes_no_checkpoint_directory(self):
+        self.assert_refused(["--set", "precision=bf16", "--envelope", "--checkpoint-dir", self.ckpt],
+                            "--envelope runs twice from the same weights: it takes no --checkpoint-dir")
 
     def test_golden_file_of_a_resumed_run(self):
         result = run("golden", *SMALL, "--checkpoint-dir", self.ckpt, "--resume", "--out",
                      os.path.join(self.dir.name, "g.h5"))
         self.assertEqual(result.returncode, 2)
-        self.assertIn("cannot be combined with --resume", result.stderr)
+        self.assertIn("--out records a whole run from its initial weights; it cannot be combined with --resume",
+                      result.stderr)
 
     def test_truncated_checkpoint(self):
         state = self.save_one_step()
@@ -215,12 +227,15 @@ class CommOption(unittest.TestCase):
         self.assertNotIn("step 1/", result.stdout, "compute started before the error")
 
     def test_unknown_backend(self):
-        self.assert_refused(["--comm", "bogus"], r'^touchstone: error: --comm: unknown value "bogus" \(mpi, nccl\)$')
+        for bad in ("bogus", "", "NCCL", "gloo", "mpi "):
+            self.assert_refused(["--comm", bad], rf'^touchstone: error: --comm: unknown value "{bad}" \(mpi, nccl\)$')
 
     def test_nccl_without_a_visible_gpu(self):
-        # A build without CUDA says so; a CUDA build sees no device once none is visible.
+        # A build without CUDA says so; a CUDA build sees no device once none is visible. The reason is
+        # worded for both flags that need CUDA, and names neither: only --comm nccl leads it.
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-        self.assert_refused(["--comm", "nccl"], r"^touchstone: error: --comm nccl: (this build has no CUDA backend|no CUDA device)",
+        self.assert_refused(["--comm", "nccl"],
+                            r"^touchstone: error: --comm nccl: (this build has no CUDA backend|no CUDA device)(?!.*--)",
                             env=env)
 
     def test_mpi_is_the_default_and_runs(self):

@@ -153,9 +153,26 @@ class PlanCli(unittest.TestCase):
         self.assertIn("End:                 2025-03-27 09:00 UTC", out)
         self.assertIn("Trial runs are billed separately", out)
 
+    def test_calendar_efficiency_as_a_fraction_or_a_percentage(self):
+        for efficiency in ("0.9", "90%"):
+            out = self.ok("calendar", "--tokens", "10T", "--throughput", "1.6M", "--throughput-kind", "compute",
+                          "--calendar-efficiency", efficiency)
+            self.assertIn("Calendar efficiency: 90% of wall-clock time trains", out)
+            self.assertIn("Calendar time:       80.38 days", out)
+
     def test_calendar_errors(self):
+        compute = ["calendar", "--tokens", "10T", "--throughput", "1.6M", "--throughput-kind", "compute"]
         self.assert_refused(["calendar", "--tokens", "10T", "--throughput", "-1.6M", "--throughput-kind",
-                             "compute"], "--throughput: must be > 0")
+                             "compute"], "--throughput: must be > 0 tokens/s, got -1.6e6")
+        self.assert_refused([*compute, "--tokens-done", "11T"], "--tokens-done: 11T is more than --tokens 10T")
+        self.assert_refused([*compute, "--calendar-efficiency", "1.5"],
+                            "--calendar-efficiency: must be in (0, 1] (e.g. 0.9 or 90%), got 1.5000")
+        self.assert_refused([*compute, "--start-date", "2025-02-30"],
+                            '--start-date: "2025-02-30" is not a valid date')
+        self.assert_refused([*compute, "--start-date", "06/01/2025"],
+                            '--start-date: "06/01/2025" is not a date of the form YYYY-MM-DD')
+        self.assert_refused(["calendar", "--tokens", "10T", "--throughput", "1.6M", "--throughput-kind", "measured"],
+                            '--throughput-kind: unknown value "measured" (compute or wall-clock)')
         self.assert_refused(["calendar", "--tokens", "10T", "--throughput", "1.6M", "--throughput-kind",
                              "wall-clock", "--calendar-efficiency", "0.9"], "count them twice")
         self.assert_refused(["calendar", "--tokens", "10Q", "--throughput", "1.6M", "--throughput-kind",

@@ -253,7 +253,10 @@ class Importers(common.ShardableGoldens):
         no_k = {n: t for n, t in tensors.items() if "k_proj" not in n}
         self.assert_bad(write_safetensors(self.path("bad_no_k.safetensors"), no_k), "--candidate-kind", "grads")
         good = write_safetensors(self.path("good.safetensors"), tensors)
-        self.assert_bad(good)  # no --candidate-kind
+        self.assertIn("say what the safetensors tensors are with --candidate-kind grads|params",
+                      self.assert_bad(good))  # no --candidate-kind
+        self.assertIn("--step 0 is not a step with grads", self.assert_bad(good, "--candidate-kind", "grads",
+                                                                           "--step", "0"))
         raw = {"header_not_json": struct.pack("<Q", 4) + b"{abc",
                "header_longer_than_file": struct.pack("<Q", 1 << 20) + b"{}",
                "shorter_than_8_bytes": b"\x01\x02",
@@ -271,6 +274,7 @@ class Importers(common.ShardableGoldens):
         self.assertEqual(status, 2, output)
         self.assertEqual(len(output.strip().splitlines()), 1, output)
         self.assertIsNone(report, "no report is written for bad input")
+        return output
 
 
 if __name__ == "__main__":

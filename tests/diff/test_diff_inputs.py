@@ -51,6 +51,7 @@ class Inputs(unittest.TestCase):
         status, output, report = common.diff(self.golden, self.copy("partial.h5", keep_some))
         self.assertEqual(status, 1, output)
         self.assertIn("partial candidate: steps/1/grads: 1 of 21 tensors missing (output_layer.weight)", output)
+        self.assertIn("exit status 1 (partial candidates not accepted)", output)
         self.assertEqual(report["partial"], ["steps/1/grads: 1 of 21 tensors missing (output_layer.weight)"])
         status, output, report = common.diff(self.golden, self.copy("partial.h5", keep_some), "--allow-partial")
         self.assertEqual(status, 0, output)
@@ -60,6 +61,12 @@ class Inputs(unittest.TestCase):
         self.assertEqual(report["summary"]["not_compared"], 1 + 21)
         self.assertIn("params/* (21 tensors)", output)
         self.assertIn("not compared: missing in the candidate", output)
+
+    def test_the_report_says_when_recomputation_is_off(self):
+        status, output, _ = common.diff(self.golden, self.golden, "--no-recompute")
+        self.assertEqual(status, 0, output)
+        self.assertIn(" (recomputation off)", output)
+        self.assertNotIn("--no-recompute", output)
 
     def test_nan_and_wrong_shape_are_named_failures(self):
         def nan(f):
@@ -96,12 +103,25 @@ class Inputs(unittest.TestCase):
             (self.golden, candidate, ["--step", "5"]), (self.golden, candidate, ["--candidate-kind", "grads"]),
             (self.golden, candidate, ["--tolerance", "-1"]),
         ]
+        # The errors about an option name the flag the user typed.
+        messages = {("--candidate-kind", "grads"): "--candidate-kind applies to safetensors candidates only "
+                                                   "(this one is read as golden)",
+                    ("--tolerance", "-1"): "--tolerance must be a finite number >= 0"}
         for golden, cand, args in cases:
             with self.subTest(golden=os.path.basename(golden), candidate=os.path.basename(cand), args=args):
                 result = common.run([common.TOUCHSTONE, "diff", golden, cand, *args])
                 self.assertEqual(result.returncode, 2, result.stdout + result.stderr)
                 self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
                 self.assertEqual(result.stdout, "")
+                if tuple(args) in messages:
+                    self.assertIn(messages[tuple(args)], result.stderr)
+        unknown = os.path.join(self.scratch.name, "unknown.bin")
+        with open(unknown, "wb") as f:
+            f.write(b"not a tensor file")
+        result = common.run([common.TOUCHSTONE, "diff", self.golden, unknown])
+        self.assertEqual(result.returncode, 2, result.stdout + result.stderr)
+        self.assertIn("unknown.bin: neither HDF5 nor a .safetensors file; name the format with --format",
+                      result.stderr)
 
     def test_tolerances_from_the_golden_file(self):
         def tolerances(f):
@@ -125,6 +145,7 @@ class Inputs(unittest.TestCase):
         status, output, report = common.diff(envelope_only, self.golden, "--step", "0")
         self.assertEqual(status, 2, output)
         self.assertIn("no tolerance", output)
+        self.assertIn("give one with --tolerance", output)
         status, output, report = common.diff(envelope_only, self.golden, "--step", "1")
         self.assertEqual(status, 0, output)
         # The loss-token count is an integer and always compared exactly; the updated parameters are

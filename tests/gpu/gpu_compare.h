@@ -63,7 +63,7 @@ struct BackendPair {
   explicit BackendPair(Precision precision, bool grad_accumulation_fusion = true)
       : options{precision, grad_accumulation_fusion},
         cpu(make_cpu_backend(options)),
-        gpu(make_backend("cuda", options)) {}
+        gpu(make_backend(BackendKind::kCuda, options)) {}
   BackendOptions options;
   std::unique_ptr<Backend> cpu, gpu;
 };

@@ -146,10 +146,9 @@ TEST_F(NcclBootstrapTest, TwoRanksOfAGroupOnOneGpuAreRefusedByEveryRankOfIt) {
       // Refused on every rank of the group, so that all of its ranks stop together.
       EXPECT_EQ(refusals.count(name), 1u) << name;
       if (refusals.count(name) == 0) continue;
-      const std::string expected = "--comm nccl needs one GPU per rank, but world ranks " +
-                                   std::to_string(group.global_rank(0)) + " and " +
-                                   std::to_string(group.global_rank(1)) + " of group " + name +
-                                   " both drive GPU 0000:1b:00.0 on node";
+      const std::string expected =
+          "NCCL needs one GPU per rank, but world ranks " + std::to_string(group.global_rank(0)) + " and " +
+          std::to_string(group.global_rank(1)) + " of group " + name + " both drive GPU 0000:1b:00.0 on node";
       EXPECT_EQ(refusals[name].rfind(expected, 0), 0u) << refusals[name];
     }
   }

@@ -1,5 +1,6 @@
-// The host logic of the communication backends: `--comm` parsing and the up-front availability check,
-// and the ordered maximum that the MPI operator and the NCCL group's kernel share.
+// The host logic of the communication backends: their names and the up-front availability check, and
+// the ordered maximum that the MPI operator and the NCCL group's kernel share. Parsing `--comm` is the
+// command line's (tests/cli/test_bad_input.py).
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -16,19 +17,9 @@
 namespace touchstone {
 namespace {
 
-TEST(CommBackend, ParsesTheTwoNamesAndRefusesOthers) {
-  EXPECT_EQ(parse_comm_backend("mpi"), CommBackend::kMpi);
-  EXPECT_EQ(parse_comm_backend("nccl"), CommBackend::kNccl);
+TEST(CommBackend, Names) {
   EXPECT_EQ(comm_backend_name(CommBackend::kMpi), "mpi");
   EXPECT_EQ(comm_backend_name(CommBackend::kNccl), "nccl");
-  for (const char* bad : {"", "NCCL", "gloo", "mpi "}) {
-    try {
-      parse_comm_backend(bad);
-      ADD_FAILURE() << "accepted \"" << bad << "\"";
-    } catch (const InputError& e) {
-      EXPECT_EQ(std::string(e.what()), "--comm: unknown value \"" + std::string(bad) + "\" (mpi, nccl)");
-    }
-  }
 }
 
 TEST(CommBackend, MpiIsAlwaysAvailable) { EXPECT_NO_THROW(check_comm_available(CommBackend::kMpi)); }
@@ -37,12 +28,12 @@ TEST(CommBackend, NcclNamesWhyItCannotRun) {
   try {
     check_comm_available(CommBackend::kNccl);
 #if !defined(TOUCHSTONE_HAVE_CUDA)
-    ADD_FAILURE() << "a build without CUDA accepted --comm nccl";
+    ADD_FAILURE() << "a build without CUDA accepted NCCL";
 #endif
   } catch (const InputError& e) {
+    // The reason alone: the command line puts the flag in front ("--comm nccl: ...").
     const std::string message = e.what();
-    EXPECT_EQ(message.rfind("--comm nccl: ", 0), 0u) << message;
-    EXPECT_EQ(message.find("--backend"), std::string::npos) << message;
+    EXPECT_EQ(message.find("--"), std::string::npos) << message;
 #if defined(TOUCHSTONE_HAVE_CUDA)
     EXPECT_NE(message.find("no CUDA device"), std::string::npos) << message;  // only when there is no GPU
 #else

@@ -7,13 +7,14 @@
 
 #include "common/config.h"
 #include "common/errors.h"
-#include "common/text_output.h"
 #include "common/version.h"
 #include "oracle/run.h"
 #include "parallel/comm/comm_backend.h"
 #include "parallel/comm/grid.h"
 #include "parallel/comm/mpi_runtime.h"
 #include "tools/check/check_parallel.h"
+#include "tools/cli/flag_values.h"
+#include "tools/cli/run_flags.h"
 #include "tools/commbench/commbench.h"
 #include "tools/diff/diff_cli.h"
 #include "tools/ledger/ledger_cli.h"
@@ -38,57 +39,6 @@ void add_config_options(CLI::App* command, ConfigOptions& options) {
       ->allow_extra_args(false);
 }
 
-// How the ranks of a run communicate. Not a config key: it changes how the transfers are carried,
-// never what a run computes (both backends give the same bits; docs/communication.md#nccl).
-struct CommOptions {
-  std::string comm = "mpi";
-};
-
-void add_comm_options(CLI::App* command, CommOptions& options) {
-  command
-      ->add_option("--comm", options.comm,
-                   "Communication backend: mpi, or nccl (CUDA builds, one GPU per rank; same results)")
-      ->capture_default_str();
-}
-
-void add_run_options(CLI::App* command, touchstone::RunOptions& options) {
-  command->add_option("--init-from", options.init_from,
-                      "Load initial parameters from an HDF5 file (a golden file) instead of drawing them");
-  command->add_option("--init-group", options.init_group, "Group of --init-from holding the tensors")
-      ->capture_default_str();
-  command->add_flag("--save-optimizer-state", options.golden.save_optimizer_state,
-                    "Also record the AdamW moments after every step in the golden file");
-  command->add_flag("--trace", options.trace,
-                    "Print every collective and point-to-point transfer of every rank, and the pipeline "
-                    "timeline of every step");
-  command
-      ->add_option("--backend", options.backend,
-                   "Kernels: cpu (the reference, default) or cuda (one GPU per rank; docs/cuda.md)")
-      ->capture_default_str();
-  command->add_option("--timeline", options.timeline_svg, "Write the last step's pipeline timeline as SVG");
-  command->add_flag(
-      "--envelope", options.envelope,
-      "Run the configured precision (bf16 or fp32) and FP64 from the same weights; write the FP64 "
-      "golden values with the low-precision error and tolerance of every tensor");
-  touchstone::CheckpointOptions& c = options.checkpoint;
-  command->add_option(
-      "--checkpoint-dir", c.directory,
-      "Directory of checkpoints, the latest-complete record and the sample ledger (docs/checkpoints.md)");
-  command->add_option("--save-every", c.save_every,
-                      "Save a checkpoint after every N updates (the last is always saved)");
-  command->add_option("--keep", c.keep, "Complete checkpoints to keep (0: all)")->capture_default_str();
-  command->add_flag(
-      "--resume", c.resume,
-      "Continue from the latest complete checkpoint of --checkpoint-dir (a fresh start if there is none)");
-  command->add_flag(
-      "--fallback", c.fallback,
-      "With --resume: if the latest checkpoint is refused, continue from the newest older one that verifies");
-  command->add_option(
-      "--fail-at", c.fail_at,
-      "step:rank[:phase] - that world rank dies abruptly (SIGKILL) in phase forward (default), "
-      "backward, optimizer or save of that update; fires once per checkpoint directory");
-}
-
 touchstone::Config resolve(const ConfigOptions& options) {
   const nlohmann::json file_json =
       options.config_path.empty() ? nlohmann::json() : touchstone::read_config_file(options.config_path);
@@ -99,17 +49,16 @@ touchstone::Config resolve(const ConfigOptions& options) {
 // Every rank validates the same inputs; they agree on the outcome before any communicator is built,
 // so a bad input ends every rank with status 2 (the message printed once, by rank 0) and none waits
 // in a collective for a rank that has already left.
-int run(const ConfigOptions& config_options, const CommOptions& comm_options,
-        touchstone::RunOptions& run_options, touchstone::MpiRuntime& mpi) {
+int run(const ConfigOptions& config_options, const touchstone::RunFlags& run_flags,
+        touchstone::MpiRuntime& mpi) {
   std::string error;
   touchstone::PreparedRun prepared;
+  touchstone::RunOptions run_options;
   touchstone::CommBackend comm = touchstone::CommBackend::kMpi;
   try {
-    comm = touchstone::parse_comm_backend(comm_options.comm);
-    // Whether a GPU is usable may differ between ranks, so it is checked here, where ranks agree.
-    touchstone::check_comm_available(comm);
+    comm = touchstone::resolve_comm_flag(run_flags);
     const touchstone::Config config = resolve(config_options);
-    if (!run_options.golden_path.empty()) touchstone::check_output_path(run_options.golden_path, "--out");
+    run_options = touchstone::resolve_run_flags(run_flags, config, mpi.world_size());
     prepared = touchstone::prepare_run(config, run_options, mpi.world_size());
   } catch (const InputError& e) {
     error = e.what();
@@ -123,10 +72,12 @@ int run(const ConfigOptions& config_options, const CommOptions& comm_options,
     return 2;
   }
   const touchstone::Config& c = prepared.config;
-  auto grid = touchstone::Grid::create(
-      touchstone::GridLayout{static_cast<int>(c.parallel.tp), static_cast<int>(c.parallel.dp),
-                             static_cast<int>(c.parallel.pp)},
-      comm);
+  const touchstone::GridLayout layout{static_cast<int>(c.parallel.tp), static_cast<int>(c.parallel.dp),
+                                      static_cast<int>(c.parallel.pp)};
+  // NCCL groups refuse two ranks on one GPU; the user asked for them with --comm nccl.
+  const auto create_grid = [&] { return touchstone::Grid::create(layout, comm); };
+  auto grid = comm == touchstone::CommBackend::kNccl ? touchstone::naming_flag("--comm nccl", create_grid)
+                                                     : create_grid();
   touchstone::execute_run(prepared, run_options, *grid, std::cout);
   return 0;
 }
@@ -139,22 +90,19 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   ConfigOptions config_options;
-  CommOptions comm_options;
-  touchstone::RunOptions run_options;
+  touchstone::RunFlags run_flags;
 
   CLI::App* golden = app.add_subcommand("golden",
                                         "Train train.steps steps and write a golden file (loss, "
                                         "loss-token counts, gradients, updated parameters)");
   add_config_options(golden, config_options);
-  add_run_options(golden, run_options);
-  add_comm_options(golden, comm_options);
-  golden->add_option("--out", run_options.golden_path, "Golden file to write (HDF5)")->required();
+  touchstone::add_run_flags(golden, run_flags);
+  golden->add_option("--out", run_flags.run.golden_path, "Golden file to write (HDF5)")->required();
 
   CLI::App* train = app.add_subcommand("train", "Train train.steps steps, printing the loss of every step");
   add_config_options(train, config_options);
-  add_run_options(train, run_options);
-  add_comm_options(train, comm_options);
-  train->add_option("--out", run_options.golden_path, "Also write a golden file (HDF5)");
+  touchstone::add_run_flags(train, run_flags);
+  train->add_option("--out", run_flags.run.golden_path, "Also write a golden file (HDF5)");
 
   CLI::App* show =
       app.add_subcommand("config", "Print the fully resolved config as JSON (defaults included)");
@@ -219,7 +167,7 @@ int main(int argc, char** argv) {
   touchstone::MpiRuntime mpi(&argc, &argv);
   try {
     if (commbench->parsed()) return touchstone::run_commbench(commbench_options, mpi);
-    return run(config_options, comm_options, run_options, mpi);
+    return run(config_options, run_flags, mpi);
   } catch (const InputError& e) {
     std::cerr << "touchstone: error: " << e.what() << std::endl;
     if (mpi.world_size() > 1) mpi.abort(2);

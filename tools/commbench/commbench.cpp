@@ -18,6 +18,7 @@
 #include "parallel/comm/comm_backend.h"
 #include "parallel/comm/grid.h"
 #include "parallel/comm/mpi_runtime.h"
+#include "tools/cli/flag_values.h"
 #include "tools/commbench/commbench_ops.h"
 
 namespace touchstone {
@@ -220,7 +221,10 @@ nlohmann::json to_json(const Measurement& m) {
 int run_checked(const CommbenchOptions& options, const GridLayout& layout, CommBackend comm,
                 MpiRuntime& mpi) {
   const std::vector<const OpInfo*> ops = selected_ops(options.op);
-  std::unique_ptr<Grid> grid = Grid::create(layout, comm);
+  // NCCL groups refuse two ranks on one GPU; the user asked for them with --comm nccl.
+  const auto create_grid = [&] { return Grid::create(layout, comm); };
+  std::unique_ptr<Grid> grid =
+      comm == CommBackend::kNccl ? naming_flag("--comm nccl", create_grid) : create_grid();
   ProcessGroup& group = grid->group(options.group);
   const int n = group.size();
   const bool printer = mpi.world_rank() == 0;
@@ -359,7 +363,7 @@ int run_commbench(const CommbenchOptions& options, MpiRuntime& mpi) {
   try {
     layout = validate(options, mpi.world_size());
     comm = parse_comm_backend(options.comm);
-    check_comm_available(comm);
+    naming_flag("--comm " + options.comm, [&] { check_comm_available(comm); });
   } catch (const InputError& e) {
     error = e.what();
   }

@@ -3,14 +3,66 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 
 #include "common/errors.h"
 #include "common/text_output.h"
 #include "oracle/diff/report.h"
 
 namespace touchstone {
+
+namespace {
+
+// --format, --candidate-kind and --step, checked against the candidate's format (detected here when not
+// named) so that each error names its flag; load_candidate refuses the same in its own words.
+diff::CandidateOptions candidate_options(const DiffOptions& options) {
+  static const std::map<std::string, diff::CandidateFormat> kFormats = {
+      {"auto", diff::CandidateFormat::kAuto},
+      {"golden", diff::CandidateFormat::kGolden},
+      {"safetensors", diff::CandidateFormat::kSafetensors},
+      {"shards", diff::CandidateFormat::kShards}};
+  static const std::map<std::string, diff::CandidateKind> kKinds = {{"grads", diff::CandidateKind::kGrads},
+                                                                    {"params", diff::CandidateKind::kParams}};
+  const auto format = kFormats.find(options.format);
+  if (format == kFormats.end()) throw InputError("--format must be auto, golden, safetensors or shards");
+  diff::CandidateOptions candidate;
+  candidate.format = format->second;
+  candidate.step = options.step;
+  if (!options.candidate_kind.empty()) {
+    const auto kind = kKinds.find(options.candidate_kind);
+    if (kind == kKinds.end()) throw InputError("--candidate-kind must be grads or params");
+    candidate.kind = kind->second;
+  }
+  if (candidate.format == diff::CandidateFormat::kAuto) {
+    const std::optional<diff::CandidateFormat> detected = diff::detect_candidate_format(options.candidate);
+    if (!detected) {
+      throw InputError(options.candidate +
+                       ": neither HDF5 nor a .safetensors file; name the format with --format");
+    }
+    candidate.format = *detected;
+  }
+  if (candidate.format != diff::CandidateFormat::kSafetensors) {
+    if (candidate.kind) {
+      throw InputError("--candidate-kind applies to safetensors candidates only (this one is read as " +
+                       diff::candidate_format_name(candidate.format) + ")");
+    }
+    return candidate;
+  }
+  if (!candidate.kind) {
+    throw InputError(options.candidate +
+                     ": say what the safetensors tensors are with --candidate-kind grads|params");
+  }
+  const int64_t step = options.step.value_or(1);
+  if (step < (candidate.kind == diff::CandidateKind::kParams ? 0 : 1)) {
+    throw InputError("--step " + std::to_string(step) + " is not a step with " + options.candidate_kind);
+  }
+  return candidate;
+}
+
+}  // namespace
 
 void add_diff_options(CLI::App* command, DiffOptions& options) {
   command->add_option("golden", options.golden, "Golden file (HDF5) written by `touchstone golden`")
@@ -52,16 +104,22 @@ void add_diff_options(CLI::App* command, DiffOptions& options) {
 int run_diff(const DiffOptions& options) {
   if (!options.json_path.empty()) check_output_path(options.json_path, "--json");
   if (!options.report_path.empty()) check_output_path(options.report_path, "--report");
+  if (options.tolerance && !(std::isfinite(*options.tolerance) && *options.tolerance >= 0)) {
+    throw InputError("--tolerance must be a finite number >= 0");
+  }
   diff::AnalysisOptions analysis;
-  analysis.candidate.format = options.format;
-  analysis.candidate.kind = options.candidate_kind;
-  analysis.candidate.step = options.step;
+  analysis.candidate = candidate_options(options);
   analysis.step = options.step;
   analysis.tolerance = options.tolerance;
   if (options.tp) analysis.tp_sizes = {*options.tp};
   analysis.recompute = !options.no_recompute;
   analysis.allow_partial = options.allow_partial;
-  const diff::DiffResult result = diff::run_analysis(options.golden, options.candidate, analysis);
+  diff::DiffResult result;
+  try {
+    result = diff::run_analysis(options.golden, options.candidate, analysis);
+  } catch (const diff::NoToleranceError& e) {
+    throw InputError(std::string(e.what()) + "; give one with --tolerance");
+  }
   const bool colour = isatty(STDOUT_FILENO) != 0 && std::getenv("NO_COLOR") == nullptr;
   diff::print_table(result, std::cout, colour);
   if (!options.json_path.empty())

@@ -2,6 +2,8 @@
 #include "tools/plan/plan_cli.h"
 
 #include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <ostream>
@@ -37,6 +39,64 @@ struct ScalingOptions {
 struct CalendarOptions {
   std::string tokens, throughput, kind, efficiency, tokens_done = "0", start_date;
 };
+
+// --start-date: YYYY-MM-DD.
+std::chrono::sys_days parse_start_date(const std::string& text) {
+  int year = 0;
+  unsigned month = 0, day = 0;
+  char tail = 0;
+  if (text.size() != 10 || std::sscanf(text.c_str(), "%4d-%2u-%2u%c", &year, &month, &day, &tail) != 3) {
+    throw InputError("--start-date: \"" + text + "\" is not a date of the form YYYY-MM-DD");
+  }
+  const std::chrono::year_month_day date{std::chrono::year{year}, std::chrono::month{month},
+                                         std::chrono::day{day}};
+  if (!date.ok()) throw InputError("--start-date: \"" + text + "\" is not a valid date");
+  return std::chrono::sys_days{date};
+}
+
+ThroughputKind parse_throughput_kind(const std::string& name) {
+  if (name == "compute") return ThroughputKind::kCompute;
+  if (name == "wall-clock") return ThroughputKind::kWallClock;
+  throw InputError("--throughput-kind: unknown value \"" + name + "\" (compute or wall-clock)");
+}
+
+// --calendar-efficiency: "0.9" or "90%".
+double parse_efficiency(const std::string& text) {
+  const bool percent_sign = !text.empty() && text.back() == '%';
+  const double value =
+      parse_quantity(percent_sign ? text.substr(0, text.size() - 1) : text, "--calendar-efficiency");
+  return percent_sign ? value / 100.0 : value;
+}
+
+// The calendar's flags parsed, and checked here so that each error names its flag (plan_calendar
+// refuses the same inputs in its own words).
+CalendarInput calendar_input(const CalendarOptions& c, bool efficiency_given) {
+  CalendarInput in;
+  in.tokens = parse_quantity(c.tokens, "--tokens");
+  in.tokens_done = parse_quantity(c.tokens_done, "--tokens-done");
+  in.throughput = parse_quantity(c.throughput, "--throughput");
+  in.kind = parse_throughput_kind(c.kind);
+  if (efficiency_given) in.calendar_efficiency = parse_efficiency(c.efficiency);
+  if (!c.start_date.empty()) in.start_date = parse_start_date(c.start_date);
+  if (!(in.throughput > 0))
+    throw InputError("--throughput: must be > 0 tokens/s, got " + scientific(in.throughput));
+  if (!(in.tokens > 0)) throw InputError("--tokens: must be > 0, got " + scientific(in.tokens));
+  if (in.tokens_done < 0) throw InputError("--tokens-done: must be >= 0, got " + scientific(in.tokens_done));
+  if (in.tokens_done > in.tokens) {
+    throw InputError("--tokens-done: " + short_quantity(in.tokens_done) + " is more than --tokens " +
+                     short_quantity(in.tokens));
+  }
+  if (in.kind == ThroughputKind::kWallClock && in.calendar_efficiency) {
+    throw InputError(
+        "--calendar-efficiency cannot be applied to a --throughput-kind wall-clock throughput: it "
+        "already includes the losses, and discounting it again would count them twice");
+  }
+  if (in.calendar_efficiency && !(*in.calendar_efficiency > 0 && *in.calendar_efficiency <= 1)) {
+    throw InputError("--calendar-efficiency: must be in (0, 1] (e.g. 0.9 or 90%), got " +
+                     fixed(*in.calendar_efficiency, 4));
+  }
+  return in;
+}
 
 class PlanCommandImpl final : public PlanCommand {
  public:
@@ -242,13 +302,7 @@ int PlanCommandImpl::run_scaling(std::ostream& out) const {
 }
 
 int PlanCommandImpl::run_calendar(std::ostream& out) const {
-  CalendarInput in;
-  in.tokens = parse_quantity(c_.tokens, "--tokens");
-  in.tokens_done = parse_quantity(c_.tokens_done, "--tokens-done");
-  in.throughput = parse_quantity(c_.throughput, "--throughput");
-  in.kind = parse_throughput_kind(c_.kind);
-  if (calendar_->count("--calendar-efficiency") > 0) in.calendar_efficiency = parse_efficiency(c_.efficiency);
-  in.start_date = c_.start_date;
+  const CalendarInput in = calendar_input(c_, calendar_->count("--calendar-efficiency") > 0);
   print_calendar(in, plan_calendar(in), out);
   return 0;
 }

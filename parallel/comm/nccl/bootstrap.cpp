@@ -34,7 +34,7 @@ void check_one_gpu_per_rank(MPI_Comm comm, const std::string& group, const std::
     const std::string identity(all.data() + r * kRecordBytes);
     const auto [seen, inserted] = first_rank_of.emplace(identity, r);
     if (inserted) continue;
-    throw InputError("--comm nccl needs one GPU per rank, but world ranks " +
+    throw InputError("NCCL needs one GPU per rank, but world ranks " +
                      std::to_string(global_ranks[seen->second]) + " and " + std::to_string(global_ranks[r]) +
                      " of group " + group + " both drive GPU " + identity +
                      " (start at most as many ranks per node as there are GPUs)");
