@@ -1,11 +1,10 @@
-// XML escaping, chart ticks and atomic text files (see text_output.h).
+// Output path checks and atomic text files (see text_output.h).
 #include "common/text_output.h"
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -21,32 +20,6 @@ void check_output_path(const std::string& path, const std::string& option) {
     throw InputError(option + " " + path + ": directory " + parent.string() + " does not exist");
   }
   if (std::filesystem::is_directory(path)) throw InputError(option + " " + path + ": is a directory");
-}
-
-std::string xml_escape(const std::string& text) {
-  std::string out;
-  for (const char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      case '\'':
-        out += "&apos;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
 }
 
 void write_text_file_atomically(const std::string& path, const std::string& text) {
@@ -76,15 +49,6 @@ void write_text_file_atomically(const std::string& path, const std::string& text
   if (::close(fd) != 0) fail("close " + temp_path);
   if (std::rename(temp_path.c_str(), path.c_str()) != 0) fail("rename " + temp_path + " into place");
   sync_directory(std::filesystem::absolute(path).parent_path().string());
-}
-
-double round_tick_step(double span, int intervals) {
-  const double raw = span / intervals;
-  const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
-  for (const double factor : {1.0, 2.0, 2.5, 5.0}) {
-    if (factor * magnitude >= raw) return factor * magnitude;
-  }
-  return 10.0 * magnitude;
 }
 
 void sync_directory(const std::string& directory) {

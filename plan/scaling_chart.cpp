@@ -1,9 +1,8 @@
 // The scaling chart: a self-contained SVG (no fonts, scripts or external files) drawn from the table.
 #include <algorithm>
 #include <cmath>
-#include <sstream>
 
-#include "common/text_output.h"
+#include "common/markup.h"
 #include "plan/format.h"
 #include "plan/scaling_plan.h"
 
@@ -11,10 +10,11 @@ namespace touchstone::plan {
 
 namespace {
 
-constexpr double kWidth = 800, kHeight = 460;
-constexpr double kLeft = 90, kRight = 710, kTop = 70, kBottom = 380;  // the plot area
-
-std::string number(double value) { return fixed(value, 1); }
+constexpr int kWidth = 800, kHeight = 460;
+constexpr int kLeft = 90, kRight = 710, kTop = 70, kBottom = 380;  // the plot area
+constexpr const char* kThroughputColour = "#1f5fa8";
+constexpr const char* kEfficiencyColour = "#c0550f";
+constexpr const char* kIdealColour = "#888";
 
 }  // namespace
 
@@ -29,87 +29,106 @@ std::string scaling_chart_svg(const ScalingTable& table) {
   }
   // GPU counts on a log axis, so doubling steps are evenly spaced; half a doubling of margin each side.
   const double x_lo = std::log2(min_gpus) - 0.5, x_hi = std::log2(max_gpus) + 0.5;
-  const auto x_of = [&](double gpus) {
-    return kLeft + (std::log2(gpus) - x_lo) / (x_hi - x_lo) * (kRight - kLeft);
+  const auto x_of = [&](int64_t gpus) {
+    return kLeft + (std::log2(static_cast<double>(gpus)) - x_lo) / (x_hi - x_lo) * (kRight - kLeft);
   };
-  const double step = round_tick_step(max_tps * 1.1, 5);
-  const double y_top = std::ceil(max_tps * 1.1 / step) * step;
-  const auto y_of_tps = [&](double tps) { return kBottom - tps / y_top * (kBottom - kTop); };
-  const auto y_of_eff = [&](double eff) { return kBottom - eff / 1.2 * (kBottom - kTop); };  // 0..120%
+  // Tokens/s from 0 to a round top with 10% headroom; efficiency 0..120% on the right.
+  const markup::LinearAxis tps_axis = markup::linear_axis(max_tps * 1.1, 5, /*round_up=*/true);
+  const auto y_of_tps = [&](double tps) { return kBottom - tps / tps_axis.top * (kBottom - kTop); };
+  const auto y_of_eff = [&](double eff) { return kBottom - eff / 1.2 * (kBottom - kTop); };
 
-  std::ostringstream svg;
-  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kWidth << "\" height=\"" << kHeight
-      << "\" viewBox=\"0 0 " << kWidth << " " << kHeight
-      << "\" font-family=\"sans-serif\" font-size=\"13\">\n"
-      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      << "<text x=\"" << kWidth / 2
-      << "\" y=\"28\" text-anchor=\"middle\" font-size=\"17\" font-weight=\"bold\">"
-      << "Throughput and scaling efficiency against GPUs</text>\n";
+  markup::Svg svg(kWidth, kHeight, {{"font-family", "sans-serif"}, {"font-size", 13}}, 1);
+  svg.rect({{"width", "100%"}, {"height", "100%"}, {"fill", "white"}});
+  svg.text(
+      {{"x", kWidth / 2}, {"y", 28}, {"text-anchor", "middle"}, {"font-size", 17}, {"font-weight", "bold"}},
+      "Throughput and scaling efficiency against GPUs");
   // Grid and left axis (tokens/s).
-  for (double v = 0; v <= y_top + step / 2; v += step) {
-    const double y = y_of_tps(v);
-    svg << "<line x1=\"" << kLeft << "\" y1=\"" << number(y) << "\" x2=\"" << kRight << "\" y2=\""
-        << number(y) << "\" stroke=\"#e4e4e4\"/>\n<text x=\"" << kLeft - 8 << "\" y=\"" << number(y + 4)
-        << "\" text-anchor=\"end\" fill=\"#1f5fa8\">" << short_quantity(v) << "</text>\n";
+  for (const double tps : tps_axis.ticks) {
+    const double y = y_of_tps(tps);
+    svg.line({{"x1", kLeft}, {"y1", y}, {"x2", kRight}, {"y2", y}, {"stroke", "#e4e4e4"}});
+    svg.text({{"x", kLeft - 8}, {"y", y + 4}, {"text-anchor", "end"}, {"fill", kThroughputColour}},
+             short_quantity(tps));
   }
   // Right axis (efficiency).
   for (int pct = 0; pct <= 120; pct += 20) {
-    svg << "<text x=\"" << kRight + 8 << "\" y=\"" << number(y_of_eff(pct / 100.0) + 4)
-        << "\" fill=\"#c0550f\">" << pct << "%</text>\n";
+    svg.text({{"x", kRight + 8}, {"y", y_of_eff(pct / 100.0) + 4}, {"fill", kEfficiencyColour}},
+             std::to_string(pct) + "%");
   }
-  svg << "<rect x=\"" << kLeft << "\" y=\"" << kTop << "\" width=\"" << kRight - kLeft << "\" height=\""
-      << kBottom - kTop << "\" fill=\"none\" stroke=\"#444\"/>\n";
+  svg.rect({{"x", kLeft},
+            {"y", kTop},
+            {"width", kRight - kLeft},
+            {"height", kBottom - kTop},
+            {"fill", "none"},
+            {"stroke", "#444"}});
   // X ticks at the measured GPU counts.
   for (const ScalingRow& row : table.rows) {
-    const double x = x_of(static_cast<double>(row.run.gpus));
-    svg << "<line x1=\"" << number(x) << "\" y1=\"" << kBottom << "\" x2=\"" << number(x) << "\" y2=\""
-        << kBottom + 6 << "\" stroke=\"#444\"/>\n<text x=\"" << number(x) << "\" y=\"" << kBottom + 22
-        << "\" text-anchor=\"middle\">" << row.run.gpus << "</text>\n";
+    const double x = x_of(row.run.gpus);
+    svg.line({{"x1", x}, {"y1", kBottom}, {"x2", x}, {"y2", kBottom + 6}, {"stroke", "#444"}});
+    svg.text({{"x", x}, {"y", kBottom + 22}, {"text-anchor", "middle"}}, std::to_string(row.run.gpus));
   }
-  svg << "<text x=\"" << (kLeft + kRight) / 2 << "\" y=\"" << kBottom + 48
-      << "\" text-anchor=\"middle\">GPUs (log scale)</text>\n"
-      << "<text transform=\"translate(24," << (kTop + kBottom) / 2
-      << ") rotate(-90)\" text-anchor=\"middle\" "
-      << "fill=\"#1f5fa8\">non-padding tokens/s</text>\n"
-      << "<text transform=\"translate(" << kWidth - 20 << "," << (kTop + kBottom) / 2
-      << ") rotate(90)\" text-anchor=\"middle\" fill=\"#c0550f\">scaling efficiency</text>\n";
+  svg.text({{"x", (kLeft + kRight) / 2}, {"y", kBottom + 48}, {"text-anchor", "middle"}}, "GPUs (log scale)");
+  svg.text({{"transform", "translate(24," + std::to_string((kTop + kBottom) / 2) + ") rotate(-90)"},
+            {"text-anchor", "middle"},
+            {"fill", kThroughputColour}},
+           "non-padding tokens/s");
+  svg.text({{"transform", "translate(" + std::to_string(kWidth - 20) + "," +
+                              std::to_string((kTop + kBottom) / 2) + ") rotate(90)"},
+            {"text-anchor", "middle"},
+            {"fill", kEfficiencyColour}},
+           "scaling efficiency");
 
-  std::ostringstream ideal, measured, efficiency;
+  std::vector<markup::Point> ideal, measured, efficiency;
   for (const ScalingRow& row : table.rows) {
-    const double x = x_of(static_cast<double>(row.run.gpus));
-    ideal << number(x) << "," << number(y_of_tps(reference.tokens_per_s * row.gpu_ratio)) << " ";
-    measured << number(x) << "," << number(y_of_tps(row.tokens_per_s)) << " ";
-    efficiency << number(x) << "," << number(y_of_eff(row.efficiency)) << " ";
+    const double x = x_of(row.run.gpus);
+    ideal.push_back({x, y_of_tps(reference.tokens_per_s * row.gpu_ratio)});
+    measured.push_back({x, y_of_tps(row.tokens_per_s)});
+    efficiency.push_back({x, y_of_eff(row.efficiency)});
   }
-  svg << "<polyline points=\"" << ideal.str()
-      << "\" fill=\"none\" stroke=\"#888\" stroke-dasharray=\"6 4\"/>\n"
-      << "<polyline points=\"" << measured.str()
-      << "\" fill=\"none\" stroke=\"#1f5fa8\" stroke-width=\"2.5\"/>\n"
-      << "<polyline points=\"" << efficiency.str()
-      << "\" fill=\"none\" stroke=\"#c0550f\" stroke-width=\"2\"/>\n";
+  svg.polyline({{"points", svg.points(ideal)},
+                {"fill", "none"},
+                {"stroke", kIdealColour},
+                {"stroke-dasharray", "6 4"}});
+  svg.polyline({{"points", svg.points(measured)},
+                {"fill", "none"},
+                {"stroke", kThroughputColour},
+                {"stroke-width", 2.5}});
+  svg.polyline({{"points", svg.points(efficiency)},
+                {"fill", "none"},
+                {"stroke", kEfficiencyColour},
+                {"stroke-width", 2}});
   for (const ScalingRow& row : table.rows) {
-    const double x = x_of(static_cast<double>(row.run.gpus));
+    const double x = x_of(row.run.gpus);
     const double yt = y_of_tps(row.tokens_per_s), ye = y_of_eff(row.efficiency);
-    svg << "<circle cx=\"" << number(x) << "\" cy=\"" << number(yt) << "\" r=\"4.5\" fill=\"#1f5fa8\"/>\n"
-        << "<text x=\"" << number(x - 8) << "\" y=\"" << number(yt - 10)
-        << "\" text-anchor=\"end\" fill=\"#1f5fa8\">" << short_quantity(row.tokens_per_s) << "</text>\n"
-        << "<rect x=\"" << number(x - 4) << "\" y=\"" << number(ye - 4)
-        << "\" width=\"8\" height=\"8\" fill=\"#c0550f\"/>\n"
-        << "<text x=\"" << number(x + 8) << "\" y=\"" << number(ye - 8) << "\" fill=\"#c0550f\">"
-        << percent(row.efficiency, 0) << "</text>\n";
+    svg.circle({{"cx", x}, {"cy", yt}, {"r", 4.5}, {"fill", kThroughputColour}});
+    svg.text({{"x", x - 8}, {"y", yt - 10}, {"text-anchor", "end"}, {"fill", kThroughputColour}},
+             short_quantity(row.tokens_per_s));
+    svg.rect({{"x", x - 4}, {"y", ye - 4}, {"width", 8}, {"height", 8}, {"fill", kEfficiencyColour}});
+    svg.text({{"x", x + 8}, {"y", ye - 8}, {"fill", kEfficiencyColour}}, percent(row.efficiency, 0));
   }
-  // Legend.
-  const double ly = 50;
-  svg << "<line x1=\"" << kLeft << "\" y1=\"" << ly << "\" x2=\"" << kLeft + 26 << "\" y2=\"" << ly
-      << "\" stroke=\"#1f5fa8\" stroke-width=\"2.5\"/><text x=\"" << kLeft + 32 << "\" y=\"" << ly + 4
-      << "\">measured tokens/s</text>\n"
-      << "<line x1=\"" << kLeft + 180 << "\" y1=\"" << ly << "\" x2=\"" << kLeft + 206 << "\" y2=\"" << ly
-      << "\" stroke=\"#888\" stroke-dasharray=\"6 4\"/><text x=\"" << kLeft + 212 << "\" y=\"" << ly + 4
-      << "\">linear scaling from " << reference.run.gpus << " GPUs</text>\n"
-      << "<line x1=\"" << kLeft + 420 << "\" y1=\"" << ly << "\" x2=\"" << kLeft + 446 << "\" y2=\"" << ly
-      << "\" stroke=\"#c0550f\" stroke-width=\"2\"/><text x=\"" << kLeft + 452 << "\" y=\"" << ly + 4
-      << "\">scaling efficiency</text>\n"
-      << "</svg>\n";
+  // Legend: three line samples along the top.
+  const int ly = 50;
+  svg.line({{"x1", kLeft},
+            {"y1", ly},
+            {"x2", kLeft + 26},
+            {"y2", ly},
+            {"stroke", kThroughputColour},
+            {"stroke-width", 2.5}});
+  svg.text({{"x", kLeft + 32}, {"y", ly + 4}}, "measured tokens/s");
+  svg.line({{"x1", kLeft + 180},
+            {"y1", ly},
+            {"x2", kLeft + 206},
+            {"y2", ly},
+            {"stroke", kIdealColour},
+            {"stroke-dasharray", "6 4"}});
+  svg.text({{"x", kLeft + 212}, {"y", ly + 4}},
+           "linear scaling from " + std::to_string(reference.run.gpus) + " GPUs");
+  svg.line({{"x1", kLeft + 420},
+            {"y1", ly},
+            {"x2", kLeft + 446},
+            {"y2", ly},
+            {"stroke", kEfficiencyColour},
+            {"stroke-width", 2}});
+  svg.text({{"x", kLeft + 452}, {"y", ly + 4}}, "scaling efficiency");
   return svg.str();
 }
 

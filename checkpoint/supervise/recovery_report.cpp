@@ -2,11 +2,9 @@
 #include "checkpoint/supervise/recovery_report.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
 
 #include "checkpoint/ledger/ledger_report.h"
-#include "common/text_output.h"
+#include "common/markup.h"
 
 namespace touchstone::supervise {
 
@@ -14,11 +12,7 @@ namespace {
 
 using nlohmann::json;
 
-std::string fixed(double value, int decimals) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof(buffer), "%.*f", decimals, value);
-  return buffer;
-}
+using markup::fixed;
 
 std::string end_text(const AttemptRecord& a) {
   switch (a.end) {
@@ -85,7 +79,15 @@ json failure_json(const Failure& f) {
 
 // ---- SVG ----
 
-constexpr double kWidth = 960, kLeft = 230, kRight = 30, kTop = 56, kRow = 36, kBar = 20;
+// Rows sit on whole pixels; times map to x with two decimals.
+constexpr int kWidth = 960, kLeft = 230, kRight = 30, kTop = 56, kRow = 36, kBar = 20;
+
+struct LegendEntry {
+  const char* color;
+  const char* text;
+};
+constexpr LegendEntry kLegend[] = {
+    {"#27ae60", "succeeded"}, {"#c0392b", "failed"}, {"#f39c12", "stalled"}, {"#95a5a6", "interrupted"}};
 
 std::string svg_color(const AttemptRecord& a) {
   if (a.end == WaitEnd::kStalled) return "#f39c12";
@@ -139,77 +141,83 @@ json to_json(const RecoveryReport& r) {
           {"notes", r.notes}};
 }
 
-std::string render_timeline_svg(const RecoveryReport& r) {
+std::string render_recovery_timeline_svg(const RecoveryReport& r) {
   const double span = std::max(r.end_time - r.start_time, 1e-3);
-  const double plot = kWidth - kLeft - kRight;
-  const auto x = [&](double t) { return fixed(kLeft + (t - r.start_time) / span * plot, 2); };
-  const double height = kTop + kRow * static_cast<double>(r.attempts.size()) + 70;
-  std::string svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + fixed(kWidth, 0) + "\" height=\"" +
-                    fixed(height, 0) + "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+  const int plot = kWidth - kLeft - kRight;
+  const auto x = [&](double t) { return kLeft + (t - r.start_time) / span * plot; };
+  const int rows = static_cast<int>(r.attempts.size());
+  const int height = kTop + kRow * rows + 70;
+  markup::Svg svg(kWidth, height, {{"font-family", "sans-serif"}, {"font-size", 12}}, 2);
   const std::string title = "touchstone supervise: " + r.outcome + ", " +
                             std::to_string(r.attempts.empty() ? 0 : r.attempts.size() - 1) + " restart(s)";
-  svg +=
-      "<title>" + xml_escape(title) + "</title>\n<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n";
-  svg += "<text x=\"10\" y=\"24\" font-size=\"15\" font-weight=\"bold\">" + xml_escape(title) + "</text>\n";
-  const double axis_y = kTop + kRow * static_cast<double>(r.attempts.size()) + 6;
-  const double spacing = round_tick_step(span, 8);
-  for (double t = 0; t <= span + 1e-9; t += spacing) {
-    svg += "<line x1=\"" + x(r.start_time + t) + "\" x2=\"" + x(r.start_time + t) + "\" y1=\"" +
-           fixed(kTop - 8, 0) + "\" y2=\"" + fixed(axis_y, 0) + "\" stroke=\"#dddddd\"/>\n<text x=\"" +
-           x(r.start_time + t) + "\" y=\"" + fixed(axis_y + 14, 0) + "\" text-anchor=\"middle\">" +
-           fixed(t, spacing < 1 ? 1 : 0) + "</text>\n";
+  svg.title(title);
+  svg.rect({{"width", "100%"}, {"height", "100%"}, {"fill", "#ffffff"}});
+  svg.text({{"x", 10}, {"y", 24}, {"font-size", 15}, {"font-weight", "bold"}}, title);
+  const int axis_y = kTop + kRow * rows + 6;
+  const markup::LinearAxis axis = markup::linear_axis(span, 8);
+  for (const double t : axis.ticks) {
+    svg.line({{"x1", x(r.start_time + t)},
+              {"x2", x(r.start_time + t)},
+              {"y1", kTop - 8},
+              {"y2", axis_y},
+              {"stroke", "#dddddd"}});
+    svg.text({{"x", x(r.start_time + t)}, {"y", axis_y + 14}, {"text-anchor", "middle"}},
+             fixed(t, axis.step < 1 ? 1 : 0));
   }
-  svg += "<text x=\"" + fixed(kLeft + plot / 2, 0) + "\" y=\"" + fixed(axis_y + 32, 0) +
-         "\" text-anchor=\"middle\">seconds since the supervisor started</text>\n";
-  for (size_t i = 0; i < r.attempts.size(); ++i) {
-    const AttemptRecord& a = r.attempts[i];
-    const double y = kTop + kRow * static_cast<double>(i);
+  svg.text({{"x", kLeft + plot / 2}, {"y", axis_y + 32}, {"text-anchor", "middle"}},
+           "seconds since the supervisor started");
+  for (int i = 0; i < rows; ++i) {
+    const AttemptRecord& a = r.attempts[static_cast<size_t>(i)];
+    const int y = kTop + kRow * i;
     const ledger::AttemptSummary* l = ledger_attempt(r, a);
     std::string label = "attempt " + std::to_string(a.number);
     if (l != nullptr)
       label += l->resumed_from_step > 0 ? ", from step " + std::to_string(l->resumed_from_step) : ", fresh";
-    svg += "<text x=\"10\" y=\"" + fixed(y + kBar - 5, 0) + "\">" + xml_escape(label) + "</text>\n";
-    const std::string tooltip = label + ": " + a.command + "; " + end_text(a) + " after " +
-                                fixed(a.detection_time - a.launch_time, 2) + " s";
-    svg += "<rect x=\"" + x(a.launch_time) + "\" y=\"" + fixed(y, 0) + "\" width=\"" +
-           fixed(std::max(1.0, (a.detection_time - a.launch_time) / span * plot), 2) + "\" height=\"" +
-           fixed(kBar, 0) + "\" fill=\"" + svg_color(a) + "\"><title>" + xml_escape(tooltip) +
-           "</title></rect>\n";
+    svg.text({{"x", 10}, {"y", y + kBar - 5}}, label);
+    svg.rect({{"x", x(a.launch_time)},
+              {"y", y},
+              {"width", std::max(1.0, (a.detection_time - a.launch_time) / span * plot)},
+              {"height", kBar},
+              {"fill", svg_color(a)}},
+             label + ": " + a.command + "; " + end_text(a) + " after " +
+                 fixed(a.detection_time - a.launch_time, 2) + " s");
   }
   for (const Failure& f : failures(r)) {
-    const size_t row = static_cast<size_t>(f.attempt - r.attempts.data());
-    const double y = kTop + kRow * static_cast<double>(row);
+    const int y = kTop + kRow * static_cast<int>(f.attempt - r.attempts.data());
     if (f.attempt->injected) {
       const auto& injected = *f.attempt->injected;
-      const std::string text = "injected failure: step " + std::to_string(injected.step) + ", rank " +
-                               std::to_string(injected.rank) + ", " + injected.phase;
-      svg += "<path d=\"M" + x(f.failure_time) + " " + fixed(y - 4, 0) +
-             " l-5 -7 h10 z\" fill=\"#000000\"><title>" + xml_escape(text) + "</title></path>\n";
+      svg.path({{"d", "M" + svg.number(x(f.failure_time)) + " " + std::to_string(y - 4) + " l-5 -7 h10 z"},
+                {"fill", "#000000"}},
+               "injected failure: step " + std::to_string(injected.step) + ", rank " +
+                   std::to_string(injected.rank) + ", " + injected.phase);
     }
-    svg += "<line x1=\"" + x(f.attempt->detection_time) + "\" x2=\"" + x(f.attempt->detection_time) +
-           "\" y1=\"" + fixed(y - 3, 0) + "\" y2=\"" + fixed(y + kBar + 3, 0) +
-           "\" stroke=\"#000000\" stroke-width=\"2\"><title>detected</title></line>\n";
+    const double detected = x(f.attempt->detection_time);
+    svg.line({{"x1", detected},
+              {"x2", detected},
+              {"y1", y - 3},
+              {"y2", y + kBar + 3},
+              {"stroke", "#000000"},
+              {"stroke-width", 2}},
+             "detected");
     if (f.restart != nullptr) {
-      svg += "<line x1=\"" + x(f.attempt->detection_time) + "\" y1=\"" + fixed(y + kBar, 0) + "\" x2=\"" +
-             x(f.restart->launch_time) + "\" y2=\"" + fixed(y + kRow, 0) +
-             "\" stroke=\"#555555\" stroke-dasharray=\"3,2\"><title>restart</title></line>\n";
+      svg.line({{"x1", detected},
+                {"y1", y + kBar},
+                {"x2", x(f.restart->launch_time)},
+                {"y2", y + kRow},
+                {"stroke", "#555555"},
+                {"stroke-dasharray", "3,2"}},
+               "restart");
     }
   }
-  const double legend_y = height - 14;
-  double legend_x = 10;
-  for (const auto& [color, text] :
-       std::vector<std::pair<std::string, std::string>>{{"#27ae60", "succeeded"},
-                                                        {"#c0392b", "failed"},
-                                                        {"#f39c12", "stalled"},
-                                                        {"#95a5a6", "interrupted"}}) {
-    svg += "<rect x=\"" + fixed(legend_x, 0) + "\" y=\"" + fixed(legend_y - 10, 0) +
-           "\" width=\"12\" height=\"12\" fill=\"" + color + "\"/><text x=\"" + fixed(legend_x + 16, 0) +
-           "\" y=\"" + fixed(legend_y, 0) + "\">" + text + "</text>\n";
+  const int legend_y = height - 14;
+  int legend_x = 10;
+  for (const auto& [color, text] : kLegend) {
+    svg.rect({{"x", legend_x}, {"y", legend_y - 10}, {"width", 12}, {"height", 12}, {"fill", color}});
+    svg.text({{"x", legend_x + 16}, {"y", legend_y}}, text);
     legend_x += 110;
   }
-  svg += "<text x=\"" + fixed(legend_x, 0) + "\" y=\"" + fixed(legend_y, 0) +
-         "\">triangle: injected failure; bar: detection; dashed: restart</text>\n</svg>\n";
-  return svg;
+  svg.text({{"x", legend_x}, {"y", legend_y}}, "triangle: injected failure; bar: detection; dashed: restart");
+  return svg.str();
 }
 
 std::string format_summary(const RecoveryReport& r) {

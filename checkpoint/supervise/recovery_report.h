@@ -48,7 +48,7 @@ const ledger::AttemptSummary* ledger_attempt(const RecoveryReport& report, const
 nlohmann::json to_json(const RecoveryReport& report);
 
 // One row per attempt on a time axis, with failure, detection and restart marks.
-std::string render_timeline_svg(const RecoveryReport& report);
+std::string render_recovery_timeline_svg(const RecoveryReport& report);
 
 // A few lines for the end of the supervisor's output.
 std::string format_summary(const RecoveryReport& report);

@@ -1,4 +1,5 @@
-// The record of what a pipeline stage actually ran, and the text and SVG timelines drawn from it.
+// The record of what a pipeline stage actually ran, and the text timelines drawn from it. The SVG
+// drawing lives in timeline_svg.h, which this header includes, so one include gives every renderer.
 //
 // Each process records its own stage's events with a TimelineRecorder; the trainer gathers every
 // stage's events to one rank (encode_events / decode_events make that a gather of doubles) and renders
@@ -16,6 +17,8 @@
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "parallel/pipeline/timeline_svg.h"
 
 namespace touchstone::pipeline {
 
@@ -89,6 +92,12 @@ std::vector<TimelineEvent> decode_events(const std::vector<double>& values);  //
 // All stages' events in one list, stage by stage (the renderers take a gathered list).
 std::vector<TimelineEvent> flatten_timeline(const std::vector<std::vector<TimelineEvent>>& per_stage);
 
+// What the renderers draw: per stage, its events in order of start time (stable, so ties keep the
+// order of `events`), computations only unless include_communication. Throws std::invalid_argument
+// for an event whose stage is outside [0, num_stages) or that ends before it starts.
+std::vector<std::vector<TimelineEvent>> events_by_stage(const std::vector<TimelineEvent>& events,
+                                                        int num_stages, bool include_communication);
+
 // Per stage, its tokens in order of start time (ties keep the order of `events`, which is the order
 // they were recorded in), separated by single spaces. Computations only, unless include_communication.
 // Throws std::invalid_argument for an event whose stage is outside [0, num_stages).
@@ -98,21 +107,5 @@ std::vector<std::string> render_order(const std::vector<TimelineEvent>& events, 
 // One line per stage, "stage 0: F0 F1 B0 B1\n", from render_order.
 std::string render_timeline_text(const std::vector<TimelineEvent>& events, int num_stages,
                                  bool include_communication = false);
-
-struct SvgOptions {
-  std::string title = "Pipeline timeline";
-  // "s" for measured times (the axis switches to ms or us for short runs); anything else is printed
-  // as is, e.g. "units" for the unit-time simulation.
-  std::string time_unit = "s";
-  // Draws transfers as thin grey bars under the row; a blocking receive's bar shows how long the
-  // stage waited for its peer.
-  bool include_communication = false;
-};
-
-// A self-contained SVG (no scripts, no external fonts or images): one row per stage, a box per
-// forward and backward with its micro-batch number inside when it fits (and a <title> tooltip
-// always), a time axis, the title and a legend. Every event box has class "event".
-std::string render_timeline_svg(const std::vector<TimelineEvent>& events, int num_stages,
-                                const SvgOptions& options = {});
 
 }  // namespace touchstone::pipeline

@@ -107,7 +107,7 @@ class SuperviseCommandImpl final : public SuperviseCommand {
     read_final_ledger(report);
     if (!report_path_.empty()) {
       write_text_file_atomically(report_path_, to_json(report).dump(2) + "\n");
-      write_text_file_atomically(svg_path(), render_timeline_svg(report));
+      write_text_file_atomically(svg_path(), render_recovery_timeline_svg(report));
     }
     std::cerr << format_summary(report) << std::flush;
     if (report.outcome == "gave up") {
