@@ -8,7 +8,7 @@ namespace touchstone {
 
 using pipeline::ActionKind;
 
-PipelineResult run_pipeline(const std::string& schedule, const Transformer& model, const ParamTensors& params,
+PipelineResult run_pipeline(PipelineSchedule schedule, const Transformer& model, const ParamTensors& params,
                             const std::vector<MicroBatch>& micro_batches,
                             const std::vector<double>& loss_weights,
                             const std::vector<double>& backward_weights, const ParallelContext& context,
@@ -16,8 +16,8 @@ PipelineResult run_pipeline(const std::string& schedule, const Transformer& mode
                             pipeline::TimelineRecorder* recorder) {
   const auto m = static_cast<int>(micro_batches.size());
   const int num_stages = context.pp.size(), stage = context.stage();
-  const std::vector<pipeline::Action> actions =
-      pipeline::build_schedule(with_gradients ? schedule : "afab", num_stages, stage, m);
+  const std::vector<pipeline::Action> actions = pipeline::build_schedule(
+      with_gradients ? schedule : PipelineSchedule::kAllForwardAllBackward, num_stages, stage, m);
   const int64_t H = model.hidden_size();
 
   std::vector<Activations> acts(static_cast<size_t>(m));
