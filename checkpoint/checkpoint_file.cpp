@@ -44,7 +44,8 @@ void flatten(const nlohmann::json& json, const std::string& prefix,
 bool may_differ_on_resume(const std::string& key, const Config& current) {
   if (key.rfind("parallel.", 0) == 0 || key.rfind("envelope.", 0) == 0 || key == "train.steps") return true;
   // The same objective with other micro-batches only under the global token mean.
-  return key == "train.micro_batch_size" && current.train.loss_normalization == "global_token_mean";
+  return key == "train.micro_batch_size" &&
+         current.train.loss_normalization == LossNormalization::kGlobalTokenMean;
 }
 
 // Reads a dataset's values and verifies its checksum against the bytes read.
@@ -130,7 +131,7 @@ CheckpointFileWriter::CheckpointFileWriter(const std::string& path, const Config
   writer_.set_attribute("/", "format_version", kFormatVersion);
   writer_.set_attribute("/", "config", to_json(config).dump());
   writer_.set_attribute("/", "layout", layout_json(config).dump());
-  writer_.set_attribute("/", "precision", config.precision);
+  writer_.set_attribute("/", "precision", option_name(config.precision));
   writer_.set_attribute("/", "generator", generator_string());
 }
 

@@ -109,6 +109,8 @@ nlohmann::json read_config_file(const std::string& path) {
   return parsed;
 }
 
+// The string options (options.h) become enums here, in get<>: a name their table does not hold is
+// refused now, so nothing after loading compares strings.
 Config resolve_config(const nlohmann::json& file_json, const std::vector<std::string>& overrides,
                       const std::string& origin) {
   nlohmann::json resolved = default_config_json();
@@ -122,7 +124,7 @@ Config resolve_config(const nlohmann::json& file_json, const std::vector<std::st
   config.train = resolved["train"].get<TrainConfig>();
   config.optim = resolved["optim"].get<OptimConfig>();
   config.parallel = resolved["parallel"].get<ParallelConfig>();
-  config.precision = resolved["precision"].get<std::string>();
+  config.precision = resolved["precision"].get<Precision>();
   config.envelope = resolved["envelope"].get<EnvelopeConfig>();
   return config;
 }
@@ -184,9 +186,6 @@ void validate_config(const Config& c, int world_size) {
               std::to_string(t.micro_batch_size) + ")");
   require(t.steps >= 1, "train.steps", "must be >= 1");
   require(t.seed >= 0, "train.seed", "must be >= 0");
-  require(t.loss_normalization == "global_token_mean" || t.loss_normalization == "per_microbatch_mean",
-          "train.loss_normalization",
-          "must be \"global_token_mean\" or \"per_microbatch_mean\" (got \"" + t.loss_normalization + "\")");
 
   const OptimConfig& o = c.optim;
   require(o.lr >= 0, "optim.lr", "must be >= 0");
@@ -201,8 +200,6 @@ void validate_config(const Config& c, int world_size) {
 
   require(p.tp >= 1, "parallel.tp", "must be >= 1");
   require(p.pp >= 1, "parallel.pp", "must be >= 1");
-  require(p.schedule == "1f1b" || p.schedule == "afab", "parallel.schedule",
-          "must be \"1f1b\" or \"afab\" (got \"" + p.schedule + "\")");
   require(m.num_heads % p.tp == 0 && m.num_kv_heads % p.tp == 0, "parallel.tp",
           "(" + std::to_string(p.tp) + ") must divide model.num_heads and model.num_kv_heads");
   require(m.ffn_hidden_size % p.tp == 0, "parallel.tp", "must divide model.ffn_hidden_size");
@@ -230,8 +227,6 @@ void validate_config(const Config& c, int world_size) {
               std::to_string(world_size) + " process(es) (launch with mpirun -np " +
               std::to_string(p.tp * p.pp * p.dp) + ")");
 
-  require(c.precision == "fp64" || c.precision == "fp32" || c.precision == "bf16", "precision",
-          "must be \"fp64\", \"fp32\" or \"bf16\" (got \"" + c.precision + "\")");
   require(c.envelope.k >= 1, "envelope.k", "must be >= 1 (a tolerance below the measured error cannot pass)");
   require(c.envelope.floor >= 0, "envelope.floor", "must be >= 0");
 }

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "common/options.h"
+
 namespace touchstone {
 
 struct ModelConfig {
@@ -44,7 +46,7 @@ struct TrainConfig {
   int64_t micro_batch_size = 2;   // mbs
   int64_t steps = 3;
   int64_t seed = 1234;
-  std::string loss_normalization = "global_token_mean";  // or "per_microbatch_mean"
+  LossNormalization loss_normalization = LossNormalization::kGlobalTokenMean;
   // BF16: add each micro-batch's FP32 weight gradient straight into the FP32 main gradient (true), or
   // round it to BF16 first (false, as Megatron-LM without gradient-accumulation fusion).
   bool grad_accumulation_fusion = true;
@@ -66,7 +68,7 @@ struct ParallelConfig {
   int64_t tp = 1;
   int64_t pp = 1;
   int64_t dp = 1;
-  std::string schedule = "1f1b";       // or "afab"
+  PipelineSchedule schedule = PipelineSchedule::kOneForwardOneBackward;
   bool sequence_parallel = false;      // shard norm and residual regions along the sequence over tp
   bool distributed_optimizer = false;  // ZeRO-1: optimizer state and master weights sharded over dp
   std::vector<int64_t> stage_layers;   // layers per pipeline stage; empty: num_layers / pp each
@@ -84,7 +86,7 @@ struct Config {
   TrainConfig train;
   OptimConfig optim;
   ParallelConfig parallel;
-  std::string precision = "fp64";  // "fp64" | "fp32" | "bf16"
+  Precision precision = Precision::kFp64;
   EnvelopeConfig envelope;
 
   int64_t num_micro_batches() const { return train.global_batch_size / train.micro_batch_size; }
@@ -97,7 +99,8 @@ nlohmann::json default_config_json();
 
 // Builds a config from defaults, then `file_json` (may be null), then "section.key=value" overrides
 // in order. Throws InputError naming the key (its dotted path) for an unknown key or a value of the
-// wrong type. `origin` names the config file in messages. Does not check cross-key constraints.
+// wrong type, and for a name a string option (options.h) does not know. `origin` names the config file
+// in messages. Does not check cross-key constraints.
 Config resolve_config(const nlohmann::json& file_json, const std::vector<std::string>& overrides,
                       const std::string& origin);
 

@@ -7,20 +7,11 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <string>
 
 #include "common/host_device.h"
+#include "common/options.h"  // enum class Precision: the config's precision, and its names
 
 namespace touchstone {
-
-enum class Precision {
-  kFp64,  // everything in double: the reference
-  kFp32,  // everything in float
-  kBf16,  // mixed precision as production runs it: BF16 weights and activations, FP32 accumulation,
-          // FP32 softmax / norm statistics / cross entropy, FP32 main gradients, master weights, Adam
-};
-Precision parse_precision(const std::string& name);
-std::string precision_name(Precision precision);
 
 // FP32 -> BF16, round to nearest, ties to even; NaN stays NaN (quiet), overflow goes to infinity.
 // Returns the upper 16 bits of the BF16 value's FP32 encoding.

@@ -27,7 +27,7 @@ namespace touchstone {
 namespace {
 
 BackendOptions backend_options(const Config& config) {
-  return BackendOptions{parse_precision(config.precision), config.train.grad_accumulation_fusion};
+  return BackendOptions{config.precision, config.train.grad_accumulation_fusion};
 }
 
 void prepare_checkpoints(const RunOptions& options, const Config& config, PreparedRun& run) {
@@ -79,7 +79,7 @@ PreparedRun prepare_run(const Config& config, const RunOptions& options, int wor
   auto backend = make_cpu_backend(backend_options(config));
   for (auto& t : run.initial_params.tensors)
     backend->round(TensorRole::kState, t.data(), static_cast<int64_t>(t.size()));
-  if (options.envelope && config.precision == "fp64") {
+  if (options.envelope && config.precision == Precision::kFp64) {
     throw InputError("an envelope measures a lower precision against FP64: set precision to bf16 or fp32");
   }
   check_backend_available(options.backend);
@@ -192,8 +192,9 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
                   "step %lld/%lld | %s | loss %.6f | loss tokens %lld | grad norm %.4e | lr %.4e | %.3f s | "
                   "%.0f tok/s | ETA %s",
                   static_cast<long long>(record.step), static_cast<long long>(steps),
-                  config.precision.c_str(), record.loss, static_cast<long long>(record.num_loss_tokens),
-                  record.grad_norm, record.lr, step_seconds, static_cast<double>(tokens_done) / elapsed,
+                  option_name(config.precision).c_str(), record.loss,
+                  static_cast<long long>(record.num_loss_tokens), record.grad_norm, record.lr, step_seconds,
+                  static_cast<double>(tokens_done) / elapsed,
                   format_duration(elapsed / static_cast<double>(record.step - first_step + 1) *
                                   static_cast<double>(steps - record.step))
                       .c_str());
@@ -245,7 +246,7 @@ void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, 
     run_steps(run, run.config, options, local_rank, grid, out, [&](const StepOutputs& step) {
       if (writer_rank) low_precision.push_back(step);
     });
-    golden_config.precision = "fp64";
+    golden_config.precision = Precision::kFp64;
   }
   const ParamTable table(golden_config.model);
   std::unique_ptr<GoldenWriter> golden;

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 
-#include "common/errors.h"
 #include "parallel/pipeline/executor.h"
 
 namespace touchstone {
@@ -19,12 +18,6 @@ ParamTensors master_weights(ParamTensors params, Backend& backend) {
 }
 
 }  // namespace
-
-LossNormalization parse_loss_normalization(const std::string& name) {
-  if (name == "global_token_mean") return LossNormalization::kGlobalTokenMean;
-  if (name == "per_microbatch_mean") return LossNormalization::kPerMicrobatchMean;
-  throw InputError("train.loss_normalization: unknown value \"" + name + "\"");
-}
 
 LossScaling loss_scaling(const GlobalBatch& batch, const std::vector<int64_t>& starts,
                          int64_t micro_batch_size, int64_t global_loss_tokens,
@@ -60,9 +53,9 @@ ObjectiveResult evaluate_objective(const Transformer& model, const ParamTable& t
   if (with_gradients) result.grads = ParamTensors::zeros_like(table);
   const LossScaling scaling =
       loss_scaling(batch, starts, micro_batch_size, result.num_loss_tokens, normalization);
-  const PipelineResult run =
-      run_pipeline("1f1b", model, params, micro_batches, scaling.loss_weights, scaling.backward_weights,
-                   single.context(), 0, with_gradients, result.grads, nullptr);
+  const PipelineResult run = run_pipeline(PipelineSchedule::kOneForwardOneBackward, model, params,
+                                          micro_batches, scaling.loss_weights, scaling.backward_weights,
+                                          single.context(), 0, with_gradients, result.grads, nullptr);
   for (auto& g : result.grads.tensors)
     scale_gradient(model.backend(), scaling.grad_scale, g.data(), static_cast<int64_t>(g.size()));
   result.loss = run.weighted_loss;
@@ -174,8 +167,7 @@ StepRecord Trainer::step(const GlobalBatch& batch, bool collect_outputs) {
   // The timeline holds this step only: events nobody collected are dropped, so a long run stays bounded.
   timeline_.take_events();
   timeline_.reset_origin();
-  const LossScaling scaling = loss_scaling(batch, starts, mbs, loss_tokens,
-                                           parse_loss_normalization(config_.train.loss_normalization));
+  const LossScaling scaling = loss_scaling(batch, starts, mbs, loss_tokens, config_.train.loss_normalization);
   const PipelineResult run = run_pipeline(
       config_.parallel.schedule, model_, bf16_copy.tensors.empty() ? params_ : bf16_copy, micro_batches,
       scaling.loss_weights, scaling.backward_weights, context_, record.step, true, record.grads, &timeline_);

@@ -25,13 +25,8 @@
 
 namespace touchstone {
 
-enum class LossNormalization {
-  kGlobalTokenMean,    // sum of token losses over the global batch / loss tokens in the global batch
-  kPerMicrobatchMean,  // mean over micro-batches of (micro-batch token-loss sum / max(its count, 1))
-};
-LossNormalization parse_loss_normalization(const std::string& name);
-
-// How the normalization enters one step, where Megatron-LM applies it (docs/precision.md):
+// How the normalization (LossNormalization, common/options.h) enters one step, where Megatron-LM
+// applies it (docs/precision.md):
 // - global_token_mean (--calculate-per-token-loss): each micro-batch back-propagates its plain loss sum
 //   (weight 1), and the summed main gradients are multiplied by 1/num_loss_tokens after the dp reduction
 //   (finalize_model_grads), in the main gradients' precision;

@@ -36,7 +36,7 @@ struct Fp64Rank {
   int64_t tp = 1, pp = 1, dp = 1;
   int64_t tp_rank = 0, dp_rank = 0, stage = 0;
   int64_t first_layer = 0, layers = 0;
-  std::string schedule = "1f1b";  // or "afab" (parallel/pipeline/schedule.h)
+  PipelineSchedule schedule = PipelineSchedule::kOneForwardOneBackward;  // parallel/pipeline/schedule.h
   bool sequence_parallel = false, distributed_optimizer = false;
   bool attention_dropout = false, hidden_dropout = false;  // masks kept from forward to backward
   // Trainer::step's collect_outputs (its default, and golden runs): world rank 0 assembles the token

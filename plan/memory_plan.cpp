@@ -69,16 +69,14 @@ void validate_activations(const MemoryPlanInput& in) {
             "--sequence-parallel: --tp (" + str(in.tp) + ") must divide the micro-batch's tokens (" +
                 str(m.seq * in.micro_batch) + ")");
   }
-  require(in.schedule == "1f1b" || in.schedule == "afab",
-          "parallel.schedule: unknown schedule \"" + in.schedule + "\" (1f1b or afab)");
   require(!in.flash_attention || in.activations == ActivationModel::kMegatron16Bit,
           "--flash-attention applies to --activations megatron-16bit only (Touchstone's trainer stores the "
           "attention probabilities)");
   if (!fp64) return;
-  require(in.trainer_precision == "fp64",
-          "--activations touchstone-fp64 replays the trainer in precision "
-          "\"fp64\", not \"" +
-              in.trainer_precision + "\" (its emulation modes add conversion buffers)");
+  require(in.trainer_precision == Precision::kFp64,
+          "--activations touchstone-fp64 replays the trainer in precision \"" +
+              option_name(Precision::kFp64) + "\", not \"" + option_name(in.trainer_precision) +
+              "\" (its emulation modes add conversion buffers)");
   require(in.recompute == Recompute::kNone,
           "--recompute: Touchstone's trainer does not recompute activations");
   require(in.vocab_multiple == 1, "--vocab-multiple: Touchstone's trainer does not pad the vocabulary");

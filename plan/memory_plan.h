@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/options.h"
 #include "plan/memory_model.h"
 
 namespace touchstone::plan {
@@ -29,9 +30,10 @@ struct MemoryPlanInput {
   int64_t tp = 1, pp = 1;
   std::vector<int64_t> dps{1};
   std::vector<int64_t> stage_layers;  // empty: layers / pp on every stage
-  std::string schedule = "1f1b";      // pipeline schedule of the FP64 trainer: "1f1b" or "afab"
-  int64_t micro_batch = 1;            // b, sequences per micro-batch
-  int64_t global_batch = 0;           // sequences per update; 0: unknown (1F1B then holds pp - stage)
+  // The FP64 trainer's pipeline schedule (a Touchstone config's parallel.schedule).
+  PipelineSchedule schedule = PipelineSchedule::kOneForwardOneBackward;
+  int64_t micro_batch = 1;   // b, sequences per micro-batch
+  int64_t global_batch = 0;  // sequences per update; 0: unknown (1F1B then holds pp - stage)
   bool sequence_parallel = false;
   // The FP64 trainer with model.attention_dropout / model.hidden_dropout > 0: it keeps each mask from
   // the forward to the backward (kTouchstoneFp64 activations only).
@@ -39,9 +41,10 @@ struct MemoryPlanInput {
   Recompute recompute = Recompute::kNone;
   bool flash_attention = false;  // 16-bit model: attention scores never stored
   ActivationModel activations = ActivationModel::kNone;
-  std::string trainer_precision = "fp64";  // a Touchstone config's precision (--config)
-  int64_t vocab_multiple = 1;              // pad the vocabulary to a multiple of this x tp (Megatron: 128)
-  double gpu_memory_gb = 0;                // > 0: flag stages that do not fit
+  // A Touchstone config's precision (--config).
+  Precision trainer_precision = Precision::kFp64;
+  int64_t vocab_multiple = 1;  // pad the vocabulary to a multiple of this x tp (Megatron: 128)
+  double gpu_memory_gb = 0;    // > 0: flag stages that do not fit
 };
 
 // Throws InputError for an impossible layout (PP larger than the layers, DP not dividing the batch, a

@@ -285,7 +285,7 @@ DiffResult run_analysis(const std::string& golden_path, const std::string& candi
   result.candidate_path = candidate_path;
   result.candidate_format = candidate.format;
   result.candidate_generator = candidate.generator;
-  result.golden_precision = golden.precision();
+  result.golden_precision = option_name(golden.precision());
   result.tolerance_kind = tolerances.kind();
   result.tolerance_model = tolerances.model_json();
   result.tolerance_text = tolerances.describe();

@@ -29,19 +29,18 @@ struct Rule {
 
 std::vector<Rule> rules_for(const Config& config) {
   const bool masking = config.data.document_masking;
-  const std::string norm = config.train.loss_normalization;
-  const LossNormalization golden_norm = parse_loss_normalization(norm);
+  const LossNormalization golden_norm = config.train.loss_normalization;
   const bool global = golden_norm == LossNormalization::kGlobalTokenMean;
-  const std::string other = global ? "per_microbatch_mean" : "global_token_mean";
+  const LossNormalization other_norm =
+      global ? LossNormalization::kPerMicrobatchMean : LossNormalization::kGlobalTokenMean;
   std::vector<Rule> rules;
   rules.push_back({"loss_normalization",
-                   "wrong loss normalisation: the candidate matches " + other +
+                   "wrong loss normalisation: the candidate matches " + option_name(other_norm) +
                        (global ? " (the mean of the micro-batch means, micro_batch_size " +
                                      std::to_string(config.train.micro_batch_size) + ")"
                                : " (all token losses / all loss tokens)") +
-                       " on the golden batch; the golden run uses " + norm,
-                   masking,
-                   global ? LossNormalization::kPerMicrobatchMean : LossNormalization::kGlobalTokenMean});
+                       " on the golden batch; the golden run uses " + option_name(golden_norm),
+                   masking, other_norm});
   if (masking) {
     rules.push_back({"document_mask_missing",
                      "document mask missing: the candidate matches plain causal attention across documents "

@@ -6,7 +6,6 @@
 #include <limits>
 
 #include "kernels/backend.h"
-#include "kernels/precision.h"
 #include "model/params.h"
 #include "oracle/golden/golden_writer.h"
 #include "oracle/train_step.h"
@@ -242,8 +241,8 @@ std::optional<Judge::UpdatedParams> Judge::reanchored_update(int64_t step) {
   // The envelope: Touchstone's own optimizer in the low precision, replayed on its low-precision
   // gradients at the same anchors, against the FP64 update; elements whose gradient lies within the
   // gradients' envelope of zero at some step are bounded by one step's 2 lr R instead.
-  const auto backend = make_cpu_backend(
-      BackendOptions{parse_precision(envelope->precision), envelope->grad_accumulation_fusion});
+  const auto backend =
+      make_cpu_backend(BackendOptions{envelope->precision, envelope->grad_accumulation_fusion});
   ParamTensors low = *truth_inputs.before;
   for (auto& t : low.tensors) backend->round(TensorRole::kState, t.data(), static_cast<int64_t>(t.size()));
   const ParamTensors before = low;

@@ -29,8 +29,8 @@ std::vector<OptimizerRule> mistaken_optimizer_rules() {
        false, false, 1}};
 }
 
-MasterFormat master_format(const std::string& precision) {
-  return precision == "fp64" ? MasterFormat{0x1p-53, 53} : MasterFormat{0x1p-24, 24};
+MasterFormat master_format(Precision precision) {
+  return precision == Precision::kFp64 ? MasterFormat{0x1p-53, 53} : MasterFormat{0x1p-24, 24};
 }
 
 double global_norm(const ParamTensors& grads) {

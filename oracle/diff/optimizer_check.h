@@ -39,8 +39,8 @@ struct MasterFormat {
   double unit_roundoff = 0x1p-53;  // u: 2^-53 (FP64) or 2^-24 (FP32)
   int digits = 53;                 // significand bits: 53 or 24
 };
-// "fp64" -> FP64; "fp32" and "bf16" (FP32 master weights) -> FP32.
-MasterFormat master_format(const std::string& precision);
+// fp64 -> FP64; fp32 and bf16 (FP32 master weights) -> FP32.
+MasterFormat master_format(Precision precision);
 
 // What AdamW consumes to produce the parameters after update s.
 struct OptimizerInputs {

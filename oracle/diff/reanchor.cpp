@@ -5,7 +5,6 @@
 #include <stdexcept>
 
 #include "kernels/backend.h"
-#include "kernels/precision.h"
 #include "model/params.h"
 #include "optim/optimizer.h"
 #include "parallel/comm/context.h"
@@ -39,12 +38,12 @@ const ParamTensors* Anchors::params_after(int64_t step) {
   return found->second ? &*found->second : nullptr;
 }
 
-StepRecord Anchors::evaluate(const ParamTensors& params, int64_t step, const std::string& precision,
+StepRecord Anchors::evaluate(const ParamTensors& params, int64_t step, Precision precision,
                              bool grad_accumulation_fusion) const {
   Config config = golden_.config();  // one process: the golden file's tensors are full
   config.precision = precision;
   config.train.grad_accumulation_fusion = grad_accumulation_fusion;
-  const auto backend = make_cpu_backend(BackendOptions{parse_precision(precision), grad_accumulation_fusion});
+  const auto backend = make_cpu_backend(BackendOptions{precision, grad_accumulation_fusion});
   // The candidate's parameters as this precision's optimizer stores them (FP32 master weights below
   // FP64), as a run's initial weights are (oracle/run.cpp).
   ParamTensors master = params;
@@ -72,7 +71,7 @@ const AnchoredStep* Anchors::step(int64_t step) {
       return steps_.emplace(step, std::move(anchored)).first->second.get();
     }
     const std::optional<EnvelopeModel>& envelope = tolerances_.envelope();
-    anchored->truth = evaluate(*params, step, envelope ? "fp64" : golden_.precision(),
+    anchored->truth = evaluate(*params, step, envelope ? Precision::kFp64 : golden_.precision(),
                                golden_.config().train.grad_accumulation_fusion);
     if (envelope) {
       anchored->low = evaluate(*params, step, envelope->precision, envelope->grad_accumulation_fusion);
@@ -82,7 +81,7 @@ const AnchoredStep* Anchors::step(int64_t step) {
   return steps_.emplace(step, std::move(anchored)).first->second.get();
 }
 
-StepRecord Anchors::evaluate_at(int64_t step, const std::string& precision) {
+StepRecord Anchors::evaluate_at(int64_t step, Precision precision) {
   const ParamTensors* params = params_after(step - 1);
   if (params == nullptr)
     throw std::logic_error("evaluate_at: no parameters after step " + std::to_string(step - 1));

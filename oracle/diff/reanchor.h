@@ -58,15 +58,15 @@ class Anchors {
   // "grad_norm", or the gradient of parameter `param`) in `record`, shaped like the golden dataset.
   static std::vector<double> value(const StepRecord& record, const std::string& group, int param);
 
-  // Step `step` at params_after(step - 1) in another precision ("fp32", "bf16"), not cached: what a
+  // Step `step` at params_after(step - 1) in another precision (fp32 or bf16), not cached: what a
   // signature compares the candidate's error with. Throws when there are no such parameters.
-  StepRecord evaluate_at(int64_t step, const std::string& precision);
+  StepRecord evaluate_at(int64_t step, Precision precision);
 
   double seconds() const { return seconds_; }  // time spent evaluating steps
   int64_t evaluated() const { return static_cast<int64_t>(steps_.size()); }
 
  private:
-  StepRecord evaluate(const ParamTensors& params, int64_t step, const std::string& precision,
+  StepRecord evaluate(const ParamTensors& params, int64_t step, Precision precision,
                       bool grad_accumulation_fusion) const;
 
   const GoldenReader& golden_;

@@ -269,7 +269,7 @@ std::vector<Verdict> one_layer(const ParamTable& table, const DiffResult& result
 std::vector<Verdict> fp32_inside_fp64(const GoldenReader& golden, const ToleranceModel& tolerances,
                                       Judge& judge, const DiffResult& result, int64_t step) {
   constexpr double kFp32Band = 100.0;
-  if (golden.precision() != "fp64" || tolerances.kind() != "fp64" || tolerances.override_value() ||
+  if (golden.precision() != Precision::kFp64 || tolerances.kind() != "fp64" || tolerances.override_value() ||
       step < 1) {
     return {};
   }
@@ -282,7 +282,7 @@ std::vector<Verdict> fp32_inside_fp64(const GoldenReader& golden, const Toleranc
     return e->status == Status::kFail && e->reason.empty();
   });
   if (!all_fail) return {};
-  const StepRecord fp32 = judge.anchors().evaluate_at(step, "fp32");
+  const StepRecord fp32 = judge.anchors().evaluate_at(step, Precision::kFp32);
   double lowest = std::numeric_limits<double>::infinity(), highest = 0.0;
   for (const Entry* e : grads) {
     const double fp32_error = envelope_error(fp32.grads[e->param], reference_of(judge, *e).values)[0];

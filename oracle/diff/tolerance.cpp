@@ -45,15 +45,26 @@ ToleranceModel::ToleranceModel(const h5::H5Reader& golden, std::optional<double>
   }
   if (!model.is_object()) throw InputError(where + " must be a JSON object");
   kind_ = model.contains("kind") && model["kind"].is_string() ? model["kind"].get<std::string>() : "unnamed";
-  master_precision_ =
-      golden.has_attribute("/", "precision") ? golden.string_attribute("/", "precision") : "fp64";
+  if (golden.has_attribute("/", "precision")) {
+    const std::string name = golden.string_attribute("/", "precision");
+    const std::optional<Precision> precision = find_option<Precision>(name);
+    if (!precision) {
+      throw InputError(golden.path() + ": attribute precision must be " + option_choices<Precision>() +
+                       " (got \"" + name + "\")");
+    }
+    master_precision_ = *precision;
+  }
   // An envelope that names its precision can be measured again at other parameters (re-anchoring).
   if (kind_ == "envelope" && model.contains("precision")) {
     EnvelopeModel envelope;
-    if (!model["precision"].is_string() || (model["precision"] != "bf16" && model["precision"] != "fp32")) {
-      throw InputError(where + ": \"precision\" must be \"bf16\" or \"fp32\" for an envelope");
+    const std::optional<Precision> precision =
+        model["precision"].is_string() ? find_option<Precision>(model["precision"].get<std::string>())
+                                       : std::nullopt;
+    if (!precision || *precision == Precision::kFp64) {
+      throw InputError(where + ": \"precision\" must be \"" + option_name(Precision::kBf16) + "\" or \"" +
+                       option_name(Precision::kFp32) + "\" for an envelope");
     }
-    envelope.precision = model["precision"].get<std::string>();
+    envelope.precision = *precision;
     if (model.contains("grad_accumulation_fusion")) {
       if (!model["grad_accumulation_fusion"].is_boolean()) {
         throw InputError(where + ": \"grad_accumulation_fusion\" must be true or false");

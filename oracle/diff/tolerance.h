@@ -15,6 +15,7 @@
 #include <string>
 
 #include "common/h5_file.h"
+#include "common/options.h"
 
 namespace touchstone::diff {
 
@@ -31,7 +32,7 @@ constexpr double kFp64Tolerance = 1e-10;
 // A golden file with a precision envelope (`touchstone golden --envelope`): the low precision it
 // measured and how its tolerances are derived from the measured error (k x error + floor).
 struct EnvelopeModel {
-  std::string precision;  // "bf16" or "fp32"
+  Precision precision = Precision::kBf16;  // bf16 or fp32
   bool grad_accumulation_fusion = true;
   double k = 4.0, floor = 1e-6;
 
@@ -56,9 +57,9 @@ class ToleranceModel {
   // Whether a step can be judged at other parameters: not for an envelope that names no precision
   // (its tolerances hold at the golden parameters only).
   bool reanchorable() const { return kind_ != "envelope" || envelope_.has_value(); }
-  // The precision of the master weights and the optimizer of the run the golden file describes: "fp64"
+  // The precision of the master weights and the optimizer of the run the golden file describes: fp64
   // for an FP64 file, the envelope's precision for an envelope file, else the file's precision.
-  const std::string& master_precision() const { return master_precision_; }
+  Precision master_precision() const { return master_precision_; }
   const std::string& model_json() const { return json_; }  // as recorded, or the FP64 default
   bool from_file() const { return from_file_; }
   std::optional<double> override_value() const { return override_; }
@@ -72,7 +73,7 @@ class ToleranceModel {
   std::optional<Tolerance> default_;
   std::optional<double> override_;
   std::optional<EnvelopeModel> envelope_;
-  std::string master_precision_;
+  Precision master_precision_ = Precision::kFp64;
 };
 
 }  // namespace touchstone::diff

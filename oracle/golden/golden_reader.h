@@ -25,7 +25,7 @@ class GoldenReader {
   // The run's config with the parallel section reset: tensors in the file are always full.
   const Config& config() const { return config_; }
   const ParamTable& table() const { return table_; }
-  const std::string& precision() const { return config_.precision; }
+  Precision precision() const { return config_.precision; }
   const std::vector<int64_t>& steps() const { return steps_; }  // recorded steps, ascending
 
   bool has(const std::string& path) const { return reader_.exists("/" + path); }

@@ -34,9 +34,9 @@ void write_batches(h5::H5Writer& writer, const std::vector<GlobalBatch>& batches
 std::vector<double> position_loss_weights(const Config& config, const GlobalBatch& batch) {
   const int64_t mbs = config.train.micro_batch_size, T = batch.seq;
   const std::vector<int64_t> starts = micro_batch_starts(batch.windows, mbs, 1, 0);
-  const std::vector<double> weights = loss_scaling(batch, starts, mbs, batch.loss_tokens(0, batch.windows),
-                                                   parse_loss_normalization(config.train.loss_normalization))
-                                          .loss_weights;
+  const std::vector<double> weights =
+      loss_scaling(batch, starts, mbs, batch.loss_tokens(0, batch.windows), config.train.loss_normalization)
+          .loss_weights;
   std::vector<double> per_position(static_cast<size_t>(batch.windows * T), 0.0);
   for (size_t j = 0; j < starts.size(); ++j) {
     for (int64_t i = starts[j] * T; i < (starts[j] + mbs) * T; ++i) {
@@ -85,13 +85,14 @@ GoldenWriter::GoldenWriter(const std::string& path, const Config& config, const 
   write_tensors("/params/init", initial_params);
   writer_.set_attribute("/", "format", std::string("touchstone-golden"));
   writer_.set_attribute("/", "format_version", kFormatVersion);
-  writer_.set_attribute("/", "precision", config.precision);
-  writer_.set_attribute("/", "loss_normalization", config.train.loss_normalization);
+  writer_.set_attribute("/", "precision", option_name(config.precision));
+  writer_.set_attribute("/", "loss_normalization", option_name(config.train.loss_normalization));
   writer_.set_attribute("/", "config", to_json(config).dump());
   // How a comparison decides pass or fail when nothing better is known (docs/golden-format.md).
   writer_.set_attribute("/", "tolerance_model",
-                        config.precision == "fp64" ? std::string(R"({"kind": "fp64", "relative_l2": 1e-10})")
-                                                   : std::string(R"({"kind": "unspecified"})"));
+                        config.precision == Precision::kFp64
+                            ? std::string(R"({"kind": "fp64", "relative_l2": 1e-10})")
+                            : std::string(R"({"kind": "unspecified"})"));
   writer_.set_attribute("/", "grad_accumulation_fusion",
                         static_cast<int64_t>(config.train.grad_accumulation_fusion));
   writer_.set_attribute("/", "backend", backend);
@@ -101,7 +102,7 @@ GoldenWriter::GoldenWriter(const std::string& path, const Config& config, const 
 void GoldenWriter::write_tensors(const std::string& group, const ParamTensors& tensors) {
   for (int id = 0; id < table_.size(); ++id) {
     const std::string path = group + "/" + table_[id].name;
-    if (precision_ == "fp64") {
+    if (precision_ == Precision::kFp64) {
       writer_.write_f64(path, tensors[id].data(), table_[id].shape);
     } else {
       writer_.write_f32(path, tensors[id].data(), table_[id].shape);

@@ -74,7 +74,7 @@ class GoldenWriter {
 
   h5::H5Writer writer_;
   const ParamTable& table_;
-  std::string precision_;
+  Precision precision_;
   GoldenOptions options_;
   EnvelopeConfig envelope_;
   int64_t windows_, seq_;

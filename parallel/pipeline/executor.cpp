@@ -1,14 +1,15 @@
 // The schedule executor: one switch over the action kinds. Tags keep transfers of different
-// micro-batches apart: activation of micro-batch j uses tag 2j, its gradient 2j + 1.
+// micro-batches apart (parallel/comm/message_tags.h).
 #include "parallel/pipeline/executor.h"
 
+#include "parallel/comm/message_tags.h"
 #include "parallel/pipeline/schedule.h"
 
 namespace touchstone {
 
 using pipeline::ActionKind;
 
-PipelineResult run_pipeline(const std::string& schedule, const Transformer& model, const ParamTensors& params,
+PipelineResult run_pipeline(PipelineSchedule schedule, const Transformer& model, const ParamTensors& params,
                             const std::vector<MicroBatch>& micro_batches,
                             const std::vector<double>& loss_weights,
                             const std::vector<double>& backward_weights, const ParallelContext& context,
@@ -16,8 +17,8 @@ PipelineResult run_pipeline(const std::string& schedule, const Transformer& mode
                             pipeline::TimelineRecorder* recorder) {
   const auto m = static_cast<int>(micro_batches.size());
   const int num_stages = context.pp.size(), stage = context.stage();
-  const std::vector<pipeline::Action> actions =
-      pipeline::build_schedule(with_gradients ? schedule : "afab", num_stages, stage, m);
+  const std::vector<pipeline::Action> actions = pipeline::build_schedule(
+      with_gradients ? schedule : PipelineSchedule::kAllForwardAllBackward, num_stages, stage, m);
   const int64_t H = model.hidden_size();
 
   std::vector<Activations> acts(static_cast<size_t>(m));
@@ -41,7 +42,8 @@ PipelineResult run_pipeline(const std::string& schedule, const Transformer& mode
       case ActionKind::kRecvActivation:
         context.set_phase(step, action.micro_batch, "forward");
         inputs[j].resize(static_cast<size_t>(rows * H));
-        context.pp.recv(inputs[j].data(), rows * H, action.peer_stage, 2 * action.micro_batch, shape);
+        context.pp.recv(inputs[j].data(), rows * H, action.peer_stage,
+                        message_tags::pipeline_activation(action.micro_batch), shape);
         break;
       case ActionKind::kForward:
         context.set_phase(step, action.micro_batch, "forward");
@@ -54,16 +56,20 @@ PipelineResult run_pipeline(const std::string& schedule, const Transformer& mode
           result.weighted_loss += loss_weights[j] * sum;
           result.token_losses[j] = acts[j].token_losses;
         }
-        if (!with_gradients) acts[j] = {};
+        // Without a backward the activations are done with once the next stage has them.
+        if (!with_gradients && context.last_stage()) acts[j] = {};
         break;
       case ActionKind::kSendActivation:
         context.set_phase(step, action.micro_batch, "forward");
-        context.pp.send(acts[j].x_final.data(), rows * H, action.peer_stage, 2 * action.micro_batch, shape);
+        context.pp.send(acts[j].x_final.data(), rows * H, action.peer_stage,
+                        message_tags::pipeline_activation(action.micro_batch), shape);
+        if (!with_gradients) acts[j] = {};  // the send copied what it needs
         break;
       case ActionKind::kRecvGradient:
         context.set_phase(step, action.micro_batch, "backward");
         d_outputs[j].resize(static_cast<size_t>(rows * H));
-        context.pp.recv(d_outputs[j].data(), rows * H, action.peer_stage, 2 * action.micro_batch + 1, shape);
+        context.pp.recv(d_outputs[j].data(), rows * H, action.peer_stage,
+                        message_tags::pipeline_gradient(action.micro_batch), shape);
         break;
       case ActionKind::kBackward:
         context.set_phase(step, action.micro_batch, "backward");
@@ -75,7 +81,8 @@ PipelineResult run_pipeline(const std::string& schedule, const Transformer& mode
         break;
       case ActionKind::kSendGradient:
         context.set_phase(step, action.micro_batch, "backward");
-        context.pp.send(d_inputs[j].data(), rows * H, action.peer_stage, 2 * action.micro_batch + 1, shape);
+        context.pp.send(d_inputs[j].data(), rows * H, action.peer_stage,
+                        message_tags::pipeline_gradient(action.micro_batch), shape);
         break;
     }
   }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/options.h"
 #include "model/transformer.h"
 #include "parallel/comm/context.h"
 #include "parallel/pipeline/timeline.h"
@@ -24,7 +25,7 @@ struct PipelineResult {
 // `backward_weights[j]` is the weight micro-batch j's backward starts from (the cross entropy backward's
 // incoming gradient; see LossScaling in oracle/train_step.h). Without gradients only the forward passes
 // run (all-forward order), for evaluating the objective alone.
-PipelineResult run_pipeline(const std::string& schedule, const Transformer& model, const ParamTensors& params,
+PipelineResult run_pipeline(PipelineSchedule schedule, const Transformer& model, const ParamTensors& params,
                             const std::vector<MicroBatch>& micro_batches,
                             const std::vector<double>& loss_weights,
                             const std::vector<double>& backward_weights, const ParallelContext& context,

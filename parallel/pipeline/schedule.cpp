@@ -61,11 +61,8 @@ MessageKey message_key(const Action& action, int stage) {
 
 }  // namespace
 
-std::vector<Action> build_schedule(const std::string& name, int num_stages, int stage,
+std::vector<Action> build_schedule(PipelineSchedule schedule, int num_stages, int stage,
                                    int num_micro_batches) {
-  if (name != "afab" && name != "1f1b") {
-    throw std::invalid_argument("unknown pipeline schedule '" + name + "' (expected \"afab\" or \"1f1b\")");
-  }
   if (num_stages < 1) {
     throw std::invalid_argument("pipeline schedule: num_stages must be >= 1, got " +
                                 std::to_string(num_stages));
@@ -81,7 +78,7 @@ std::vector<Action> build_schedule(const std::string& name, int num_stages, int 
 
   StageListBuilder list(num_stages, stage);
   const int m = num_micro_batches;
-  if (name == "afab") {
+  if (schedule == PipelineSchedule::kAllForwardAllBackward) {
     for (int j = 0; j < m; ++j) list.forward(j);
     for (int j = 0; j < m; ++j) list.backward(j);
   } else {
@@ -98,7 +95,7 @@ std::vector<Action> build_schedule(const std::string& name, int num_stages, int 
   return list.take();
 }
 
-std::vector<std::vector<Action>> build_all_schedules(const std::string& name, int num_stages,
+std::vector<std::vector<Action>> build_all_schedules(PipelineSchedule schedule, int num_stages,
                                                      int num_micro_batches) {
   if (num_stages < 1) {
     throw std::invalid_argument("pipeline schedule: num_stages must be >= 1, got " +
@@ -106,7 +103,7 @@ std::vector<std::vector<Action>> build_all_schedules(const std::string& name, in
   }
   std::vector<std::vector<Action>> lists;
   for (int stage = 0; stage < num_stages; ++stage) {
-    lists.push_back(build_schedule(name, num_stages, stage, num_micro_batches));
+    lists.push_back(build_schedule(schedule, num_stages, stage, num_micro_batches));
   }
   return lists;
 }
@@ -197,13 +194,13 @@ SimulationResult simulate_schedules(const std::vector<std::vector<Action>>& per_
   return result;
 }
 
-std::vector<std::vector<TimelineEvent>> simulate_timeline(const std::string& name, int num_stages,
+std::vector<std::vector<TimelineEvent>> simulate_timeline(PipelineSchedule schedule, int num_stages,
                                                           int num_micro_batches) {
-  SimulationResult result = simulate_schedules(build_all_schedules(name, num_stages, num_micro_batches));
+  SimulationResult result = simulate_schedules(build_all_schedules(schedule, num_stages, num_micro_batches));
   if (!result.completed || result.unreceived_sends != 0) {
-    throw std::logic_error("pipeline schedule '" + name + "' deadlocks or leaves messages unreceived for " +
-                           std::to_string(num_stages) + " stages and " + std::to_string(num_micro_batches) +
-                           " micro-batches");
+    throw std::logic_error("pipeline schedule '" + option_name(schedule) +
+                           "' deadlocks or leaves messages unreceived for " + std::to_string(num_stages) +
+                           " stages and " + std::to_string(num_micro_batches) + " micro-batches");
   }
   return std::move(result.timeline);
 }

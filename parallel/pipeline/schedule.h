@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "common/options.h"  // PipelineSchedule: parallel.schedule, parsed with the config
 #include "parallel/pipeline/timeline.h"
 
 namespace touchstone::pipeline {
@@ -38,12 +39,13 @@ struct Action {
   friend bool operator==(const Action&, const Action&) = default;
 };
 
-// The complete ordered list for `stage`. Throws std::invalid_argument for an unknown name,
-// num_stages < 1, stage outside [0, num_stages) or num_micro_batches < 1.
-std::vector<Action> build_schedule(const std::string& name, int num_stages, int stage, int num_micro_batches);
+// The complete ordered list for `stage`. Throws std::invalid_argument for num_stages < 1, stage outside
+// [0, num_stages) or num_micro_batches < 1.
+std::vector<Action> build_schedule(PipelineSchedule schedule, int num_stages, int stage,
+                                   int num_micro_batches);
 
 // Every stage's list, index = stage.
-std::vector<std::vector<Action>> build_all_schedules(const std::string& name, int num_stages,
+std::vector<std::vector<Action>> build_all_schedules(PipelineSchedule schedule, int num_stages,
                                                      int num_micro_batches);
 
 // Space-separated tokens (timeline.h), the expected counterpart of render_order() of a record.
@@ -73,9 +75,9 @@ struct SimulationResult {
 SimulationResult simulate_schedules(const std::vector<std::vector<Action>>& per_stage,
                                     const UnitCosts& costs = {});
 
-// The ideal timeline of a named schedule: simulate_schedules of build_all_schedules with unit costs
+// The ideal timeline of a schedule: simulate_schedules of build_all_schedules with unit costs
 // (forward 1, backward 2, transfers 0). Throws std::logic_error if the schedule does not complete.
-std::vector<std::vector<TimelineEvent>> simulate_timeline(const std::string& name, int num_stages,
+std::vector<std::vector<TimelineEvent>> simulate_timeline(PipelineSchedule schedule, int num_stages,
                                                           int num_micro_batches);
 
 }  // namespace touchstone::pipeline

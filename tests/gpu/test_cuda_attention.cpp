@@ -151,7 +151,7 @@ TEST(CudaAttention, MatchesTheCpuReference) {
     const bool bf16 = precision == Precision::kBf16;
     for (const AttentionCase& c : cases()) {
       for (const double dropout : {0.0, 0.25}) {
-        SCOPED_TRACE(precision_name(precision) + " " + c.name + (dropout > 0.0 ? " with dropout" : ""));
+        SCOPED_TRACE(option_name(precision) + " " + c.name + (dropout > 0.0 ? " with dropout" : ""));
         const AttentionShape& s = c.shape;
         const int64_t T = s.seq, D = s.head_dim, heads_per_group = s.num_heads / s.num_kv_heads;
         const Operands o = operands(c, precision, dropout);
@@ -178,7 +178,7 @@ TEST(CudaAttention, MatchesTheCpuReference) {
 
 TEST(CudaAttention, TwoCallsGiveIdenticalBits) {
   for (const Precision precision : kAllPrecisions) {
-    SCOPED_TRACE(precision_name(precision));
+    SCOPED_TRACE(option_name(precision));
     BackendPair pair(precision);
     for (const AttentionCase& c : cases()) {
       if (c.name != "documents_300") continue;  // GQA, documents, rows longer than the block

@@ -219,7 +219,7 @@ TEST_P(CudaKernels, TwoIdenticalCallsGiveIdenticalBits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllPrecisions, CudaKernels, ::testing::ValuesIn(kAllPrecisions),
-                         [](const auto& test) { return precision_name(test.param); });
+                         [](const auto& test) { return option_name(test.param); });
 
 }  // namespace
 }  // namespace touchstone::gpu_testing

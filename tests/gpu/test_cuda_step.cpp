@@ -17,7 +17,7 @@ namespace {
 
 // The built-in acceptance data on a model with every feature on: GQA, packed documents with masking,
 // dropout in attention and the hidden states, several micro-batches per step.
-Config step_config(const std::string& precision) {
+Config step_config(Precision precision) {
   Config c;
   c.model.vocab_size = 64;
   c.model.hidden_size = 48;
@@ -43,7 +43,7 @@ struct TrainedRun {
 
 TrainedRun train(const Config& config, BackendKind backend_kind) {
   const PreparedRun prepared = prepare_run(config, RunOptions{});
-  auto backend = make_backend(backend_kind, BackendOptions{parse_precision(config.precision), true});
+  auto backend = make_backend(backend_kind, BackendOptions{config.precision, true});
   SingleProcessContext single;
   Trainer trainer(config, prepared.initial_params, *backend, single.context());
   TrainedRun run;
@@ -65,7 +65,7 @@ bool bitwise_equal(const ParamTensors& a, const ParamTensors& b) {
 }
 
 TEST(CudaStep, Fp64StepsMatchTheCpuGoldenWithin1e12) {
-  const Config config = step_config("fp64");
+  const Config config = step_config(Precision::kFp64);
   const TrainedRun cpu = train(config, BackendKind::kCpu), gpu = train(config, BackendKind::kCuda);
   // The bound for an FP64 GPU run against the CPU golden file. Both compute every sum in double
   // with reduction lengths below 10^3 (u = 1.1e-16), so the orders differ by ~1e-14 per operator;
@@ -83,9 +83,9 @@ TEST(CudaStep, Fp64StepsMatchTheCpuGoldenWithin1e12) {
 }
 
 TEST(CudaStep, Bf16StepsStayInsideTheCpuBf16Envelope) {
-  const TrainedRun fp64 = train(step_config("fp64"), BackendKind::kCpu);
-  const TrainedRun cpu = train(step_config("bf16"), BackendKind::kCpu),
-                   gpu = train(step_config("bf16"), BackendKind::kCuda);
+  const TrainedRun fp64 = train(step_config(Precision::kFp64), BackendKind::kCpu);
+  const TrainedRun cpu = train(step_config(Precision::kBf16), BackendKind::kCpu),
+                   gpu = train(step_config(Precision::kBf16), BackendKind::kCuda);
   // The golden file's envelope rule (docs/precision.md): a BF16 result passes when its relative L2
   // error against FP64 is at most k * (the reference BF16 run's error) + floor, k = 4, floor = 1e-6.
   // Gradients of the first step (before any update can amplify a sign flip of a near-zero gradient,
@@ -102,13 +102,14 @@ TEST(CudaStep, Bf16StepsStayInsideTheCpuBf16Envelope) {
 }
 
 TEST(CudaStep, TwoIdenticalGpuRunsAreBitwiseIdentical) {
-  for (const std::string precision : {"fp64", "bf16"}) {
+  for (const Precision precision : {Precision::kFp64, Precision::kBf16}) {
     const TrainedRun first = train(step_config(precision), BackendKind::kCuda),
                      second = train(step_config(precision), BackendKind::kCuda);
+    const std::string name = option_name(precision);
     for (size_t s = 0; s < first.losses.size(); ++s) {
-      EXPECT_EQ(std::memcmp(&first.losses[s], &second.losses[s], sizeof(double)), 0) << precision;
-      EXPECT_TRUE(bitwise_equal(first.grads[s], second.grads[s])) << precision << " step " << s + 1;
-      EXPECT_TRUE(bitwise_equal(first.params[s], second.params[s])) << precision << " step " << s + 1;
+      EXPECT_EQ(std::memcmp(&first.losses[s], &second.losses[s], sizeof(double)), 0) << name;
+      EXPECT_TRUE(bitwise_equal(first.grads[s], second.grads[s])) << name << " step " << s + 1;
+      EXPECT_TRUE(bitwise_equal(first.params[s], second.params[s])) << name << " step " << s + 1;
     }
   }
 }

@@ -138,7 +138,7 @@ struct Mode {
 };
 
 std::string describe(const Mode& mode) {
-  return precision_name(mode.precision) + (mode.distributed ? " distributed" : " replicated") +
+  return option_name(mode.precision) + (mode.distributed ? " distributed" : " replicated") +
          (mode.clip_grad > 0 ? " clip on" : " clip off");
 }
 

@@ -129,9 +129,10 @@ TEST_F(PipelineExecutorTest, EqualsTheWholeModelOnOneRankAndFollowsTheSchedule) 
   Stage stage(c, table, full_params, *grid);
   const int num_stages = stage.context.pp.size(), s = stage.context.stage();
 
-  for (const char* schedule : {"1f1b", "afab"}) {
+  for (const PipelineSchedule schedule :
+       {PipelineSchedule::kOneForwardOneBackward, PipelineSchedule::kAllForwardAllBackward}) {
     for (int m : {1, 3, kMaxMicroBatches}) {
-      SCOPED_TRACE(std::string(schedule) + ", " + std::to_string(m) + " micro-batches");
+      SCOPED_TRACE(option_name(schedule) + ", " + std::to_string(m) + " micro-batches");
       std::vector<MicroBatch> micro_batches;
       for (int j = 0; j < m; ++j)
         micro_batches.push_back(batch.micro_batch(j * kWindowsPerMicroBatch, kWindowsPerMicroBatch));
@@ -193,12 +194,43 @@ TEST_F(PipelineExecutorTest, WithoutGradientsRunsTheForwardsOnly) {
   const ParamTensors untouched = grads;
   pipeline::TimelineRecorder recorder(0);
   const PipelineResult result =
-      run_pipeline("1f1b", model, params, micro_batches, loss_weights(m), backward_weights(m),
-                   single.context(), 1, false, grads, &recorder);
+      run_pipeline(PipelineSchedule::kOneForwardOneBackward, model, params, micro_batches, loss_weights(m),
+                   backward_weights(m), single.context(), 1, false, grads, &recorder);
   EXPECT_EQ(grads.tensors, untouched.tensors);
   EXPECT_EQ(result.weighted_loss, reference.weighted_loss);
   EXPECT_EQ(result.token_losses, reference.token_losses);
   EXPECT_EQ(pipeline::render_order(recorder.events(), 1, true)[0], "F0 F1 F2 F3 F4");
+}
+
+// Without gradients over several stages: each stage sends its activations on and frees them after
+// the send; the last stage's losses equal the whole model's, and no gradient is touched.
+TEST_F(PipelineExecutorTest, WithoutGradientsAcrossStagesSendsTheForwardsOnly) {
+  const Config c = pipeline_config();
+  const ParamTable table(c.model);
+  const ParamTensors full_params = init_parameters(table, c.model, 7);
+  const GlobalBatch batch = testing::batch_from_documents(c, documents());
+  std::unique_ptr<Grid> grid = Grid::create(GridLayout{1, 1, testing::world_size()});
+  Stage stage(c, table, full_params, *grid);
+  const int m = kMaxMicroBatches;
+  std::vector<MicroBatch> micro_batches;
+  for (int j = 0; j < m; ++j) {
+    micro_batches.push_back(batch.micro_batch(j * kWindowsPerMicroBatch, kWindowsPerMicroBatch));
+  }
+  const Reference reference = whole_model_reference(c, table, full_params, micro_batches);
+  for (const PipelineSchedule schedule :
+       {PipelineSchedule::kOneForwardOneBackward, PipelineSchedule::kAllForwardAllBackward}) {
+    SCOPED_TRACE(option_name(schedule));
+    ParamTensors grads = stage.plan.zeros();
+    const ParamTensors untouched = grads;
+    const PipelineResult result =
+        run_pipeline(schedule, stage.model, stage.params, micro_batches, loss_weights(m), backward_weights(m),
+                     stage.context, 1, false, grads, nullptr);
+    EXPECT_EQ(grads.tensors, untouched.tensors);
+    if (stage.context.last_stage()) {
+      EXPECT_EQ(result.weighted_loss, reference.weighted_loss);
+      EXPECT_EQ(result.token_losses, reference.token_losses);
+    }
+  }
 }
 
 }  // namespace

@@ -212,7 +212,7 @@ TEST_F(CheckpointTest, ALayoutChangeIsAccepted) {
   expect_same(store_.load_latest(other_layout, false)->state, state_at(config_, 2));
   // Other micro-batches are another objective under per_microbatch_mean.
   Config per_microbatch = config_;
-  per_microbatch.train.loss_normalization = "per_microbatch_mean";
+  per_microbatch.train.loss_normalization = LossNormalization::kPerMicrobatchMean;
   save(store_, per_microbatch, state_at(per_microbatch, 3));
   per_microbatch.train.micro_batch_size = 4;
   expect_input_error([&] { store_.load_latest(per_microbatch, false); }, {"train.micro_batch_size"});

@@ -1,11 +1,15 @@
 // Config resolution and validation: every key has a default, unknown keys and wrong types are errors
-// naming the key, overrides apply in order, impossible shapes are refused before any compute.
+// naming the key, overrides apply in order, impossible shapes are refused before any compute, and
+// string options become enums at load, every value spelled by one table (common/options.h).
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <set>
+#include <string>
 
 #include "common/config.h"
 #include "common/errors.h"
+#include "common/options.h"
 
 namespace touchstone {
 namespace {
@@ -95,6 +99,61 @@ TEST(Config, ImpossibleShapesAreRefused) {
   EXPECT_EQ(invalid("model.hidden_dropout=-0.5"),
             "config: model.hidden_dropout must be in [0, 1) (got -0.5)");
   EXPECT_EQ(invalid("model.hidden_dropout=0.999"), "");
+}
+
+// Every value of a string option: name -> enum -> name, directly and through the config reader and
+// to_json (the JSON of `touchstone config` and of a golden file's config spells the name).
+template <typename Option>
+void expect_every_value_round_trips(const std::function<Option(const Config&)>& read) {
+  const std::string key(OptionTable<Option>::key);
+  std::string pointer = "/" + key;
+  for (char& c : pointer) c = c == '.' ? '/' : c;
+  std::set<std::string> names;
+  std::set<Option> values;
+  for (const auto& entry : OptionTable<Option>::names) {
+    const std::string name(entry.name);
+    SCOPED_TRACE(key + " = " + name);
+    names.insert(name);
+    values.insert(entry.value);
+    EXPECT_EQ(parse_option<Option>(name), entry.value);
+    EXPECT_EQ(option_name(parse_option<Option>(name)), name);
+    EXPECT_EQ(find_option<Option>(name), entry.value);
+    const Config config = resolve_config(nullptr, {key + "=" + name}, "c");
+    EXPECT_EQ(read(config), entry.value);
+    EXPECT_EQ(to_json(config).at(nlohmann::json::json_pointer(pointer)), name);
+  }
+  EXPECT_EQ(names.size(), OptionTable<Option>::names.size()) << key << ": a name spelled twice";
+  EXPECT_EQ(values.size(), OptionTable<Option>::names.size()) << key << ": a value named twice";
+}
+
+TEST(ConfigOptions, EveryValueRoundTripsNameToEnumToName) {
+  expect_every_value_round_trips<Precision>([](const Config& c) { return c.precision; });
+  expect_every_value_round_trips<LossNormalization>(
+      [](const Config& c) { return c.train.loss_normalization; });
+  expect_every_value_round_trips<PipelineSchedule>([](const Config& c) { return c.parallel.schedule; });
+  EXPECT_EQ(option_choices<Precision>(), "\"fp64\", \"fp32\" or \"bf16\"");
+  EXPECT_EQ(option_choices<PipelineSchedule>(), "\"1f1b\" or \"afab\"");
+}
+
+TEST(ConfigOptions, AnUnknownNameIsRefusedAtLoadNamingTheKey) {
+  EXPECT_EQ(error_of([] { resolve_config(nullptr, {"precision=fp16"}, "c"); }),
+            "config: precision must be \"fp64\", \"fp32\" or \"bf16\" (got \"fp16\")");
+  EXPECT_EQ(error_of([] { resolve_config(nullptr, {"train.loss_normalization=mean"}, "c"); }),
+            "config: train.loss_normalization must be \"global_token_mean\" or \"per_microbatch_mean\" "
+            "(got \"mean\")");
+  EXPECT_EQ(error_of([] {
+              resolve_config({{"parallel", {{"schedule", "gpipe"}}}}, {}, "c.json");
+            }),
+            "config: parallel.schedule must be \"1f1b\" or \"afab\" (got \"gpipe\")");
+  // Names are exact: no case folding.
+  EXPECT_FALSE(find_option<Precision>("FP64").has_value());
+  EXPECT_EQ(error_of([] { parse_option<Precision>("FP64"); }),
+            "config: precision must be \"fp64\", \"fp32\" or \"bf16\" (got \"FP64\")");
+  // A value of another type is still a type error naming the file.
+  EXPECT_EQ(error_of([] {
+              resolve_config({{"precision", 64}}, {}, "c.json");
+            }),
+            "c.json: precision must be a string, got 64");
 }
 
 }  // namespace

@@ -183,8 +183,8 @@ inline GoldenRun write_golden(const fs::path& path, const Config& config) {
 // from `params` on `batch`: what a candidate with that mistake records.
 inline StepRecord trainer_step(const Config& config, const ParamTensors& params, int64_t step,
                                const GlobalBatch& batch) {
-  const auto backend = make_cpu_backend(
-      BackendOptions{parse_precision(config.precision), config.train.grad_accumulation_fusion});
+  const auto backend =
+      make_cpu_backend(BackendOptions{config.precision, config.train.grad_accumulation_fusion});
   SingleProcessContext single;
   Trainer trainer(config, params, *backend, single.context());
   const AdamWState zeros = AdamWState::zeros_like(params);

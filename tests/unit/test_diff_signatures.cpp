@@ -32,7 +32,7 @@ class RecomputedRules : public ::testing::Test {
     config.data.document_masking = false;
     unmasked_ = std::make_unique<GoldenRun>(write_golden(directory_->path() / "golden_unmasked.h5", config));
     config.data.document_masking = true;
-    config.train.loss_normalization = "per_microbatch_mean";
+    config.train.loss_normalization = LossNormalization::kPerMicrobatchMean;
     per_microbatch_ =
         std::make_unique<GoldenRun>(write_golden(directory_->path() / "golden_per_microbatch.h5", config));
   }
@@ -93,14 +93,14 @@ TEST_F(RecomputedRules, ACandidateEqualToTheGoldenStepPassesWithoutVerdicts) {
 TEST_F(RecomputedRules, LossNormalization) {
   // global_token_mean golden, the candidate the mean of the micro-batch means; and the other way round.
   Config config = masked_->config;
-  config.train.loss_normalization = "per_microbatch_mean";
+  config.train.loss_normalization = LossNormalization::kPerMicrobatchMean;
   const DiffResult per_microbatch =
       analyse(*masked_, dump(*masked_, trainer_step(config, masked_->init, 1, masked_->batch(1))), "norm_pm");
   expect_verdicts(per_microbatch, {"loss_normalization"});
   EXPECT_EQ(entry_of(per_microbatch, "steps/1/loss").status, Status::kFail);
   EXPECT_EQ(entry_of(per_microbatch, "steps/1/token_losses").status, Status::kPass);  // not the normalisation
 
-  config.train.loss_normalization = "global_token_mean";
+  config.train.loss_normalization = LossNormalization::kGlobalTokenMean;
   const StepRecord global = trainer_step(config, per_microbatch_->init, 1, per_microbatch_->batch(1));
   expect_verdicts(analyse(*per_microbatch_, dump(*per_microbatch_, global), "norm_global"),
                   {"loss_normalization"});
@@ -167,7 +167,7 @@ TEST_F(RecomputedRules, Fp32InsideFp64) {
   // Touchstone's FP32 mode from the golden parameters: every gradient off by FP32 roundoff, the error
   // ratio to Touchstone's FP32 step exactly 1 (the same computation), inside the factor-100 band.
   Config config = masked_->config;
-  config.precision = "fp32";
+  config.precision = Precision::kFp32;
   const StepRecord record = trainer_step(config, masked_->init, 1, masked_->batch(1));
   const DiffResult result = analyse(*masked_, dump(*masked_, record), "fp32");
   expect_verdicts(result, {"fp32_in_fp64"});
@@ -185,7 +185,7 @@ TEST_F(RecomputedRules, Fp32InsideFp64OnlyWithinAFactor100OfFp32sError) {
   // is no longer FP32 arithmetic; nothing else matches it either). Every gradient still fails at
   // k = 1/30: FP32's relative error here is ~1e-7, 1/30 of it is 30 x the file's 1e-10.
   Config config = masked_->config;
-  config.precision = "fp32";
+  config.precision = Precision::kFp32;
   const StepRecord fp32 = trainer_step(config, masked_->init, 1, masked_->batch(1));
   for (const double k : {1.0 / 30, 30.0, 300.0}) {
     SCOPED_TRACE("k = " + std::to_string(k));

@@ -290,7 +290,7 @@ TEST(ExpectedUpdate, TouchstonesFp32AdamWLandsInsideTheFp32BoundsAndEveryMistake
       norms.push_back(recorded_norm ? norm : std::numeric_limits<double>::quiet_NaN());
       const OptimizerInputs inputs{replayed, norms, nullptr, &before};
       const ExpectedUpdate expected =
-          expected_update(p.table, p.optim, inputs, OptimizerRule{}, master_format("fp32"));
+          expected_update(p.table, p.optim, inputs, OptimizerRule{}, master_format(Precision::kFp32));
       const double ratio = worst_ratio(params, expected);
       worst = std::max(worst, ratio);
       EXPECT_LE(ratio, 1.0) << "update " << s;
@@ -304,7 +304,7 @@ TEST(ExpectedUpdate, TouchstonesFp32AdamWLandsInsideTheFp32BoundsAndEveryMistake
       }
       for (const OptimizerRule& rule : mistaken_optimizer_rules()) {
         const ExpectedUpdate mistaken =
-            expected_update(p.table, p.optim, inputs, rule, master_format("fp32"));
+            expected_update(p.table, p.optim, inputs, rule, master_format(Precision::kFp32));
         EXPECT_GT(worst_ratio(params, mistaken), 1.0) << rule.signature << " at update " << s;
       }
     }

@@ -105,8 +105,8 @@ TEST(PlanMemory, InFlightMicroBatchesMatchThe1F1BSchedule) {
   for (int p : {1, 2, 4, 8}) {
     for (int m : {1, 3, 8, 24}) {
       for (int s = 0; s < p; ++s) {
-        EXPECT_EQ(in_flight_micro_batches(s, p, m),
-                  pipeline::peak_in_flight(pipeline::build_schedule("1f1b", p, s, m)))
+        EXPECT_EQ(in_flight_micro_batches(s, p, m), pipeline::peak_in_flight(pipeline::build_schedule(
+                                                        PipelineSchedule::kOneForwardOneBackward, p, s, m)))
             << "p=" << p << " m=" << m << " s=" << s;
       }
     }
@@ -275,8 +275,8 @@ TEST(PlanMemory, RankPredictionTermsAddUpOnEveryRank) {
     EXPECT_DOUBLE_EQ(named, r.peak.staging);
     EXPECT_DOUBLE_EQ(r.total(), r.state.total() + r.activations() + r.transient() + r.peak.staging);
     // Every peak here is in a backward, with all the schedule's in-flight micro-batches stored.
-    EXPECT_EQ(r.in_flight,
-              pipeline::peak_in_flight(pipeline::build_schedule("1f1b", 2, static_cast<int>(r.stage), 2)));
+    EXPECT_EQ(r.in_flight, pipeline::peak_in_flight(pipeline::build_schedule(
+                               PipelineSchedule::kOneForwardOneBackward, 2, static_cast<int>(r.stage), 2)));
     EXPECT_EQ(r.peak.stored_micro_batches, r.in_flight);
     EXPECT_GT(r.transient(), 0);
     EXPECT_GE(r.total_sends_held, r.total());

@@ -42,7 +42,8 @@ TEST(Bf16Rounding, MatchesTheReferenceOnEveryFp32BitPattern) {
     const uint16_t got = bf16_bits_from_float(std::bit_cast<float>(bits)), want = reference_bf16(bits);
     const bool both_nan = std::isnan(float_from_bf16_bits(got)) && std::isnan(float_from_bf16_bits(want));
     if (got != want && !both_nan) {
-      if (mismatches++ < 5) ADD_FAILURE() << std::hex << "bits 0x" << bits << ": got 0x" << got << ", want 0x" << want;
+      if (mismatches++ < 5)
+        ADD_FAILURE() << std::hex << "bits 0x" << bits << ": got 0x" << got << ", want 0x" << want;
     }
   }
   EXPECT_EQ(mismatches, 0u);
@@ -76,7 +77,8 @@ TEST(Bf16Gemm, StaysInsideItsBoundAndReallyRounds) {
     for (int64_t i = 0; i < M; ++i) {
       for (int64_t j = 0; j < N; ++j) {
         double magnitudes = 0.0;
-        for (int64_t k = 0; k < K; ++k) magnitudes += std::abs(a[static_cast<size_t>(i * K + k)] * b[static_cast<size_t>(k * N + j)]);
+        for (int64_t k = 0; k < K; ++k)
+          magnitudes += std::abs(a[static_cast<size_t>(i * K + k)] * b[static_cast<size_t>(k * N + j)]);
         const double r = ref[static_cast<size_t>(i * N + j)];
         const double bound = gamma * magnitudes + u16 * std::abs(r) * (1 + gamma);
         const double error = std::abs(c[static_cast<size_t>(i * N + j)] - r);
@@ -91,7 +93,7 @@ TEST(Bf16Gemm, StaysInsideItsBoundAndReallyRounds) {
 
 // ---- training steps in FP32 and BF16 against FP64 --------------------------------------------------
 
-Config small_config(const std::string& precision) {
+Config small_config(Precision precision) {
   Config c;
   c.model.vocab_size = 64;
   c.model.hidden_size = 32;
@@ -107,7 +109,7 @@ Config small_config(const std::string& precision) {
 // Gradients of step 1 from the same (FP32-representable) initial weights.
 ParamTensors step1_grads(Config config, const ParamTensors& init) {
   const PreparedRun run = prepare_run(config, RunOptions{});
-  auto backend = make_cpu_backend(BackendOptions{parse_precision(config.precision), config.train.grad_accumulation_fusion});
+  auto backend = make_cpu_backend(BackendOptions{config.precision, config.train.grad_accumulation_fusion});
   SingleProcessContext single;
   Trainer trainer(config, init, *backend, single.context());
   return trainer.step(run.batches[0]).grads;
@@ -123,12 +125,14 @@ double envelope_bound(double eps_storage, const Config& c) {
 }
 
 TEST(PrecisionModes, Fp32AndBf16StepsAgainstFp64) {
-  const Config fp64 = small_config("fp64");
-  const ParamTensors init = prepare_run(small_config("fp32"), RunOptions{}).initial_params;  // FP32 values
+  const Config fp64 = small_config(Precision::kFp64);
+  const ParamTensors init =
+      prepare_run(small_config(Precision::kFp32), RunOptions{}).initial_params;  // FP32 values
   const ParamTensors reference = step1_grads(fp64, init);
   const ParamTable table(fp64.model);
-  const ParamTensors fp32 = step1_grads(small_config("fp32"), init), bf16 = step1_grads(small_config("bf16"), init);
-  Config unfused = small_config("bf16");
+  const ParamTensors fp32 = step1_grads(small_config(Precision::kFp32), init),
+                     bf16 = step1_grads(small_config(Precision::kBf16), init);
+  Config unfused = small_config(Precision::kBf16);
   unfused.train.grad_accumulation_fusion = false;
   const ParamTensors bf16_unfused = step1_grads(unfused, init);
   const double fp32_bound = envelope_bound(std::ldexp(1.0, -23), fp64);

@@ -195,7 +195,7 @@ class FormatCheckingBackend final : public Backend {
 
 Config bf16_dropout_config(bool fusion) {
   Config c = testing::tiny_config();
-  c.precision = "bf16";
+  c.precision = Precision::kBf16;
   c.train.grad_accumulation_fusion = fusion;
   c.model.attention_dropout = 0.1;
   c.model.hidden_dropout = 0.1;

@@ -124,7 +124,7 @@ int run_check_parallel(const CheckParallelOptions& options) {
   const Config base =
       resolve_config(file, options.overrides, options.config_path.empty() ? "config" : options.config_path);
   validate_config(base, 1);
-  const bool fp64 = base.precision == "fp64";
+  const bool fp64 = base.precision == Precision::kFp64;
   std::vector<Layout> layouts = all_layouts(base.model.num_layers);
   if (options.list) {
     for (const Layout& l : layouts) std::cout << l.name << " (" << l.ranks << " ranks): " << l.what << "\n";
@@ -227,7 +227,7 @@ int run_check_parallel(const CheckParallelOptions& options) {
                 options.tolerance);
   } else {
     std::printf("%d of %zu layouts failed (judged by touchstone diff against the single-rank %s envelope)\n",
-                failures, layouts.size(), base.precision.c_str());
+                failures, layouts.size(), option_name(base.precision).c_str());
   }
   return failures == 0 ? 0 : 1;
 }

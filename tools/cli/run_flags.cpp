@@ -89,7 +89,7 @@ RunOptions resolve_run_flags(const RunFlags& flags, const Config& config, int wo
   options.backend = parse_backend_kind(flags.backend);
   // Whether a GPU is usable may differ between ranks; the caller has the ranks agree on the outcome.
   naming_flag("--backend " + flags.backend, [&] { check_backend_available(options.backend); });
-  if (options.envelope && config.precision == "fp64") {
+  if (options.envelope && config.precision == Precision::kFp64) {
     throw InputError("--envelope measures a lower precision against FP64: set precision to bf16 or fp32");
   }
   if (!flags.fail_at.empty()) {
