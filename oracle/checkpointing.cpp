@@ -6,14 +6,11 @@
 #include <ostream>
 
 #include "oracle/gather.h"
+#include "parallel/comm/message_tags.h"
 
 namespace touchstone {
 
-namespace {
-
-constexpr int kSamplesTag = (1 << 20) + 3;  // world-group tag of the consumed-sample gather
-
-}  // namespace
+namespace {}  // namespace
 
 SaveReport save_checkpoint(const Trainer& trainer, const ParallelContext& context, const Config& config,
                            const CheckpointStore& store, int64_t step, double lr) {
@@ -59,7 +56,7 @@ std::vector<std::vector<int64_t>> gather_consumed_samples(const GlobalBatch& bat
   const bool source = context.first_stage() && context.tp.rank() == 0;
   const auto count = static_cast<int64_t>(mine.size());
   if (source && context.world.rank() != 0) {
-    context.world.send(mine.data(), count, 0, kSamplesTag, {count});
+    context.world.send(mine.data(), count, 0, message_tags::kConsumedSamples, {count});
     context.world.wait_sends();
   }
   if (context.world.rank() != 0) return {};
@@ -67,7 +64,7 @@ std::vector<std::vector<int64_t>> gather_consumed_samples(const GlobalBatch& bat
   for (int r = 0; r < context.dp.size(); ++r) {
     std::vector<double> theirs = mine;
     const int from = context.global_rank_of(0, r, 0);
-    if (from != 0) context.world.recv(theirs.data(), count, from, kSamplesTag, {count});
+    if (from != 0) context.world.recv(theirs.data(), count, from, message_tags::kConsumedSamples, {count});
     samples.emplace_back(theirs.begin(), theirs.end());
   }
   return samples;

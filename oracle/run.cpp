@@ -18,6 +18,7 @@
 #include "oracle/gather.h"
 #include "oracle/train_step.h"
 #include "parallel/comm/context.h"
+#include "parallel/comm/message_tags.h"
 #include "parallel/comm/mpi_runtime.h"
 #include "parallel/comm/trace.h"
 #include "parallel/pipeline/timeline.h"
@@ -110,13 +111,12 @@ int64_t real_tokens(const GlobalBatch& batch) {
 
 // The step's pipeline timeline of every stage (recorded on tp rank 0, dp rank 0), on world rank 0.
 std::vector<pipeline::TimelineEvent> gather_timeline(Trainer& trainer, const ParallelContext& context) {
-  constexpr int kLengthTag = (1 << 20) + 1, kEventsTag = (1 << 20) + 2;
   std::vector<double> mine = pipeline::encode_events(trainer.timeline().take_events());
   const bool source = context.tp.rank() == 0 && context.dp.rank() == 0;
   if (source && context.world.rank() != 0) {
     double length = static_cast<double>(mine.size());
-    context.world.send(&length, 1, 0, kLengthTag, {1});
-    context.world.send(mine.data(), static_cast<int64_t>(mine.size()), 0, kEventsTag,
+    context.world.send(&length, 1, 0, message_tags::kTimelineLength, {1});
+    context.world.send(mine.data(), static_cast<int64_t>(mine.size()), 0, message_tags::kTimelineEvents,
                        {static_cast<int64_t>(mine.size())});
     context.world.wait_sends();
   }
@@ -125,10 +125,10 @@ std::vector<pipeline::TimelineEvent> gather_timeline(Trainer& trainer, const Par
   for (int stage = 1; stage < context.pp.size(); ++stage) {
     const int from = context.global_rank_of(0, 0, stage);
     double length = 0.0;
-    context.world.recv(&length, 1, from, kLengthTag, {1});
+    context.world.recv(&length, 1, from, message_tags::kTimelineLength, {1});
     std::vector<double> values(static_cast<size_t>(length));
-    context.world.recv(values.data(), static_cast<int64_t>(values.size()), from, kEventsTag,
-                       {static_cast<int64_t>(values.size())});
+    context.world.recv(values.data(), static_cast<int64_t>(values.size()), from,
+                       message_tags::kTimelineEvents, {static_cast<int64_t>(values.size())});
     for (const auto& event : pipeline::decode_events(values)) all.push_back(event);
   }
   return all;

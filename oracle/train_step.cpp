@@ -3,13 +3,13 @@
 
 #include <algorithm>
 
+#include "parallel/comm/message_tags.h"
+#include "parallel/finalize_model_grads.h"
 #include "parallel/pipeline/executor.h"
 
 namespace touchstone {
 
 namespace {
-
-constexpr int kTokenLossTag = 1 << 20;  // world-group tag of the token-loss gather
 
 // The optimizer's copy of the weights: FP32 master weights unless FP64.
 ParamTensors master_weights(ParamTensors params, Backend& backend) {
@@ -87,26 +87,6 @@ void Trainer::restore(int64_t step, const ParamTensors& full_params, const Param
   steps_done_ = step;
 }
 
-void Trainer::finalize_grads(ParamTensors& grads) const {
-  // Sequence parallelism: each tp rank saw only its rows in the norms, so their weights' gradients are
-  // partial sums over rows. Without it every tp rank computed the same full gradient.
-  if (config_.parallel.sequence_parallel) {
-    for (int id : plan_.held_ids()) {
-      if (table_[id].sharding != Sharding::kReplicated) continue;
-      context_.tp.all_reduce_sum(grads[id].data(), static_cast<int64_t>(grads[id].size()),
-                                 plan_.local_shape(id));
-      backend_.round(TensorRole::kState, grads[id].data(), static_cast<int64_t>(grads[id].size()));
-    }
-  }
-  // A tied embedding lives on the first and the last stage; both copies get the sum of both uses.
-  if (config_.model.tie_embeddings && context_.pp.size() > 1 && plan_.holds(table_.embedding())) {
-    std::vector<double>& g = grads[table_.embedding()];
-    context_.embedding.all_reduce_sum(g.data(), static_cast<int64_t>(g.size()),
-                                      plan_.local_shape(table_.embedding()));
-    backend_.round(TensorRole::kState, g.data(), static_cast<int64_t>(g.size()));
-  }
-}
-
 std::vector<double> Trainer::gather_token_losses(const GlobalBatch& batch,
                                                  const std::vector<std::vector<double>>& losses) const {
   const int last = context_.pp.size() - 1, dp = context_.dp.size();
@@ -115,7 +95,7 @@ std::vector<double> Trainer::gather_token_losses(const GlobalBatch& batch,
   std::vector<double> mine;
   for (const auto& l : losses) mine.insert(mine.end(), l.begin(), l.end());
   if (source && context_.world.rank() != 0) {
-    context_.world.send(mine.data(), static_cast<int64_t>(mine.size()), 0, kTokenLossTag,
+    context_.world.send(mine.data(), static_cast<int64_t>(mine.size()), 0, message_tags::kTokenLosses,
                         {static_cast<int64_t>(mine.size())});
     context_.world.wait_sends();
   }
@@ -128,8 +108,8 @@ std::vector<double> Trainer::gather_token_losses(const GlobalBatch& batch,
     if (from == 0) {
       theirs = mine;
     } else {
-      context_.world.recv(theirs.data(), static_cast<int64_t>(theirs.size()), from, kTokenLossTag,
-                          {static_cast<int64_t>(theirs.size())});
+      context_.world.recv(theirs.data(), static_cast<int64_t>(theirs.size()), from,
+                          message_tags::kTokenLosses, {static_cast<int64_t>(theirs.size())});
     }
     for (size_t j = 0; j < their_starts.size(); ++j) {
       std::copy_n(theirs.begin() + static_cast<int64_t>(j) * mbs * T, mbs * T,
@@ -179,7 +159,8 @@ StepRecord Trainer::step(const GlobalBatch& batch, bool collect_outputs) {
   if (collect_outputs) record.token_losses = gather_token_losses(batch, run.token_losses);
 
   context_.set_phase(record.step, -1, "grads");
-  finalize_grads(record.grads);
+  finalize_model_grads(plan_, context_, config_.parallel.sequence_parallel, config_.model.tie_embeddings,
+                       backend_, record.grads);
   context_.set_phase(record.step, -1, "optimizer");
   const UpdateResult update =
       optimizer_->step(record.step, record.grads, params_, collect_outputs, scaling.grad_scale);

@@ -90,7 +90,6 @@ class Trainer {
   pipeline::TimelineRecorder& timeline() { return timeline_; }
 
  private:
-  void finalize_grads(ParamTensors& grads) const;
   // The token losses of the whole global batch [B*T] on world rank 0 (empty elsewhere).
   std::vector<double> gather_token_losses(const GlobalBatch& batch,
                                           const std::vector<std::vector<double>>& losses) const;
