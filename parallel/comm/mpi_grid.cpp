@@ -1,5 +1,6 @@
-// The process grid over MPI: rank arithmetic and Grid::create, which splits MPI_COMM_WORLD into the
-// tp, dp, pp and embedding groups documented in grid.h and makes each with the --comm backend.
+// The process grid over MPI: create_grid splits MPI_COMM_WORLD into the tp, dp, pp and embedding
+// groups documented in grid.h and makes each with a backend's group maker (Grid::create, in
+// comm_backend.cpp, picks the maker).
 #include "parallel/comm/mpi_grid.h"
 
 #include <stdexcept>
@@ -9,7 +10,6 @@
 
 #include "parallel/comm/mpi_group.h"
 #if defined(TOUCHSTONE_HAVE_CUDA)
-#include "parallel/comm/nccl/nccl_grid.h"
 #endif
 
 namespace touchstone {
@@ -108,14 +108,6 @@ std::unique_ptr<Grid> create_grid(const GridLayout& layout, const GroupMaker& ma
                                 " ranks, but MPI started " + std::to_string(world_size));
   }
   return std::make_unique<MpiGrid>(layout, rank, make_group);
-}
-
-std::unique_ptr<Grid> Grid::create(const GridLayout& layout, CommBackend comm) {
-  check_comm_available(comm);
-#if defined(TOUCHSTONE_HAVE_CUDA)
-  if (comm == CommBackend::kNccl) return create_grid(layout, nccl_group_maker());
-#endif
-  return create_grid(layout, make_mpi_group);
 }
 
 }  // namespace touchstone
