@@ -39,6 +39,12 @@ std::string fixed(double value, int decimals) {
   return buffer;
 }
 
+std::string significant(double value, int digits) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), "%.*g", digits, value);
+  return buffer;
+}
+
 std::string Value::format(int decimals) const {
   return is_coordinate_ ? fixed(coordinate_, decimals) : text_;
 }

@@ -17,6 +17,9 @@ std::string xml_escape(std::string_view text);
 
 // `value` with exactly `decimals` digits after the point: "12.50" for (12.5, 2), "13" for (12.5, 0).
 std::string fixed(double value, int decimals);
+// `value` with at most `digits` significant digits and no trailing zeros (printf's %g): "0.25", "30",
+// "1.5e-06".
+std::string significant(double value, int digits);
 
 // An attribute value: text (escaped when written), an integer (written as is) or a coordinate (written
 // with the decimals of the document it goes into). Implicit, so that attribute lists read

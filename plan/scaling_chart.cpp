@@ -105,30 +105,29 @@ std::string scaling_chart_svg(const ScalingTable& table) {
     svg.rect({{"x", x - 4}, {"y", ye - 4}, {"width", 8}, {"height", 8}, {"fill", kEfficiencyColour}});
     svg.text({{"x", x + 8}, {"y", ye - 8}, {"fill", kEfficiencyColour}}, percent(row.efficiency, 0));
   }
-  // Legend: three line samples along the top.
+  // Legend: three line samples along the top, each a short line in its series' style and a label.
+  struct LegendEntry {
+    int x;
+    std::string label;
+    markup::Attribute style;  // the line's dash or width
+    const char* colour;
+  };
   const int ly = 50;
-  svg.line({{"x1", kLeft},
-            {"y1", ly},
-            {"x2", kLeft + 26},
-            {"y2", ly},
-            {"stroke", kThroughputColour},
-            {"stroke-width", 2.5}});
-  svg.text({{"x", kLeft + 32}, {"y", ly + 4}}, "measured tokens/s");
-  svg.line({{"x1", kLeft + 180},
-            {"y1", ly},
-            {"x2", kLeft + 206},
-            {"y2", ly},
-            {"stroke", kIdealColour},
-            {"stroke-dasharray", "6 4"}});
-  svg.text({{"x", kLeft + 212}, {"y", ly + 4}},
-           "linear scaling from " + std::to_string(reference.run.gpus) + " GPUs");
-  svg.line({{"x1", kLeft + 420},
-            {"y1", ly},
-            {"x2", kLeft + 446},
-            {"y2", ly},
-            {"stroke", kEfficiencyColour},
-            {"stroke-width", 2}});
-  svg.text({{"x", kLeft + 452}, {"y", ly + 4}}, "scaling efficiency");
+  const LegendEntry legend[] = {{kLeft, "measured tokens/s", {"stroke-width", 2.5}, kThroughputColour},
+                                {kLeft + 180,
+                                 "linear scaling from " + std::to_string(reference.run.gpus) + " GPUs",
+                                 {"stroke-dasharray", "6 4"},
+                                 kIdealColour},
+                                {kLeft + 420, "scaling efficiency", {"stroke-width", 2}, kEfficiencyColour}};
+  for (const LegendEntry& entry : legend) {
+    svg.line({{"x1", entry.x},
+              {"y1", ly},
+              {"x2", entry.x + 26},
+              {"y2", ly},
+              {"stroke", entry.colour},
+              entry.style});
+    svg.text({{"x", entry.x + 32}, {"y", ly + 4}}, entry.label);
+  }
   return svg.str();
 }
 

@@ -6,16 +6,11 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
+#include "common/markup.h"
 
 namespace touchstone::diff {
 
 namespace {
-
-std::string number_text(double value) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof(buffer), "%.3g", value);
-  return buffer;
-}
 
 double positive_number(const nlohmann::json& json, const std::string& key, const std::string& where) {
   if (!json.contains(key) || !json[key].is_number()) {
@@ -98,13 +93,14 @@ std::optional<Tolerance> ToleranceModel::for_path(const std::string& path, bool 
 }
 
 std::string ToleranceModel::describe() const {
-  std::string text =
-      kind_ + (default_ ? " (relative L2 " + number_text(default_->relative_l2) + ", max-abs/max|ref| " +
-                              number_text(default_->max_abs_normalized) + ")"
-                        : std::string(" (no default tolerance)"));
+  std::string text = kind_ + (default_ ? " (relative L2 " + markup::significant(default_->relative_l2, 3) +
+                                             ", max-abs/max|ref| " +
+                                             markup::significant(default_->max_abs_normalized, 3) + ")"
+                                       : std::string(" (no default tolerance)"));
   if (!from_file_) text += ", the FP64 default: the golden file records no tolerance_model";
   if (golden_.exists("/envelope/tolerance")) text += ", per-tensor envelope tolerances";
-  if (override_) text += "; OVERRIDDEN on the command line: " + number_text(*override_) + " for every tensor";
+  if (override_)
+    text += "; OVERRIDDEN on the command line: " + markup::significant(*override_, 3) + " for every tensor";
   return text;
 }
 

@@ -38,12 +38,14 @@ PipelineResult run_pipeline(PipelineSchedule schedule, const Transformer& model,
     const int64_t rows = model.local_rows(batch.windows);
     const Shape shape{rows, H};
     const pipeline::TimelineRecorder::Scope event(recorder, action.kind, action.micro_batch);
+    const auto receive = [&](std::vector<double>& buffer, int tag) {
+      buffer.resize(static_cast<size_t>(rows * H));
+      context.pp.recv(buffer.data(), rows * H, action.peer_stage, tag, shape);
+    };
     switch (action.kind) {
       case ActionKind::kRecvActivation:
         context.set_phase(step, action.micro_batch, "forward");
-        inputs[j].resize(static_cast<size_t>(rows * H));
-        context.pp.recv(inputs[j].data(), rows * H, action.peer_stage,
-                        message_tags::pipeline_activation(action.micro_batch), shape);
+        receive(inputs[j], message_tags::pipeline_activation(action.micro_batch));
         break;
       case ActionKind::kForward:
         context.set_phase(step, action.micro_batch, "forward");
@@ -67,9 +69,7 @@ PipelineResult run_pipeline(PipelineSchedule schedule, const Transformer& model,
         break;
       case ActionKind::kRecvGradient:
         context.set_phase(step, action.micro_batch, "backward");
-        d_outputs[j].resize(static_cast<size_t>(rows * H));
-        context.pp.recv(d_outputs[j].data(), rows * H, action.peer_stage,
-                        message_tags::pipeline_gradient(action.micro_batch), shape);
+        receive(d_outputs[j], message_tags::pipeline_gradient(action.micro_batch));
         break;
       case ActionKind::kBackward:
         context.set_phase(step, action.micro_batch, "backward");

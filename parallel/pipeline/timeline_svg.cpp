@@ -13,13 +13,6 @@ namespace touchstone::pipeline {
 
 namespace {
 
-// A time in axis units without trailing zeros ("0.25", "30").
-std::string time_label(double value) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof(buffer), "%.6g", value);
-  return buffer;
-}
-
 constexpr double kLeft = 80.0;  // room for the stage labels
 constexpr double kPlotWidth = 960.0;
 constexpr double kRight = 24.0;
@@ -101,7 +94,7 @@ std::string render_timeline_svg(const std::vector<TimelineEvent>& events, int nu
             {"stroke-width", 1}});
   svg.group({{"text-anchor", "middle"}, {"fill", kAxisColour}});
   for (const double tick : axis.ticks)
-    svg.text({{"x", x_of(tick / scale)}, {"y", axis_y + 18.0}}, time_label(tick));
+    svg.text({{"x", x_of(tick / scale)}, {"y", axis_y + 18.0}}, markup::significant(tick, 6));
   svg.text({{"x", kLeft + kPlotWidth / 2.0}, {"y", axis_y + 38.0}}, "time (" + unit + ")");
   svg.end_group();
 
@@ -116,8 +109,9 @@ std::string render_timeline_svg(const std::vector<TimelineEvent>& events, int nu
       // A box stays visible however short the event, so that none silently disappears.
       const double w = std::max(x_of(event.end_seconds) - x, 1.0);
       const std::string tooltip = action_token(event.kind, event.micro_batch) + " on stage " +
-                                  std::to_string(stage) + ": " + time_label(event.start_seconds * scale) +
-                                  " to " + time_label(event.end_seconds * scale) + " " + unit;
+                                  std::to_string(stage) + ": " +
+                                  markup::significant(event.start_seconds * scale, 6) + " to " +
+                                  markup::significant(event.end_seconds * scale, 6) + " " + unit;
       svg.rect({{"class", computation ? (forward ? "event forward" : "event backward") : "transfer"},
                 {"x", x},
                 {"y", computation ? top : top + kRowHeight - kTransferHeight},
