@@ -155,15 +155,30 @@ ParamTensors master_weights(const ParamTable& table, const Config& c, Precision 
   return params;
 }
 
+// What every test of one mode needs: the odd-sized model, its plan (one stage, one tp rank), the
+// dp = world grid and a backend of the mode's precision.
+struct ModeSetup {
+  explicit ModeSetup(const Mode& mode)
+      : config(odd_sized_config(mode.clip_grad)),
+        table(config.model),
+        plan(table, config, 0, 1, 0),
+        grid(Grid::create(GridLayout{1, testing::world_size(), 1})),
+        context(context_of(*grid)),
+        backend(make_cpu_backend(BackendOptions{mode.precision})) {}
+
+  const Config config;
+  const ParamTable table;
+  const ShardPlan plan;
+  std::unique_ptr<Grid> grid;
+  const ParallelContext context;
+  std::unique_ptr<Backend> backend;
+};
+
 TEST_F(DataParallelOptimizerTest, EqualsAdamWOnOneRankAppliedToTheReducedGradient) {
   for (const Mode& mode : kModes) {
     SCOPED_TRACE(describe(mode));
-    const Config c = odd_sized_config(mode.clip_grad);
-    const ParamTable table(c.model);
-    const ShardPlan plan(table, c, 0, 1, 0);
-    std::unique_ptr<Grid> grid = Grid::create(GridLayout{1, testing::world_size(), 1});
-    const ParallelContext context = context_of(*grid);
-    auto backend = make_cpu_backend(BackendOptions{mode.precision});
+    ModeSetup setup(mode);
+    auto& [c, table, plan, grid, context, backend] = setup;
     auto reference_backend = make_cpu_backend(BackendOptions{mode.precision});
 
     ParamTensors params = master_weights(table, c, mode.precision), expected_params = params;
@@ -221,12 +236,8 @@ TEST_F(DataParallelOptimizerTest, EqualsAdamWOnOneRankAppliedToTheReducedGradien
 TEST_F(DataParallelOptimizerTest, RestoredMomentsContinueBitwise) {
   for (const Mode& mode : kModes) {
     SCOPED_TRACE(describe(mode));
-    const Config c = odd_sized_config(mode.clip_grad);
-    const ParamTable table(c.model);
-    const ShardPlan plan(table, c, 0, 1, 0);
-    std::unique_ptr<Grid> grid = Grid::create(GridLayout{1, testing::world_size(), 1});
-    const ParallelContext context = context_of(*grid);
-    auto backend = make_cpu_backend(BackendOptions{mode.precision});
+    ModeSetup setup(mode);
+    auto& [c, table, plan, grid, context, backend] = setup;
     const int rank = context.dp.rank();
 
     ParamTensors params = master_weights(table, c, mode.precision);
