@@ -1,4 +1,5 @@
-// Config resolution: defaults <- config file <- --set overrides, with every key and type checked.
+// Config resolution: defaults <- config file <- section.key=value overrides, with every key and type
+// checked.
 #include "common/config.h"
 
 #include <algorithm>
@@ -72,12 +73,17 @@ void merge_checked(nlohmann::json& target, const nlohmann::json& source, const s
   }
 }
 
+// How an override's errors begin: "override 'model.x=1': ". The command line that took the override
+// from a flag can name the flag instead (it knows the assignment it passed).
+std::string override_origin(const std::string& assignment) { return "override '" + assignment + "'"; }
+
 // "model.hidden_size=32" -> {"model": {"hidden_size": 32}}. The value is JSON when it parses as JSON
-// of the key's type, and a plain string otherwise (so --set data.source=docs.jsonl needs no quotes).
+// of the key's type, and a plain string otherwise (so data.source=docs.jsonl needs no quotes).
 nlohmann::json override_as_json(const std::string& assignment, const nlohmann::json& defaults) {
+  const std::string origin = override_origin(assignment);
   const auto equals = assignment.find('=');
   if (equals == std::string::npos || equals == 0) {
-    throw InputError("--set " + assignment + ": expected section.key=value");
+    throw InputError(origin + ": expected section.key=value");
   }
   const std::string path = assignment.substr(0, equals);
   const std::string text = assignment.substr(equals + 1);
@@ -86,12 +92,12 @@ nlohmann::json override_as_json(const std::string& assignment, const nlohmann::j
   std::stringstream stream(path);
   for (std::string key; std::getline(stream, key, '.');) {
     if (!default_value->is_object() || !default_value->contains(key)) {
-      throw InputError("--set: unknown config key '" + path + "'");
+      throw InputError(origin + ": unknown config key '" + path + "'");
     }
     default_value = &(*default_value)[key];
     keys.push_back(key);
   }
-  if (default_value->is_object()) throw InputError("--set: '" + path + "' is a section, not a key");
+  if (default_value->is_object()) throw InputError(origin + ": '" + path + "' is a section, not a key");
   nlohmann::json value = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (value.is_discarded() || (default_value->is_string() && !value.is_string())) value = text;
   nlohmann::json result = value;
@@ -116,7 +122,7 @@ Config resolve_config(const nlohmann::json& file_json, const std::vector<std::st
   nlohmann::json resolved = default_config_json();
   if (!file_json.is_null()) merge_checked(resolved, file_json, "", origin);
   for (const std::string& assignment : overrides) {
-    merge_checked(resolved, override_as_json(assignment, resolved), "", "--set " + assignment);
+    merge_checked(resolved, override_as_json(assignment, resolved), "", override_origin(assignment));
   }
   Config config;
   config.model = resolved["model"].get<ModelConfig>();

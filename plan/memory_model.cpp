@@ -29,7 +29,7 @@ const Recipe& find_recipe(const std::string& name) {
     if (recipe.name == name) return recipe;
     known += (known.empty() ? "" : ", ") + recipe.name;
   }
-  throw InputError("--recipe: unknown recipe \"" + name + "\" (known: " + known + ")");
+  throw InputError("unknown recipe \"" + name + "\" (known: " + known + ")");
 }
 
 std::string bytes_per_param_formula(const Recipe& recipe, bool distributed_optimizer) {
@@ -79,13 +79,6 @@ double total_params(const ModelShape& m) {
 int64_t padded_vocab(int64_t vocab, int64_t multiple, int64_t tp) {
   const int64_t unit = multiple * tp;
   return (vocab + unit - 1) / unit * unit;
-}
-
-Recompute parse_recompute(const std::string& name) {
-  if (name == "none") return Recompute::kNone;
-  if (name == "selective") return Recompute::kSelective;
-  if (name == "full") return Recompute::kFull;
-  throw InputError("--recompute: unknown value \"" + name + "\" (none, selective or full)");
 }
 
 std::string to_string(Recompute recompute) {

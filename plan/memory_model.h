@@ -58,7 +58,6 @@ double total_params(const ModelShape& m);
 int64_t padded_vocab(int64_t vocab, int64_t multiple, int64_t tp);
 
 enum class Recompute { kNone, kSelective, kFull };
-Recompute parse_recompute(const std::string& name);
 std::string to_string(Recompute recompute);
 
 // Korthikanti et al. 2022, 16-bit activations (section 4, Table 2), bytes for one layer and one

@@ -11,13 +11,6 @@
 
 namespace touchstone::plan {
 
-ActivationModel parse_activation_model(const std::string& name) {
-  if (name == "none") return ActivationModel::kNone;
-  if (name == "megatron-16bit") return ActivationModel::kMegatron16Bit;
-  if (name == "touchstone-fp64") return ActivationModel::kTouchstoneFp64;
-  throw InputError("--activations: unknown model \"" + name + "\" (megatron-16bit, touchstone-fp64 or none)");
-}
-
 namespace {
 
 void require(bool condition, const std::string& message) {
@@ -26,83 +19,84 @@ void require(bool condition, const std::string& message) {
 
 std::string str(int64_t value) { return std::to_string(value); }
 
-}  // namespace
-
-namespace {
-
 void validate_shape(const MemoryPlanInput& in) {
   const ModelShape& m = in.shape;
-  require(m.kv_heads >= 1 && m.ffn >= 1 && m.vocab >= 1, "--kv-heads, --ffn and --vocab must be >= 1");
+  require(m.kv_heads >= 1 && m.ffn >= 1 && m.vocab >= 1,
+          "the KV heads, ffn size and vocabulary must be >= 1");
   require(m.hidden % m.heads == 0,
-          "--heads (" + str(m.heads) + ") must divide --hidden (" + str(m.hidden) + ")");
+          "the heads (" + str(m.heads) + ") must divide the hidden size (" + str(m.hidden) + ")");
   require(m.heads % m.kv_heads == 0,
-          "--kv-heads (" + str(m.kv_heads) + ") must divide --heads (" + str(m.heads) + ")");
+          "the KV heads (" + str(m.kv_heads) + ") must divide the heads (" + str(m.heads) + ")");
   require(m.heads % in.tp == 0 && m.kv_heads % in.tp == 0,
-          "--tp (" + str(in.tp) + ") must divide --heads (" + str(m.heads) + ") and --kv-heads (" +
-              str(m.kv_heads) + "): tensor parallelism splits whole query groups");
-  require(m.ffn % in.tp == 0, "--tp (" + str(in.tp) + ") must divide --ffn (" + str(m.ffn) + ")");
+          "the tensor-parallel size (" + str(in.tp) + ") must divide the heads (" + str(m.heads) +
+              ") and the KV heads (" + str(m.kv_heads) + "): tensor parallelism splits whole query groups");
+  require(m.ffn % in.tp == 0,
+          "the tensor-parallel size (" + str(in.tp) + ") must divide the ffn size (" + str(m.ffn) + ")");
 }
 
 // The trainer's rule (common/config.cpp): equal stages unless every stage's layers are listed.
 void validate_stages(const MemoryPlanInput& in) {
   const int64_t layers = in.shape.layers;
-  require(in.pp <= layers, "--pp " + str(in.pp) + " is larger than --layers " + str(layers) +
-                               ": every pipeline stage needs at least one layer");
+  require(in.pp <= layers, "the pipeline-parallel size " + str(in.pp) + " is larger than the " + str(layers) +
+                               " layers: every pipeline stage needs at least one layer");
   if (in.stage_layers.empty()) {
-    require(layers % in.pp == 0, "--pp (" + str(in.pp) + ") must divide --layers (" + str(layers) +
-                                     ") unless --stage-layers lists the layers of each stage");
+    require(layers % in.pp == 0, "the pipeline-parallel size (" + str(in.pp) + ") must divide the layers (" +
+                                     str(layers) + ") unless the layers of each stage are listed");
     return;
   }
   const auto entries = static_cast<int64_t>(in.stage_layers.size());
-  require(entries == in.pp, "--stage-layers has " + str(entries) + " entries but --pp is " + str(in.pp));
-  for (int64_t stage : in.stage_layers) require(stage >= 1, "--stage-layers: every stage needs a layer");
+  require(entries == in.pp, "the stage layer counts list " + str(entries) +
+                                " stages but the pipeline-parallel size is " + str(in.pp));
+  for (int64_t stage : in.stage_layers) require(stage >= 1, "stage layer counts: every stage needs a layer");
   const int64_t sum = std::accumulate(in.stage_layers.begin(), in.stage_layers.end(), int64_t{0});
-  require(sum == layers, "--stage-layers adds up to " + str(sum) + " layers, not --layers " + str(layers));
+  require(sum == layers,
+          "the stage layer counts add up to " + str(sum) + " layers, not the model's " + str(layers));
 }
 
 void validate_activations(const MemoryPlanInput& in) {
   const ModelShape& m = in.shape;
   const bool fp64 = in.activations == ActivationModel::kTouchstoneFp64;
   if (in.activations != ActivationModel::kNone) {
-    require(m.seq >= 1, "--seq-length: must be >= 1 to compute activations");
+    require(m.seq >= 1, "the sequence length must be >= 1 to compute activations");
     require(!in.sequence_parallel || (m.seq * in.micro_batch) % in.tp == 0,
-            "--sequence-parallel: --tp (" + str(in.tp) + ") must divide the micro-batch's tokens (" +
-                str(m.seq * in.micro_batch) + ")");
+            "sequence parallelism: the tensor-parallel size (" + str(in.tp) +
+                ") must divide the micro-batch's tokens (" + str(m.seq * in.micro_batch) + ")");
   }
   require(!in.flash_attention || in.activations == ActivationModel::kMegatron16Bit,
-          "--flash-attention applies to --activations megatron-16bit only (Touchstone's trainer stores the "
-          "attention probabilities)");
+          "flash attention applies to the megatron-16bit activation model only (Touchstone's trainer stores "
+          "the attention probabilities)");
   if (!fp64) return;
   require(in.trainer_precision == Precision::kFp64,
-          "--activations touchstone-fp64 replays the trainer in precision \"" +
+          "the touchstone-fp64 activation model replays the trainer in precision \"" +
               option_name(Precision::kFp64) + "\", not \"" + option_name(in.trainer_precision) +
               "\" (its emulation modes add conversion buffers)");
   require(in.recompute == Recompute::kNone,
-          "--recompute: Touchstone's trainer does not recompute activations");
-  require(in.vocab_multiple == 1, "--vocab-multiple: Touchstone's trainer does not pad the vocabulary");
-  require(m.vocab % in.tp == 0,
-          "--tp (" + str(in.tp) + ") must divide --vocab (" + str(m.vocab) + ") for Touchstone's trainer");
+          "activation recomputation: Touchstone's trainer does not recompute activations");
+  require(in.vocab_multiple == 1, "vocabulary padding: Touchstone's trainer does not pad the vocabulary");
+  require(m.vocab % in.tp == 0, "the tensor-parallel size (" + str(in.tp) + ") must divide the vocabulary (" +
+                                    str(m.vocab) + ") for Touchstone's trainer");
 }
 
 }  // namespace
 
 void validate(const MemoryPlanInput& in) {
-  require(in.tp >= 1, "--tp: must be >= 1, got " + str(in.tp));
-  require(in.pp >= 1, "--pp: must be >= 1, got " + str(in.pp));
-  require(!in.dps.empty(), "--dp: give at least one data-parallel size");
-  for (int64_t dp : in.dps) require(dp >= 1, "--dp: must be >= 1, got " + str(dp));
-  require(in.micro_batch >= 1, "--micro-batch: must be >= 1, got " + str(in.micro_batch));
-  require(in.global_batch >= 0, "--global-batch: must be >= 1, got " + str(in.global_batch));
-  require(in.gpu_memory_gb >= 0, "--gpu-memory-gb: must be > 0");
-  require(in.vocab_multiple >= 1, "--vocab-multiple: must be >= 1, got " + str(in.vocab_multiple));
-  require(in.total_params >= 0, "--params: must be > 0");
+  require(in.tp >= 1, "the tensor-parallel size must be >= 1, got " + str(in.tp));
+  require(in.pp >= 1, "the pipeline-parallel size must be >= 1, got " + str(in.pp));
+  require(!in.dps.empty(), "no data-parallel size given");
+  for (int64_t dp : in.dps) require(dp >= 1, "a data-parallel size must be >= 1, got " + str(dp));
+  require(in.micro_batch >= 1, "the micro-batch size must be >= 1, got " + str(in.micro_batch));
+  require(in.global_batch >= 0, "the global batch must be >= 1, got " + str(in.global_batch));
+  require(in.gpu_memory_gb >= 0, "the GPU memory must be > 0");
+  require(in.vocab_multiple >= 1, "the vocabulary multiple must be >= 1, got " + str(in.vocab_multiple));
+  require(in.total_params >= 0, "the parameter count must be > 0");
   const bool shaped = in.shape.known();
   require(shaped || in.total_params > 0,
-          "give --params or the model's shape (--layers, --hidden, --heads, --ffn, --vocab), or --config");
-  require(
-      shaped || in.activations == ActivationModel::kNone,
-      "--activations needs the model's shape (--layers, --hidden, --heads, --ffn, --vocab, --seq-length)");
-  require(shaped || in.stage_layers.empty(), "--stage-layers needs --layers");
+          "the plan needs the parameter count or the model's shape (layers, hidden size, heads, ffn size, "
+          "vocabulary)");
+  require(shaped || in.activations == ActivationModel::kNone,
+          "activations need the model's shape (layers, hidden size, heads, ffn size, vocabulary, sequence "
+          "length)");
+  require(shaped || in.stage_layers.empty(), "stage layer counts need the model's layers");
   if (shaped) {
     validate_shape(in);
     validate_stages(in);
@@ -111,8 +105,8 @@ void validate(const MemoryPlanInput& in) {
   if (in.global_batch > 0) {
     for (int64_t dp : in.dps) {
       require(in.global_batch % (dp * in.micro_batch) == 0,
-              "--global-batch " + str(in.global_batch) + " is not divisible by DP " + str(dp) +
-                  " x --micro-batch " + str(in.micro_batch) + " = " + str(dp * in.micro_batch));
+              "the global batch " + str(in.global_batch) + " is not divisible by DP " + str(dp) +
+                  " x micro-batch " + str(in.micro_batch) + " = " + str(dp * in.micro_batch));
     }
   }
 }

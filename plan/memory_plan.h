@@ -20,7 +20,6 @@ enum class ActivationModel {
   kMegatron16Bit,   // Korthikanti et al. 2022, 16-bit activations
   kTouchstoneFp64,  // Touchstone's FP64 trainer, tensor by tensor
 };
-ActivationModel parse_activation_model(const std::string& name);
 
 struct MemoryPlanInput {
   ModelShape shape;         // shape.known() false: only total_params is known
@@ -48,7 +47,7 @@ struct MemoryPlanInput {
 };
 
 // Throws InputError for an impossible layout (PP larger than the layers, DP not dividing the batch, a
-// head count TP does not divide, ...), naming the option.
+// head count TP does not divide, ...), saying what each value means (the tensor-parallel size, ...).
 void validate(const MemoryPlanInput& input);
 
 // Bytes with the name of what they are, or of the moment they are live.

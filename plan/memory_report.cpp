@@ -146,8 +146,8 @@ void print_memory_plan(const MemoryPlanInput& in, std::ostream& out) {
   if (in.shape.known()) {
     for (const LayoutPlan& plan : plans) print_stage_table(in, plan, unit, out);
   } else {
-    out << "Per-stage activations need the layer shapes (--layers, --hidden, --heads, --ffn, --vocab, "
-           "--seq-length).\n";
+    out << "Per-stage activations need the layer shapes (layers, hidden size, heads, ffn size, "
+           "vocabulary, sequence length).\n";
   }
   if (in.gpu_memory_gb <= 0) return;
   for (const LayoutPlan& plan : plans) {

@@ -50,10 +50,14 @@ class BadInput(unittest.TestCase):
         self.assert_refused(["--config", config], "unknown config key 'model.hiden_size'")
 
     def test_unknown_key_in_override(self):
-        self.assert_refused(["--set", "optim.learning_rate=1"], "unknown config key 'optim.learning_rate'")
+        self.assert_refused(["--set", "optim.learning_rate=1"],
+                            "--set optim.learning_rate=1: unknown config key 'optim.learning_rate'")
+        self.assert_refused(["--set", "train=1"], "--set train=1: 'train' is a section, not a key")
+        self.assert_refused(["--set", "train"], "--set train: expected section.key=value")
 
     def test_wrong_type(self):
-        self.assert_refused(["--set", "train.steps=three"], "train.steps must be an integer")
+        self.assert_refused(["--set", "train.steps=three"],
+                            "--set train.steps=three: train.steps must be an integer")
 
     def test_bad_json(self):
         config = self.write("c.json", "{\"model\": ")

@@ -98,12 +98,24 @@ class PlanCli(unittest.TestCase):
     def test_memory_errors(self):
         shape = ["--layers", "4", "--hidden", "64", "--heads", "4", "--ffn", "176", "--vocab", "256",
                  "--seq-length", "64"]
-        self.assert_refused(["memory", *shape, "--pp", "8"], "--pp 8 is larger than --layers 4")
+        # How values fit together: the planner says what each value means.
+        self.assert_refused(["memory", *shape, "--pp", "8"],
+                            "the pipeline-parallel size 8 is larger than the 4 layers")
         self.assert_refused(["memory", *shape, "--dp", "3", "--global-batch", "8"],
-                            "--global-batch 8 is not divisible by DP 3 x --micro-batch 1 = 3")
+                            "the global batch 8 is not divisible by DP 3 x micro-batch 1 = 3")
+        self.assert_refused(["memory", *shape, "--tp", "8"],
+                            "the tensor-parallel size (8) must divide the heads (4) and the KV heads (4)")
+        # One flag's value, or a flag that needs another: the error names the flags.
+        self.assert_refused(["memory", *shape, "--tp", "0"], "--tp: must be >= 1, got 0")
+        self.assert_refused(["memory", *shape, "--dp", "1,0"], "--dp: must be >= 1, got 0")
         self.assert_refused(["memory", "--params", "-5"], "--params: must be > 0")
-        self.assert_refused(["memory", "--params", "1e9", "--recipe", "int4"], "unknown recipe \"int4\"")
-        self.assert_refused(["memory"], "give --params or the model's shape")
+        self.assert_refused(["memory", "--params", "1e9", "--recipe", "int4"],
+                            "--recipe: unknown recipe \"int4\" (known: bf16, fp16, fp32, fp64)")
+        self.assert_refused(["memory", *shape, "--recompute", "some"], "--recompute: unknown value \"some\"")
+        self.assert_refused(["memory", *shape, "--activations", "fp8"], "--activations: unknown model \"fp8\"")
+        self.assert_refused(["memory"], "give --params or the model's shape (--layers, --hidden, --heads")
+        self.assert_refused(["memory", "--params", "1e9", "--stage-layers", "1,1"], "--stage-layers needs --layers")
+        self.assert_refused(["memory", "--set", "train.stepz=1"], "--set train.stepz=1: unknown config key")
 
     # ---- scaling ----
     def test_scaling_acceptance_example(self):

@@ -59,13 +59,13 @@ TEST(Config, UnknownKeysAndWrongTypesNameTheKey) {
             }),
             "c.json: model must be a JSON object");
   EXPECT_EQ(error_of([] { resolve_config(nullptr, {"train.stepz=3"}, "c"); }),
-            "--set: unknown config key 'train.stepz'");
+            "override 'train.stepz=3': unknown config key 'train.stepz'");
   EXPECT_EQ(error_of([] { resolve_config(nullptr, {"train.steps=three"}, "c"); }),
-            "--set train.steps=three: train.steps must be an integer, got \"three\"");
+            "override 'train.steps=three': train.steps must be an integer, got \"three\"");
   EXPECT_EQ(error_of([] { resolve_config(nullptr, {"train"}, "c"); }),
-            "--set train: expected section.key=value");
+            "override 'train': expected section.key=value");
   EXPECT_EQ(error_of([] { resolve_config(nullptr, {"train=1"}, "c"); }),
-            "--set: 'train' is a section, not a key");
+            "override 'train=1': 'train' is a section, not a key");
 }
 
 TEST(Config, ImpossibleShapesAreRefused) {

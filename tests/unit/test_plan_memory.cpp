@@ -156,22 +156,29 @@ std::string error_of(const MemoryPlanInput& in) {
 TEST(PlanMemory, InvalidLayoutsAreInputErrors) {
   MemoryPlanInput in = shaped_input();
   in.pp = 16;
-  EXPECT_EQ(error_of(in), "--pp 16 is larger than --layers 8: every pipeline stage needs at least one layer");
+  EXPECT_EQ(
+      error_of(in),
+      "the pipeline-parallel size 16 is larger than the 8 layers: every pipeline stage needs at least one "
+      "layer");
   in = shaped_input();
   in.dps = {3};
-  EXPECT_EQ(error_of(in), "--global-batch 16 is not divisible by DP 3 x --micro-batch 1 = 3");
+  EXPECT_EQ(error_of(in), "the global batch 16 is not divisible by DP 3 x micro-batch 1 = 3");
   in = shaped_input();
   in.pp = 3;
-  EXPECT_NE(error_of(in).find("--pp (3) must divide --layers (8)"), std::string::npos);
+  EXPECT_NE(error_of(in).find("the pipeline-parallel size (3) must divide the layers (8)"),
+            std::string::npos);
   in.stage_layers = {2, 3, 3};
   EXPECT_EQ(error_of(in), "");
   in.stage_layers = {2, 3, 2};
-  EXPECT_NE(error_of(in).find("adds up to 7"), std::string::npos);
+  EXPECT_EQ(error_of(in), "the stage layer counts add up to 7 layers, not the model's 8");
   in = shaped_input();
   in.tp = 8;
-  EXPECT_NE(error_of(in).find("must divide --heads"), std::string::npos);
+  EXPECT_NE(error_of(in).find("the tensor-parallel size (8) must divide the heads (4)"), std::string::npos);
   in = MemoryPlanInput{};
-  EXPECT_NE(error_of(in).find("give --params"), std::string::npos);
+  EXPECT_NE(error_of(in).find("the plan needs the parameter count or the model's shape"), std::string::npos);
+  in = shaped_input();
+  in.tp = 0;
+  EXPECT_EQ(error_of(in), "the tensor-parallel size must be >= 1, got 0");
 }
 
 // ---- the FP64 trainer: prediction against the measured peak --------------------------------------------

@@ -40,10 +40,7 @@ void add_config_options(CLI::App* command, ConfigOptions& options) {
 }
 
 touchstone::Config resolve(const ConfigOptions& options) {
-  const nlohmann::json file_json =
-      options.config_path.empty() ? nlohmann::json() : touchstone::read_config_file(options.config_path);
-  return touchstone::resolve_config(file_json, options.overrides,
-                                    options.config_path.empty() ? "config" : options.config_path);
+  return touchstone::resolve_config_flags(options.config_path, options.overrides);
 }
 
 // Every rank validates the same inputs; they agree on the outcome before any communicator is built,

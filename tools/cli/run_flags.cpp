@@ -9,6 +9,23 @@
 
 namespace touchstone {
 
+Config resolve_config_flags(const std::string& config_path, const std::vector<std::string>& set_flags) {
+  const nlohmann::json file = config_path.empty() ? nlohmann::json() : read_config_file(config_path);
+  try {
+    return resolve_config(file, set_flags, config_path.empty() ? "config" : config_path);
+  } catch (const InputError& e) {
+    // The library begins an override's errors with "override 'ASSIGNMENT': " (common/config.cpp).
+    const std::string message = e.what();
+    for (const std::string& assignment : set_flags) {
+      const std::string library_origin = "override '" + assignment + "': ";
+      if (message.starts_with(library_origin)) {
+        throw InputError("--set " + assignment + ": " + message.substr(library_origin.size()));
+      }
+    }
+    throw;
+  }
+}
+
 void add_run_flags(CLI::App* command, RunFlags& flags) {
   RunOptions& options = flags.run;
   command->add_option("--init-from", options.init_from,

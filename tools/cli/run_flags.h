@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <string>
+#include <vector>
 
 #include "common/config.h"
 #include "oracle/run.h"
@@ -20,6 +21,11 @@ struct RunFlags {
   std::string comm = "mpi";
   std::string fail_at;  // step:rank[:phase]
 };
+
+// The config of --config (`config_path`, empty: defaults only) with every --set section.key=value
+// applied in order. An error in an override names the flag as the user typed it:
+// "--set model.x=1: unknown config key 'model.x'".
+Config resolve_config_flags(const std::string& config_path, const std::vector<std::string>& set_flags);
 
 // Every flag of a run but --config, --set and --out.
 void add_run_flags(CLI::App* command, RunFlags& flags);

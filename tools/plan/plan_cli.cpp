@@ -16,6 +16,8 @@
 #include "plan/memory_plan.h"
 #include "plan/rank_memory.h"
 #include "plan/scaling_plan.h"
+#include "tools/cli/flag_values.h"
+#include "tools/cli/run_flags.h"
 
 namespace touchstone::plan {
 
@@ -96,6 +98,56 @@ CalendarInput calendar_input(const CalendarOptions& c, bool efficiency_given) {
                      fixed(*in.calendar_efficiency, 4));
   }
   return in;
+}
+
+// --recompute: the name of an activation recomputation.
+Recompute parse_recompute(const std::string& name) {
+  if (name == "none") return Recompute::kNone;
+  if (name == "selective") return Recompute::kSelective;
+  if (name == "full") return Recompute::kFull;
+  throw InputError("--recompute: unknown value \"" + name + "\" (none, selective or full)");
+}
+
+// --activations, but "auto" (resolved from the recipe and the shape by the caller).
+ActivationModel parse_activation_model(const std::string& name) {
+  if (name == "none") return ActivationModel::kNone;
+  if (name == "megatron-16bit") return ActivationModel::kMegatron16Bit;
+  if (name == "touchstone-fp64") return ActivationModel::kTouchstoneFp64;
+  throw InputError("--activations: unknown model \"" + name + "\" (megatron-16bit, touchstone-fp64 or none)");
+}
+
+// The memory plan's flags one by one, checked here so that each error names its flag; validate()
+// (plan/memory_plan.h) refuses the same values in its own words, and checks how they fit together
+// (divisibility, stages, activation models) saying what each value means.
+void check_memory_flags(const MemoryPlanInput& in) {
+  const auto at_least_one = [](const char* flag, int64_t value) {
+    if (value < 1) throw InputError(std::string(flag) + ": must be >= 1, got " + std::to_string(value));
+  };
+  at_least_one("--tp", in.tp);
+  at_least_one("--pp", in.pp);
+  if (in.dps.empty()) throw InputError("--dp: give at least one data-parallel size");
+  for (int64_t dp : in.dps) at_least_one("--dp", dp);
+  at_least_one("--micro-batch", in.micro_batch);
+  if (in.global_batch != 0) at_least_one("--global-batch", in.global_batch);  // 0: not given
+  if (in.gpu_memory_gb < 0) throw InputError("--gpu-memory-gb: must be > 0");
+  at_least_one("--vocab-multiple", in.vocab_multiple);
+  const bool shaped = in.shape.known();
+  if (!shaped && !(in.total_params > 0))
+    throw InputError(
+        "give --params or the model's shape (--layers, --hidden, --heads, --ffn, --vocab), or --config");
+  if (!shaped && in.activations != ActivationModel::kNone) {
+    throw InputError(
+        "--activations needs the model's shape (--layers, --hidden, --heads, --ffn, --vocab, --seq-length)");
+  }
+  if (!shaped && !in.stage_layers.empty()) throw InputError("--stage-layers needs --layers");
+  if (shaped) {
+    const ModelShape& m = in.shape;
+    at_least_one("--kv-heads", m.kv_heads);
+    at_least_one("--ffn", m.ffn);
+    at_least_one("--vocab", m.vocab);
+    if (in.activations != ActivationModel::kNone && m.seq < 1)
+      throw InputError("--seq-length: must be >= 1 to compute activations");
+  }
 }
 
 class PlanCommandImpl final : public PlanCommand {
@@ -206,18 +258,18 @@ void PlanCommandImpl::add_memory_options() {
 }
 
 Config PlanCommandImpl::config() const {
-  const nlohmann::json file = m_.config_path.empty() ? nlohmann::json() : read_config_file(m_.config_path);
-  Config config = resolve_config(file, m_.overrides, m_.config_path.empty() ? "config" : m_.config_path);
+  Config config = resolve_config_flags(m_.config_path, m_.overrides);
   validate_config(config, static_cast<int>(config.parallel.tp * config.parallel.pp * config.parallel.dp));
   return config;
 }
 
 MemoryPlanInput PlanCommandImpl::memory_input() const {
   MemoryPlanInput in;
-  in.recipe = find_recipe(m_.recipe);
+  const auto recipe_flag = [&] { return naming_flag("--recipe", [&] { return find_recipe(m_.recipe); }); };
+  in.recipe = recipe_flag();
   if (has_config()) {
     in = plan_input_from_config(config());
-    if (given("--recipe")) in.recipe = find_recipe(m_.recipe);
+    if (given("--recipe")) in.recipe = recipe_flag();
   }
   ModelShape& s = in.shape;
   if (given("--layers")) s.layers = m_.layers;
@@ -254,6 +306,7 @@ MemoryPlanInput PlanCommandImpl::memory_input() const {
   } else {
     in.activations = parse_activation_model(m_.activations);
   }
+  check_memory_flags(in);
   return in;
 }
 
