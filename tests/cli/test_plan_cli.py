@@ -175,10 +175,10 @@ class PlanCli(unittest.TestCase):
     def test_calendar_errors(self):
         compute = ["calendar", "--tokens", "10T", "--throughput", "1.6M", "--throughput-kind", "compute"]
         self.assert_refused(["calendar", "--tokens", "10T", "--throughput", "-1.6M", "--throughput-kind",
-                             "compute"], "--throughput: must be > 0 tokens/s, got -1.6e6")
-        self.assert_refused([*compute, "--tokens-done", "11T"], "--tokens-done: 11T is more than --tokens 10T")
+                             "compute"], "throughput: must be > 0 tokens/s, got -1.6e6")
+        self.assert_refused([*compute, "--tokens-done", "11T"], "tokens done: 11T is more than the 10T tokens to train")
         self.assert_refused([*compute, "--calendar-efficiency", "1.5"],
-                            "--calendar-efficiency: must be in (0, 1] (e.g. 0.9 or 90%), got 1.5000")
+                            "calendar efficiency: must be in (0, 1], got 1.5000")
         self.assert_refused([*compute, "--start-date", "2025-02-30"],
                             '--start-date: "2025-02-30" is not a valid date')
         self.assert_refused([*compute, "--start-date", "06/01/2025"],

@@ -70,8 +70,8 @@ double parse_efficiency(const std::string& text) {
   return percent_sign ? value / 100.0 : value;
 }
 
-// The calendar's flags parsed, and checked here so that each error names its flag (plan_calendar
-// refuses the same inputs in its own words).
+// The calendar's flags parsed into a CalendarInput (each parse error names its flag); plan_calendar
+// checks the values and words its refusals by meaning ("tokens done: ...").
 CalendarInput calendar_input(const CalendarOptions& c, bool efficiency_given) {
   CalendarInput in;
   in.tokens = parse_quantity(c.tokens, "--tokens");
@@ -80,23 +80,6 @@ CalendarInput calendar_input(const CalendarOptions& c, bool efficiency_given) {
   in.kind = parse_throughput_kind(c.kind);
   if (efficiency_given) in.calendar_efficiency = parse_efficiency(c.efficiency);
   if (!c.start_date.empty()) in.start_date = parse_start_date(c.start_date);
-  if (!(in.throughput > 0))
-    throw InputError("--throughput: must be > 0 tokens/s, got " + scientific(in.throughput));
-  if (!(in.tokens > 0)) throw InputError("--tokens: must be > 0, got " + scientific(in.tokens));
-  if (in.tokens_done < 0) throw InputError("--tokens-done: must be >= 0, got " + scientific(in.tokens_done));
-  if (in.tokens_done > in.tokens) {
-    throw InputError("--tokens-done: " + short_quantity(in.tokens_done) + " is more than --tokens " +
-                     short_quantity(in.tokens));
-  }
-  if (in.kind == ThroughputKind::kWallClock && in.calendar_efficiency) {
-    throw InputError(
-        "--calendar-efficiency cannot be applied to a --throughput-kind wall-clock throughput: it "
-        "already includes the losses, and discounting it again would count them twice");
-  }
-  if (in.calendar_efficiency && !(*in.calendar_efficiency > 0 && *in.calendar_efficiency <= 1)) {
-    throw InputError("--calendar-efficiency: must be in (0, 1] (e.g. 0.9 or 90%), got " +
-                     fixed(*in.calendar_efficiency, 4));
-  }
   return in;
 }
 
