@@ -31,6 +31,7 @@
 #include "oracle/diff/diff.h"
 #include "oracle/diff/metrics.h"
 #include "oracle/diff/report.h"
+#include "tools/cli/run_flags.h"
 
 namespace touchstone {
 
@@ -121,8 +122,7 @@ void add_check_parallel_options(CLI::App* command, CheckParallelOptions& options
 int run_check_parallel(const CheckParallelOptions& options) {
   const nlohmann::json file =
       options.config_path.empty() ? nlohmann::json() : read_config_file(options.config_path);
-  const Config base =
-      resolve_config(file, options.overrides, options.config_path.empty() ? "config" : options.config_path);
+  const Config base = resolve_config_flags(options.config_path, options.overrides);
   validate_config(base, 1);
   const bool fp64 = base.precision == Precision::kFp64;
   std::vector<Layout> layouts = all_layouts(base.model.num_layers);
