@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint_store.h"
 #include "common/errors.h"
 #include "common/hash.h"
 #include "common/version.h"
@@ -126,26 +127,39 @@ ParamTensors read_tensors(const VerifyingReader& file, const std::string& group,
 
 }  // namespace
 
-CheckpointFileWriter::CheckpointFileWriter(const std::string& path, const Config& config) : writer_(path) {
-  writer_.set_attribute("/", "format", std::string(kFormat));
-  writer_.set_attribute("/", "format_version", kFormatVersion);
-  writer_.set_attribute("/", "config", to_json(config).dump());
-  writer_.set_attribute("/", "layout", layout_json(config).dump());
-  writer_.set_attribute("/", "precision", option_name(config.precision));
-  writer_.set_attribute("/", "generator", generator_string());
+CheckpointFileWriter::CheckpointFileWriter(const std::string& path, const Config& config) : path_(path) {
+  try {
+    writer_.emplace(path);
+    writer_->set_attribute("/", "format", std::string(kFormat));
+    writer_->set_attribute("/", "format_version", kFormatVersion);
+    writer_->set_attribute("/", "config", to_json(config).dump());
+    writer_->set_attribute("/", "layout", layout_json(config).dump());
+    writer_->set_attribute("/", "precision", option_name(config.precision));
+    writer_->set_attribute("/", "generator", generator_string());
+  } catch (...) {
+    writer_.reset();
+    CheckpointStore::abandon_save_of(path_);
+    throw;
+  }
+}
+
+CheckpointFileWriter::~CheckpointFileWriter() {
+  if (committed_) return;
+  writer_.reset();  // removes the temporary file
+  CheckpointStore::abandon_save_of(path_);
 }
 
 void CheckpointFileWriter::checksum(const std::string& path, const void* data, size_t bytes) {
-  writer_.set_attribute(path, kChecksum, hex64(fnv1a64(data, bytes)));
+  writer_->set_attribute(path, kChecksum, hex64(fnv1a64(data, bytes)));
 }
 
 void CheckpointFileWriter::write_progress(const Config& config, const TrainingState& state) {
   const auto scalar_i64 = [&](const std::string& path, int64_t value) {
-    writer_.write_scalar_i64(path, value);
+    writer_->write_scalar_i64(path, value);
     checksum(path, &value, sizeof value);
   };
   const auto scalar_f64 = [&](const std::string& path, double value) {
-    writer_.write_scalar_f64(path, value);
+    writer_->write_scalar_f64(path, value);
     checksum(path, &value, sizeof value);
   };
   scalar_i64("/state/step", state.step);
@@ -153,8 +167,8 @@ void CheckpointFileWriter::write_progress(const Config& config, const TrainingSt
   scalar_i64("/state/next_sample_index", state.consumed_samples);
   scalar_f64("/scheduler/lr", state.lr);
   scalar_i64("/rng/seed", config.train.seed);
-  writer_.set_attribute("/rng/seed", "algorithm", std::string("philox4x32-10"));
-  writer_.set_attribute(
+  writer_->set_attribute("/rng/seed", "algorithm", std::string("philox4x32-10"));
+  writer_->set_attribute(
       "/rng/seed", "keyed_by",
       std::string("(seed, stream name, global element or sample index): no state beyond the seed "
                   "and /state/next_sample_index"));
@@ -164,12 +178,15 @@ void CheckpointFileWriter::write_tensors(const std::string& group, const ParamTa
                                          const ParamTensors& tensors) {
   for (int id = 0; id < table.size(); ++id) {
     const std::string path = group + "/" + table[id].name;
-    writer_.write_f64(path, tensors[id].data(), table[id].shape);
+    writer_->write_f64(path, tensors[id].data(), table[id].shape);
     checksum(path, tensors[id].data(), tensors[id].size() * sizeof(double));
   }
 }
 
-void CheckpointFileWriter::commit() { writer_.commit(); }
+void CheckpointFileWriter::commit() {
+  writer_->commit();
+  committed_ = true;
+}
 
 Config checkpoint_config(const std::string& path) {
   const h5::H5Reader reader(path);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "common/config.h"
@@ -27,11 +28,17 @@ struct TrainingState {
 };
 
 // Writes a checkpoint file in parts, so that a run can gather and write one group of tensors at a
-// time; the file appears at `path` only on commit().
+// time; the file appears at `path` only on commit(). A write the file system refuses (a full disk)
+// throws InputError naming the file.
 class CheckpointFileWriter {
  public:
   // Writes the root attributes (format, the resolved config, the layout, the generator).
   CheckpointFileWriter(const std::string& path, const Config& config);
+  // Without commit() (a save that failed), removes its temporary file and then the partial directory
+  // that CheckpointStore::begin_save() made for it, so that a failed save leaves nothing behind.
+  ~CheckpointFileWriter();
+  CheckpointFileWriter(const CheckpointFileWriter&) = delete;
+  CheckpointFileWriter& operator=(const CheckpointFileWriter&) = delete;
 
   // /state/* scalars and /rng/seed.
   void write_progress(const Config& config, const TrainingState& state);
@@ -42,11 +49,14 @@ class CheckpointFileWriter {
  private:
   void checksum(const std::string& path, const void* data, size_t bytes);
 
-  h5::H5Writer writer_;
+  std::string path_;
+  bool committed_ = false;
+  std::optional<h5::H5Writer> writer_;  // reset before the partial directory is removed
 };
 
 // Reads and verifies the checkpoint file at `path` for a run with `config`. Throws InputError naming
-// the file and the key, tensor or check that failed.
+// the file and the key, tensor or check that failed. HDF5 parses the file: one that may be damaged is
+// checked against its manifest first (load_checkpoint_directory, checkpoint_store.h).
 TrainingState read_checkpoint_file(const std::string& path, const Config& config);
 
 // The config stored in a checkpoint file (its root attribute), for reports.

@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <system_error>
 
 #include "common/errors.h"
 #include "common/hash.h"
@@ -48,17 +50,33 @@ int64_t step_of(const std::string& name) {
   if (name.rfind(kStepPrefix, 0) != 0 || name.size() <= std::char_traits<char>::length(kStepPrefix))
     return -1;
   const std::string digits = name.substr(std::char_traits<char>::length(kStepPrefix));
-  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) return -1;
+  if (digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return -1;
   return std::stoll(digits);
+}
+
+// The manifest's structure, checked so that a damaged manifest is refused like any damaged file.
+void check_manifest_fields(const nlohmann::json& manifest, const fs::path& path) {
+  if (!manifest.is_object() || !manifest.contains("step") || !manifest["step"].is_number_integer() ||
+      !manifest.contains("files") || !manifest["files"].is_object()) {
+    throw InputError(path.string() + ": manifest lacks an integer \"step\" or the \"files\" object");
+  }
+  for (const auto& [name, entry] : manifest["files"].items()) {
+    if (!entry.is_object() || !entry.contains("bytes") || !entry["bytes"].is_number_unsigned() ||
+        !entry.contains("fnv1a64") || !entry["fnv1a64"].is_string() || name.empty() ||
+        name.find('/') != std::string::npos || name == "." || name == "..") {
+      throw InputError(path.string() + ": manifest entry \"" + name +
+                       "\" is not a file name with \"bytes\" and \"fnv1a64\"");
+    }
+  }
 }
 
 void verify_manifest(const fs::path& directory, int64_t expected_step) {
   if (!fs::is_directory(directory))
     throw InputError(directory.string() + ": checkpoint directory is missing");
   const nlohmann::json manifest = read_json(directory / kManifest, "manifest (an incomplete checkpoint)");
-  if (!manifest.contains("step") || !manifest.contains("files") || !manifest["files"].is_object()) {
-    throw InputError((directory / kManifest).string() + ": manifest lacks \"step\" or \"files\"");
-  }
+  check_manifest_fields(manifest, directory / kManifest);
   if (manifest["step"].get<int64_t>() != expected_step) {
     throw InputError((directory / kManifest).string() + ": manifest is for step " +
                      std::to_string(manifest["step"].get<int64_t>()) + ", the directory for step " +
@@ -83,9 +101,11 @@ void verify_manifest(const fs::path& directory, int64_t expected_step) {
   }
 }
 
-// After the structured checks, so that a corrupted tensor is named rather than reported as a file.
+// From the raw bytes, before HDF5 opens the file: the library trusts what it parses, and damaged
+// metadata can crash it (docs/checkpoints.md), so nothing of a file is parsed until it is known intact.
 void verify_file_checksums(const fs::path& directory) {
   const nlohmann::json manifest = read_json(directory / kManifest, "manifest");
+  check_manifest_fields(manifest, directory / kManifest);
   for (const auto& [name, entry] : manifest["files"].items()) {
     const std::string actual = file_checksum(directory / name);
     if (actual != entry.at("fnv1a64").get<std::string>()) {
@@ -120,8 +140,8 @@ void write_manifest(const fs::path& directory, int64_t step) {
 TrainingState load_checkpoint_directory(const fs::path& directory, const Config& config) {
   const int64_t step = step_of(directory.filename().string());
   verify_manifest(directory, step);
-  TrainingState state = read_checkpoint_file((directory / kStateFile).string(), config);
   verify_file_checksums(directory);
+  TrainingState state = read_checkpoint_file((directory / kStateFile).string(), config);
   if (state.step != step) {
     throw InputError((directory / kStateFile).string() + ": holds step " + std::to_string(state.step) +
                      ", the directory is for step " + std::to_string(step));
@@ -146,13 +166,27 @@ fs::path CheckpointStore::begin_save(int64_t step) const {
   return partial / kStateFile;
 }
 
+void CheckpointStore::abandon_save_of(const fs::path& state_file) {
+  const fs::path partial = state_file.parent_path();
+  if (partial.filename().string().rfind(kPartialPrefix, 0) != 0) return;
+  std::error_code ignored;
+  fs::remove_all(partial, ignored);
+}
+
 fs::path CheckpointStore::commit_save(int64_t step) const {
   const fs::path partial = directory_ / (kPartialPrefix + step_directory_name(step));
   const fs::path final_directory = directory_ / step_directory_name(step);
-  write_manifest(partial, step);
-  sync_directory(partial.string());
-  fs::remove_all(final_directory);  // a step saved again after a restart replaces the older save
-  fs::rename(partial, final_directory);
+  try {
+    write_manifest(partial, step);
+    sync_directory(partial.string());
+    fs::remove_all(final_directory);  // a step saved again after a restart replaces the older save
+    fs::rename(partial, final_directory);
+  } catch (const std::exception& e) {
+    // The file system refused (a full disk): the save is reported like any output that cannot be
+    // written, and leaves nothing behind.
+    abandon_save_of(partial / kStateFile);
+    throw InputError(partial.string() + ": cannot publish the checkpoint (" + e.what() + ")");
+  }
   sync_directory(directory_.string());
   const nlohmann::json latest = {{"step", step}, {"directory", step_directory_name(step)}};
   write_text_file_atomically((directory_ / kLatest).string(), latest.dump() + "\n");

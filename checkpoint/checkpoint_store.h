@@ -39,6 +39,9 @@ class CheckpointStore {
   // crash); commit_save() publishes it as described above and returns the final directory.
   std::filesystem::path begin_save(int64_t step) const;
   std::filesystem::path commit_save(int64_t step) const;
+  // Removes the partial directory holding `state_file` (a path begin_save() returned), after a save
+  // failed; any other path is left alone. Never throws. A failed commit_save() calls it itself.
+  static void abandon_save_of(const std::filesystem::path& state_file);
   // Removes partial directories left by saves that died (none is in progress when a run starts).
   void remove_partial_saves() const;
 
@@ -47,10 +50,11 @@ class CheckpointStore {
   // The step latest.json names, if the record exists. Throws InputError when it is unreadable.
   std::optional<int64_t> latest_step() const;
 
-  // Loads the checkpoint latest.json names, verified (manifest, sizes, checksums, compatibility with
-  // `config`). Without a latest record and without any checkpoint directory: nullopt (a fresh start).
-  // A refused checkpoint throws InputError naming what is wrong, unless `fallback`, in which case the
-  // next older complete checkpoint is tried (each refusal recorded in `skipped`).
+  // Loads the checkpoint latest.json names, verified (manifest, sizes, the file's checksum before HDF5
+  // parses anything, then its content and compatibility with `config`). Without a latest record and without
+  // any checkpoint directory: nullopt (a fresh start). A refused checkpoint throws InputError naming what is
+  // wrong, unless `fallback`, in which case the next older complete checkpoint is tried (each refusal
+  // recorded in `skipped`).
   std::optional<LoadedCheckpoint> load_latest(const Config& config, bool fallback) const;
 
  private:

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "common/errors.h"
+#include "common/h5_vlen_check.h"
 
 namespace touchstone::h5 {
 namespace {
@@ -43,8 +44,49 @@ class Handle {
   herr_t (*close_)(hid_t);
 };
 
+// Runs before every use of the library.
+//
 // HDF5 prints its whole error stack to stderr by default; our exceptions carry the one line that matters.
-void silence_hdf5_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+//
+// HDF5 1.10 frees a file whose H5Fclose fails (its closing flush fails: a full disk) but keeps the
+// identifier, and the handler it registers with atexit closes every identifier left, that one again:
+// a crash after the error was reported. Nothing is left open at exit (every identifier here is closed
+// by its owner), so the handler has no work; H5dont_atexit must come before the library's first call.
+void prepare_library() {
+  static const bool exit_handler_off = H5dont_atexit() >= 0;
+  (void)exit_handler_off;
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
+
+// Collects the description of the innermost error (the first one the walk from it upwards meets).
+herr_t innermost_error(unsigned position, const H5E_error2_t* error, void* out) {
+  if (position == 0 && error->desc != nullptr) *static_cast<std::string*>(out) = error->desc;
+  return 0;
+}
+
+// What HDF5 says went wrong in the call that just failed, on one line: the file system's message when
+// the failure was a read or write of the file ("No space left on device"), else the library's own
+// description of the innermost error ("bad object header version number"). Empty when it said nothing.
+std::string hdf5_reason() {
+  std::string text;
+  if (H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, innermost_error, &text) < 0) return "";
+  const std::string system_marker = "error message = '";
+  const size_t system = text.find(system_marker);
+  if (system != std::string::npos) {
+    const size_t from = system + system_marker.size();
+    text = text.substr(from, text.find('\'', from) - from);
+  }
+  std::replace(text.begin(), text.end(), '\n', ' ');
+  constexpr size_t kLongest = 160;
+  if (text.size() > kLongest) text = text.substr(0, kLongest) + "...";
+  return text;
+}
+
+// `message`, with HDF5's reason in parentheses when it gave one.
+std::string with_reason(const std::string& message) {
+  const std::string reason = hdf5_reason();
+  return reason.empty() ? message : message + " (" + reason + ")";
+}
 
 // Closing the written file also closes any object still open in it, so that the file is complete on
 // disk before commit() renames it.
@@ -105,7 +147,7 @@ herr_t collect_name(hid_t /*group*/, const char* name, const H5L_info_t* /*info*
 // H5Writer
 
 H5Writer::H5Writer(std::string final_path) : final_path_(std::move(final_path)) {
-  silence_hdf5_errors();
+  prepare_library();
   // Same directory as the final file, so that the rename in commit() stays within one file system.
   temp_path_ = final_path_ + ".tmp." + std::to_string(static_cast<long long>(getpid()));
   Handle fapl = strong_close_fapl();
@@ -114,14 +156,27 @@ H5Writer::H5Writer(std::string final_path) : final_path_(std::move(final_path)) 
   if (file_ < 0) {
     // errno is the file system's reason when the failure came from creating the file at all.
     const std::string reason = errno != 0 ? std::string(" (") + std::strerror(errno) + ")" : std::string();
-    throw std::runtime_error(final_path_ + ": cannot create the temporary file " + temp_path_ + reason);
+    unlink(temp_path_.c_str());  // in case the file was created before the failure
+    throw InputError(final_path_ + ": cannot create the temporary file " + temp_path_ + reason);
   }
 }
 
 H5Writer::~H5Writer() {
-  if (committed_) return;
-  if (file_ >= 0) H5Fclose(file_);
-  file_ = -1;
+  if (!committed_) discard();
+}
+
+// The way out of a write that failed. Closing flushes what HDF5 still holds, and on a full disk that
+// flush fails like the write before it; a failed close in HDF5 1.10 leaves a freed file behind its
+// identifier (see prepare_library). The temporary file is worthless by now, so it is first truncated:
+// that gives its blocks back to the file system and the closing flush can succeed.
+void H5Writer::discard() {
+  if (file_ >= 0) {
+    if (truncate(temp_path_.c_str(), 0) != 0) {
+      // Nothing more to free; the close below may fail, and the file is removed either way.
+    }
+    H5Fclose(file_);
+    file_ = -1;
+  }
   unlink(temp_path_.c_str());
 }
 
@@ -153,7 +208,7 @@ void write_dataset(hid_t file, bool committed, const std::string& file_name, con
   }
   // A zero-element dataset has nothing to transfer, and HDF5 rejects a null buffer.
   if (count > 0 && H5Dwrite(dataset.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
-    throw std::runtime_error(file_name + ": cannot write dataset " + path);
+    throw InputError(with_reason(file_name + ": cannot write dataset " + path));
   }
 }
 
@@ -242,24 +297,25 @@ void H5Writer::set_attribute(const std::string& object_path, const std::string& 
 
 void H5Writer::commit() {
   if (committed_ || file_ < 0) throw std::runtime_error(final_path_ + ": commit called twice");
-  const bool flushed = H5Fflush(file_, H5F_SCOPE_GLOBAL) >= 0;
+  // A flush that fails (a full disk) leaves the file to discard(): closing it would fail the same way.
+  if (H5Fflush(file_, H5F_SCOPE_GLOBAL) < 0) {
+    throw InputError(with_reason(final_path_ + ": cannot write " + temp_path_));
+  }
   const hid_t file = file_;
   file_ = -1;
-  if (H5Fclose(file) < 0 || !flushed) {
-    throw std::runtime_error(final_path_ + ": cannot flush and close " + temp_path_);
-  }
+  if (H5Fclose(file) < 0) throw InputError(with_reason(final_path_ + ": cannot close " + temp_path_));
   // HDF5 does not sync to disk; without the fsync a crash after the rename could leave a final file
   // whose data never reached the disk.
   const int fd = open(temp_path_.c_str(), O_RDONLY);
   if (fd < 0 || fsync(fd) != 0) {
     const std::string reason = std::strerror(errno);
     if (fd >= 0) close(fd);
-    throw std::runtime_error(final_path_ + ": cannot sync " + temp_path_ + " (" + reason + ")");
+    throw InputError(final_path_ + ": cannot sync " + temp_path_ + " (" + reason + ")");
   }
   close(fd);
   if (std::rename(temp_path_.c_str(), final_path_.c_str()) != 0) {
-    throw std::runtime_error(final_path_ + ": cannot rename " + temp_path_ + " into place (" +
-                             std::strerror(errno) + ")");
+    throw InputError(final_path_ + ": cannot rename " + temp_path_ + " into place (" + std::strerror(errno) +
+                     ")");
   }
   committed_ = true;
   // Makes the rename itself durable; the file is complete either way, so a failure here is not fatal.
@@ -288,23 +344,73 @@ struct OpenDataset {
 OpenDataset open_dataset(hid_t file, const std::string& file_name, const std::string& path) {
   if (!link_exists(file, path)) throw InputError(file_name + ": no dataset " + path);
   Handle dataset(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
-  if (!dataset.valid()) throw InputError(file_name + ": " + path + " is not a dataset");
+  if (!dataset.valid()) throw InputError(with_reason(file_name + ": " + path + " is not a dataset"));
   Handle type(H5Dget_type(dataset.get()), H5Tclose);
+  if (!type.valid()) throw InputError(with_reason(file_name + ": cannot read the type of dataset " + path));
   Handle space(H5Dget_space(dataset.get()), H5Sclose);
-  if (!type.valid() || !space.valid()) throw InputError(file_name + ": cannot read dataset " + path);
+  if (!space.valid()) throw InputError(with_reason(file_name + ": cannot read the shape of dataset " + path));
   const hssize_t count = H5Sget_simple_extent_npoints(space.get());
-  if (count < 0) throw InputError(file_name + ": cannot read the shape of dataset " + path);
+  if (count < 0) throw InputError(with_reason(file_name + ": cannot read the shape of dataset " + path));
+  // Stored in the file and without a filter, the elements are bytes of the file, so a shape that claims
+  // more is damage, refused here rather than met as an allocation of that size.
+  Handle plist(H5Dget_create_plist(dataset.get()), H5Pclose);
+  hsize_t file_bytes = 0;
+  const size_t element_bytes = H5Tget_size(type.get());
+  const bool bytes_in_file = plist.valid() && H5Pget_nfilters(plist.get()) == 0 &&
+                             H5Pget_external_count(plist.get()) == 0 &&
+                             H5Pget_layout(plist.get()) != H5D_VIRTUAL;
+  if (bytes_in_file && H5Fget_filesize(file, &file_bytes) >= 0 && element_bytes > 0 &&
+      static_cast<hsize_t>(count) > file_bytes / element_bytes) {
+    throw InputError(file_name + ": dataset " + path + " claims " + std::to_string(count) +
+                     " elements, more than the file holds");
+  }
   return OpenDataset{std::move(dataset), std::move(type), std::move(space), static_cast<size_t>(count)};
+}
+
+// The object header address and the address sizes of the file, for check_vlen_attribute.
+VlenCheck check_vlen(hid_t file, const std::string& file_name, const std::string& object_path,
+                     const std::string& name) {
+  const std::string failure = file_name + ": cannot locate attribute " + name + " on " + object_path;
+  Handle plist(H5Fget_create_plist(file), H5Pclose);
+  size_t address_bytes = 0, length_bytes = 0;
+  hsize_t user_block = 0;
+  if (!plist.valid() || H5Pget_sizes(plist.get(), &address_bytes, &length_bytes) < 0 ||
+      H5Pget_userblock(plist.get(), &user_block) < 0) {
+    throw InputError(with_reason(failure));
+  }
+  haddr_t header_address = HADDR_UNDEF;
+#if H5_VERSION_GE(1, 12, 0)
+  H5O_info2_t info{};
+  if (H5Oget_info_by_name3(file, object_path.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0 ||
+      H5VLnative_token_to_addr(file, info.token, &header_address) < 0) {
+    throw InputError(with_reason(failure));
+  }
+#else
+  H5O_info_t info{};
+  if (H5Oget_info_by_name2(file, object_path.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0) {
+    throw InputError(with_reason(failure));
+  }
+  header_address = info.addr;
+#endif
+  FileGeometry geometry;
+  geometry.base = user_block;
+  geometry.address_bytes = static_cast<unsigned>(address_bytes);
+  geometry.length_bytes = static_cast<unsigned>(length_bytes);
+  return check_vlen_attribute(file_name, geometry, header_address, name);
 }
 
 }  // namespace
 
 H5Reader::H5Reader(std::string path) : path_(std::move(path)) {
-  silence_hdf5_errors();
+  prepare_library();
   // Default access properties: HDF5 refuses to open one file twice with different close degrees, and
   // other code in the process may open the same file on its own.
   file_ = H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (file_ < 0) throw InputError(path_ + ": cannot open as HDF5 (missing or not an HDF5 file)");
+  if (file_ < 0) {
+    const std::string reason = hdf5_reason();
+    throw InputError(path_ + ": cannot open as HDF5 (missing or not an HDF5 file" +
+                     (reason.empty() ? "" : ": " + reason) + ")");
+  }
 }
 
 H5Reader::~H5Reader() {
@@ -336,10 +442,10 @@ bool H5Reader::is_group(const std::string& path) const {
 std::vector<std::string> H5Reader::children(const std::string& group_path) const {
   if (!exists(group_path)) throw InputError(path_ + ": no group " + group_path);
   Handle group(H5Gopen2(file_, group_path.c_str(), H5P_DEFAULT), H5Gclose);
-  if (!group.valid()) throw InputError(path_ + ": " + group_path + " is not a group");
+  if (!group.valid()) throw InputError(with_reason(path_ + ": " + group_path + " is not a group"));
   std::vector<std::string> names;
   if (H5Literate(group.get(), H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, collect_name, &names) < 0) {
-    throw InputError(path_ + ": cannot list group " + group_path);
+    throw InputError(with_reason(path_ + ": cannot list group " + group_path));
   }
   // Byte order, whatever the index order the file happens to store.
   std::sort(names.begin(), names.end());
@@ -355,7 +461,7 @@ std::vector<double> H5Reader::read_f64(const std::string& path) const {
   std::vector<double> values(d.count);
   if (d.count > 0 &&
       H5Dread(d.dataset.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) < 0) {
-    throw InputError(path_ + ": cannot read dataset " + path);
+    throw InputError(with_reason(path_ + ": cannot read dataset " + path));
   }
   return values;
 }
@@ -372,7 +478,7 @@ std::vector<int64_t> H5Reader::read_i64(const std::string& path) const {
   if (H5Tget_sign(d.type.get()) == H5T_SGN_NONE && H5Tget_size(d.type.get()) >= sizeof(uint64_t)) {
     std::vector<uint64_t> raw(d.count);
     if (H5Dread(d.dataset.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, raw.data()) < 0) {
-      throw InputError(path_ + ": cannot read dataset " + path);
+      throw InputError(with_reason(path_ + ": cannot read dataset " + path));
     }
     for (size_t i = 0; i < raw.size(); ++i) {
       if (raw[i] > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
@@ -383,7 +489,7 @@ std::vector<int64_t> H5Reader::read_i64(const std::string& path) const {
     return values;
   }
   if (H5Dread(d.dataset.get(), H5T_NATIVE_INT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) < 0) {
-    throw InputError(path_ + ": cannot read dataset " + path);
+    throw InputError(with_reason(path_ + ": cannot read dataset " + path));
   }
   return values;
 }
@@ -428,7 +534,9 @@ Handle open_attribute(hid_t file, const std::string& file_name, const std::strin
   }
   Handle attr(H5Aopen(object.get(), name.c_str(), H5P_DEFAULT), H5Aclose);
   Handle space(attr.valid() ? H5Aget_space(attr.get()) : -1, H5Sclose);
-  if (!space.valid()) throw InputError(file_name + ": cannot read attribute " + name + " on " + object_path);
+  if (!space.valid()) {
+    throw InputError(with_reason(file_name + ": cannot read attribute " + name + " on " + object_path));
+  }
   if (H5Sget_simple_extent_npoints(space.get()) != 1) {
     throw InputError(file_name + ": attribute " + name + " on " + object_path + " is not a single value");
   }
@@ -447,13 +555,19 @@ std::string H5Reader::string_attribute(const std::string& object_path, const std
   const htri_t variable = H5Tis_variable_str(type.get());
   if (variable < 0) throw InputError(read_error);
   if (variable > 0) {
+    // HDF5 would follow the stored heap ID and length without checking them (h5_vlen_check.h).
+    const VlenCheck check = check_vlen(file_, path_, object_path, name);
+    if (check.outcome == VlenCheck::Outcome::kDamaged) {
+      throw InputError(path_ + ": attribute " + name + " on " + object_path + " is damaged (" + check.reason +
+                       ")");
+    }
     Handle mem_type(H5Tcopy(H5T_C_S1), H5Tclose);
     if (!mem_type.valid() || H5Tset_size(mem_type.get(), H5T_VARIABLE) < 0 ||
         H5Tset_cset(mem_type.get(), H5Tget_cset(type.get())) < 0) {
       throw InputError(read_error);
     }
     char* text = nullptr;
-    if (H5Aread(attr.get(), mem_type.get(), &text) < 0) throw InputError(read_error);
+    if (H5Aread(attr.get(), mem_type.get(), &text) < 0) throw InputError(with_reason(read_error));
     std::string value = text == nullptr ? std::string() : std::string(text);
     H5free_memory(text);
     return value;

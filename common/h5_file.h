@@ -2,7 +2,12 @@
 //
 // H5Writer never leaves a partial file at the final path: it writes to a temporary file in the same
 // directory and commit() renames it into place (rename is atomic within one file system). A writer
-// destroyed without commit() removes its temporary file.
+// destroyed without commit() removes its temporary file, also after a write failed (a full disk).
+//
+// H5Reader reports every failure as an InputError naming the file and the object, with HDF5's reason.
+// What HDF5 1.10 follows without checking its bounds, and crashes on when it is damaged, it checks from
+// the raw bytes first: the heap entries of variable-length strings (h5_vlen_check.h). Files with a
+// checksum of their own (checkpoints) are checked against it before they are opened here.
 #pragma once
 
 #include <cstdint>
@@ -35,12 +40,16 @@ class H5Writer {
   void set_attribute(const std::string& object_path, const std::string& name, double value);
 
   // Flushes, closes, syncs and renames the temporary file to the final path. Any call after a
-  // successful commit() throws. Writer failures throw std::runtime_error naming the file and object.
+  // successful commit() throws. Writer failures throw std::runtime_error naming the file and object:
+  // InputError (which the command line reports as one line, status 2) when the file system refused a
+  // write (no space, a file size limit), with its reason.
   void commit();
 
   const std::string& final_path() const { return final_path_; }
 
  private:
+  void discard();  // closes the uncommitted file however a write failed, and removes it
+
   std::string final_path_;
   std::string temp_path_;
   int64_t file_ = -1;  // hid_t
