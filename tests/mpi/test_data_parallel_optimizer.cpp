@@ -41,13 +41,13 @@ constexpr double kGradScale = 1.0 / 37.0;  // as 1/num_loss_tokens: not a power 
 // V=5, H=3, one head, F=1, 2 layers: 15 + 2 x 51 + 3 + 15 = 135 elements, an odd count.
 Config odd_sized_config(double clip_grad) {
   Config c;
-  c.model.vocab_size = 5;
-  c.model.hidden_size = 3;
-  c.model.num_layers = 2;
-  c.model.num_heads = 1;
-  c.model.num_kv_heads = 1;
-  c.model.ffn_hidden_size = 1;
-  c.model.seq_length = 4;
+  c.model = ModelConfig{.vocab_size = 5,
+                        .hidden_size = 3,
+                        .num_layers = 2,
+                        .num_heads = 1,
+                        .num_kv_heads = 1,
+                        .ffn_hidden_size = 1,
+                        .seq_length = 4};
   c.parallel.dp = testing::world_size();
   c.optim.lr = 1e-2;
   c.optim.min_lr = 1e-3;

@@ -46,6 +46,20 @@ void for_every_tp_group(const std::function<void(const Grid&, ProcessGroup&)>& c
   }
 }
 
+// Runs `check` on a region of every tp group of for_every_tp_group, without and with sequence
+// parallelism, with the replica (dp rank) whose inputs the check draws.
+void for_every_region(
+    Backend& backend,
+    const std::function<void(const Grid&, ProcessGroup&, const TensorParallelRegion&, int)>& check) {
+  for_every_tp_group([&](const Grid& grid, ProcessGroup& tp) {
+    for (bool sequence_parallel : {false, true}) {
+      SCOPED_TRACE(sequence_parallel ? "sequence parallel" : "plain tp");
+      const TensorParallelRegion region(tp, sequence_parallel, backend);
+      check(grid, tp, region, grid.coordinates().dp_rank);
+    }
+  });
+}
+
 // Distinct small integers for (replica, tp rank, row, column), so a block from the wrong rank, row or
 // replica changes the value; at most 8 in magnitude, so their sums and dot products are exact in FP64.
 double entry(int replica, int rank, int64_t row, int64_t col) {
@@ -118,17 +132,13 @@ std::vector<double> sum_over_ranks(int replica, int tp_size, int64_t first_row, 
 
 TEST_F(TensorRegionTest, ReduceSumsThePartialSumsWholeOrThisRanksBlock) {
   auto backend = make_cpu_backend();
-  for_every_tp_group([&](const Grid& grid, ProcessGroup& tp) {
-    const int replica = grid.coordinates().dp_rank;
-    for (bool sequence_parallel : {false, true}) {
-      SCOPED_TRACE(sequence_parallel ? "sequence parallel" : "plain tp");
-      const TensorParallelRegion region(tp, sequence_parallel, *backend);
-      std::vector<double> partial = block(replica, tp.rank(), 0, kRows), local;
-      region.reduce(partial, kRows, kCols, local);
-      const int64_t first = region.first_local_row(kRows), rows = region.local_rows(kRows);
-      EXPECT_EQ(local, sum_over_ranks(replica, tp.size(), first, rows));
-    }
-  });
+  for_every_region(*backend,
+                   [&](const Grid&, ProcessGroup& tp, const TensorParallelRegion& region, int replica) {
+                     std::vector<double> partial = block(replica, tp.rank(), 0, kRows), local;
+                     region.reduce(partial, kRows, kCols, local);
+                     const int64_t first = region.first_local_row(kRows), rows = region.local_rows(kRows);
+                     EXPECT_EQ(local, sum_over_ranks(replica, tp.size(), first, rows));
+                   });
 }
 
 TEST_F(TensorRegionTest, Bf16ReduceRoundsTheSumOnceThroughFp32) {
@@ -198,39 +208,36 @@ double dot_of_region_tensor(const Grid& grid, bool sequence_parallel, const std:
 
 TEST_F(TensorRegionTest, ReduceIsTheBackwardOfGatherAndGatherOfReduce) {
   auto backend = make_cpu_backend();
-  for_every_tp_group([&](const Grid& grid, ProcessGroup& tp) {
-    const int replica = grid.coordinates().dp_rank;
-    for (bool sequence_parallel : {false, true}) {
-      SCOPED_TRACE(sequence_parallel ? "sequence parallel" : "plain tp");
-      const TensorParallelRegion region(tp, sequence_parallel, *backend);
-      const int64_t rows = region.local_rows(kRows), first = region.first_local_row(kRows);
-      const int shard_rank = sequence_parallel ? tp.rank() : 0;  // plain tp: the same tensor everywhere
+  for_every_region(
+      *backend, [&](const Grid& grid, ProcessGroup& tp, const TensorParallelRegion& region, int replica) {
+        const bool sequence_parallel = region.sequence_parallel();
+        const int64_t rows = region.local_rows(kRows), first = region.first_local_row(kRows);
+        const int shard_rank = sequence_parallel ? tp.rank() : 0;  // plain tp: the same tensor everywhere
 
-      // Gather G: x (the region's input, held as the residual stream is) -> the full tensor on every
-      // rank; y_r: rank r's partial gradient of that full tensor. sum_r <G(x)_r, y_r> = <x, R(y)>.
-      const std::vector<double> x = block(replica, shard_rank, first, rows);
-      const std::vector<double> y = block(replica + 3, tp.rank() + 1, 0, kRows);
-      std::vector<double> gathered_x, y_consumed = y, reduced_y;
-      region.gather(x, kRows, kCols, gathered_x);
-      region.reduce(y_consumed, kRows, kCols, reduced_y);
-      const double through_gather = sum_over_tp_group(grid, dot(gathered_x, y));
-      EXPECT_EQ(through_gather, dot_of_region_tensor(grid, sequence_parallel, x, reduced_y))
-          << "the backward of gather is not reduce";
-      EXPECT_NE(through_gather, 0.0);  // an identity between zeros would prove nothing
+        // Gather G: x (the region's input, held as the residual stream is) -> the full tensor on every
+        // rank; y_r: rank r's partial gradient of that full tensor. sum_r <G(x)_r, y_r> = <x, R(y)>.
+        const std::vector<double> x = block(replica, shard_rank, first, rows);
+        const std::vector<double> y = block(replica + 3, tp.rank() + 1, 0, kRows);
+        std::vector<double> gathered_x, y_consumed = y, reduced_y;
+        region.gather(x, kRows, kCols, gathered_x);
+        region.reduce(y_consumed, kRows, kCols, reduced_y);
+        const double through_gather = sum_over_tp_group(grid, dot(gathered_x, y));
+        EXPECT_EQ(through_gather, dot_of_region_tensor(grid, sequence_parallel, x, reduced_y))
+            << "the backward of gather is not reduce";
+        EXPECT_NE(through_gather, 0.0);  // an identity between zeros would prove nothing
 
-      // Reduce R: p_r (rank r's partial sums) -> the sum, held as the residual stream is; z: the
-      // gradient of that sum. <R(p), z> = sum_r <p_r, G(z)_r>.
-      const std::vector<double> p = block(replica + 5, tp.rank() + 2, 0, kRows);
-      const std::vector<double> z = block(replica + 1, shard_rank, first, rows);
-      std::vector<double> p_consumed = p, reduced_p, gathered_z;
-      region.reduce(p_consumed, kRows, kCols, reduced_p);
-      region.gather(z, kRows, kCols, gathered_z);
-      const double through_reduce = dot_of_region_tensor(grid, sequence_parallel, reduced_p, z);
-      EXPECT_EQ(through_reduce, sum_over_tp_group(grid, dot(p, gathered_z)))
-          << "the backward of reduce is not gather";
-      EXPECT_NE(through_reduce, 0.0);
-    }
-  });
+        // Reduce R: p_r (rank r's partial sums) -> the sum, held as the residual stream is; z: the
+        // gradient of that sum. <R(p), z> = sum_r <p_r, G(z)_r>.
+        const std::vector<double> p = block(replica + 5, tp.rank() + 2, 0, kRows);
+        const std::vector<double> z = block(replica + 1, shard_rank, first, rows);
+        std::vector<double> p_consumed = p, reduced_p, gathered_z;
+        region.reduce(p_consumed, kRows, kCols, reduced_p);
+        region.gather(z, kRows, kCols, gathered_z);
+        const double through_reduce = dot_of_region_tensor(grid, sequence_parallel, reduced_p, z);
+        EXPECT_EQ(through_reduce, sum_over_tp_group(grid, dot(p, gathered_z)))
+            << "the backward of reduce is not gather";
+        EXPECT_NE(through_reduce, 0.0);
+      });
 }
 
 }  // namespace
