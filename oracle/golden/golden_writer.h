@@ -22,7 +22,9 @@ struct GoldenOptions {
 };
 
 // The error of a low-precision result against the FP64 one, as the envelope records it
-// (docs/precision.md): {relative L2, max |low - ref| / max |ref|} (absolute when ref is all zeros).
+// (docs/precision.md): {relative L2, largest element error / max |ref|} (absolute when ref is all
+// zeros), where the largest element error is max |low - ref|, or rms(low - ref) * sqrt(2 ln n) when
+// that is larger: one run's largest error is one sample and can be small by luck.
 std::array<double, 2> envelope_error(const std::vector<double>& low, const std::vector<double>& ref);
 
 // d(objective)/d(token loss) of every position [B*T] of a global batch under the config's

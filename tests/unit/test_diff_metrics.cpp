@@ -1,6 +1,6 @@
 // Tests of the diff's per-tensor metrics: the error measures, the elementwise over-tolerance count, the
 // worst element's multi-index, ULP distances on the stored type, non-finite candidates, and the order
-// in which the diff walks the parameters.
+// in which the diff walks the parameters; and the envelope's error measure that tolerances are made of.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,6 +9,7 @@
 #include "model/param_table.h"
 #include "oracle/diff/diff.h"
 #include "oracle/diff/metrics.h"
+#include "oracle/golden/golden_writer.h"
 
 namespace touchstone::diff {
 namespace {
@@ -117,6 +118,29 @@ TEST(DiffOrder, BackwardDataFlowOrder) {
   const ParamTable tied(model);
   EXPECT_EQ(tied[params_in_flow_order(tied).front()].name, "decoder.final_layernorm.weight");
   EXPECT_EQ(params_in_flow_order(tied).size(), expected.size() - 1);
+}
+
+// The envelope's largest-element error is one sample; it is taken no smaller than the largest of n errors
+// of the measured root-mean-square size spread evenly, rms * sqrt(2 ln n) (docs/precision.md).
+TEST(EnvelopeError, LargestElementErrorIsNoSmallerThanTheSpreadOfItsRms) {
+  const size_t n = 64;
+  const std::vector<double> ref(n, 1.0);
+  std::vector<double> even(n);
+  for (size_t i = 0; i < n; ++i) even[i] = 1.0 + (i % 2 == 0 ? 1e-3 : -1e-3);  // |error| 1e-3 everywhere
+  const std::array<double, 2> spread = envelope_error(even, ref);
+  EXPECT_NEAR(spread[0], 1e-3, 1e-15);
+  // The measured maximum (1e-3) is below what n errors of rms 1e-3 reach: 1e-3 * sqrt(2 ln 64) = 2.88e-3.
+  EXPECT_NEAR(spread[1], 1e-3 * std::sqrt(2.0 * std::log(64.0)), 1e-15);
+
+  std::vector<double> one_element = ref;
+  one_element[5] += 8e-3;  // rms 1e-3, max 8e-3: the measured maximum stands
+  EXPECT_NEAR(envelope_error(one_element, ref)[1], 8e-3, 1e-15);
+}
+
+TEST(EnvelopeError, AScalarKeepsItsOwnError) {
+  const std::array<double, 2> error = envelope_error({2.5}, {2.0});
+  EXPECT_DOUBLE_EQ(error[0], 0.25);
+  EXPECT_DOUBLE_EQ(error[1], 0.25);
 }
 
 }  // namespace
