@@ -79,6 +79,10 @@ void install_signal_cleanup() {
   sigaddset(&action.sa_mask, SIGINT);
   sigaddset(&action.sa_mask, SIGTERM);
   for (const int signal : {SIGINT, SIGTERM}) {
+    // A signal ignored when the process started stays ignored (a shell starts a background job with
+    // SIGINT ignored; nohup): the handler is only for the signals that would have ended the process.
+    struct sigaction previous {};
+    if (::sigaction(signal, nullptr, &previous) == 0 && previous.sa_handler == SIG_IGN) continue;
     if (::sigaction(signal, &action, nullptr) != 0) {
       throw std::runtime_error(std::string("cannot install the signal handler: ") + std::strerror(errno));
     }

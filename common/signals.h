@@ -12,9 +12,9 @@
 
 namespace touchstone {
 
-// Installs the SIGINT and SIGTERM handler; called once, at the start of main(). A command that must
-// handle these signals itself (the supervisor forwards them to its job) installs its own handler over
-// this one for as long as it needs it.
+// Installs the SIGINT and SIGTERM handler (not for a signal ignored at startup); called once, at the
+// start of main(). A command that must handle these signals itself (the supervisor forwards them to
+// its job) installs its own handler over this one for as long as it needs it.
 void install_signal_cleanup();
 
 enum class TemporaryKind {
