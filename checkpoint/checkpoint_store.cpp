@@ -10,6 +10,7 @@
 
 #include "common/errors.h"
 #include "common/hash.h"
+#include "common/signals.h"
 #include "common/text_output.h"
 
 namespace touchstone {
@@ -162,6 +163,9 @@ fs::path CheckpointStore::begin_save(int64_t step) const {
   fs::create_directories(directory_);
   const fs::path partial = directory_ / (kPartialPrefix + step_directory_name(step));
   fs::remove_all(partial);
+  // A signal during the save removes the partial directory (common/signals.h); a process killed
+  // outright leaves it to the next run's remove_partial_saves().
+  register_temporary(partial.string(), TemporaryKind::kDirectory);
   fs::create_directory(partial);
   return partial / kStateFile;
 }
@@ -171,6 +175,7 @@ void CheckpointStore::abandon_save_of(const fs::path& state_file) {
   if (partial.filename().string().rfind(kPartialPrefix, 0) != 0) return;
   std::error_code ignored;
   fs::remove_all(partial, ignored);
+  unregister_temporary(partial.string());
 }
 
 fs::path CheckpointStore::commit_save(int64_t step) const {
@@ -181,6 +186,7 @@ fs::path CheckpointStore::commit_save(int64_t step) const {
     sync_directory(partial.string());
     fs::remove_all(final_directory);  // a step saved again after a restart replaces the older save
     fs::rename(partial, final_directory);
+    unregister_temporary(partial.string());
   } catch (const std::exception& e) {
     // The file system refused (a full disk): the save is reported like any output that cannot be
     // written, and leaves nothing behind.

@@ -17,6 +17,8 @@
 
 #include "common/errors.h"
 #include "common/h5_vlen_check.h"
+#include "common/signals.h"
+#include "common/text_output.h"
 
 namespace touchstone::h5 {
 namespace {
@@ -149,7 +151,8 @@ herr_t collect_name(hid_t /*group*/, const char* name, const H5L_info_t* /*info*
 H5Writer::H5Writer(std::string final_path) : final_path_(std::move(final_path)) {
   prepare_library();
   // Same directory as the final file, so that the rename in commit() stays within one file system.
-  temp_path_ = final_path_ + ".tmp." + std::to_string(static_cast<long long>(getpid()));
+  temp_path_ = temporary_path_for(final_path_);
+  register_temporary(temp_path_);  // before it exists, so that a signal at any point removes it
   Handle fapl = strong_close_fapl();
   errno = 0;
   file_ = H5Fcreate(temp_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.valid() ? fapl.get() : H5P_DEFAULT);
@@ -157,6 +160,7 @@ H5Writer::H5Writer(std::string final_path) : final_path_(std::move(final_path)) 
     // errno is the file system's reason when the failure came from creating the file at all.
     const std::string reason = errno != 0 ? std::string(" (") + std::strerror(errno) + ")" : std::string();
     unlink(temp_path_.c_str());  // in case the file was created before the failure
+    unregister_temporary(temp_path_);
     throw InputError(final_path_ + ": cannot create the temporary file " + temp_path_ + reason);
   }
 }
@@ -178,6 +182,7 @@ void H5Writer::discard() {
     file_ = -1;
   }
   unlink(temp_path_.c_str());
+  unregister_temporary(temp_path_);
 }
 
 namespace {
@@ -313,11 +318,15 @@ void H5Writer::commit() {
     throw InputError(final_path_ + ": cannot sync " + temp_path_ + " (" + reason + ")");
   }
   close(fd);
+  // Checked again just before the rename: a FIFO or a device made at the path since the command checked
+  // it must not be replaced either (text_output.h).
+  check_replaceable(final_path_);
   if (std::rename(temp_path_.c_str(), final_path_.c_str()) != 0) {
     throw InputError(final_path_ + ": cannot rename " + temp_path_ + " into place (" + std::strerror(errno) +
                      ")");
   }
   committed_ = true;
+  unregister_temporary(temp_path_);
   // Makes the rename itself durable; the file is complete either way, so a failure here is not fatal.
   const size_t slash = final_path_.rfind('/');
   const std::string dir =

@@ -1,8 +1,10 @@
 // Reading and writing HDF5 files: the one path used by golden files and checkpoints.
 //
 // H5Writer never leaves a partial file at the final path: it writes to a temporary file in the same
-// directory and commit() renames it into place (rename is atomic within one file system). A writer
-// destroyed without commit() removes its temporary file, also after a write failed (a full disk).
+// directory and commit() renames it into place (rename is atomic within one file system), following the
+// output-path policy of common/text_output.h: only a regular file or nothing is replaced. A writer
+// destroyed without commit() removes its temporary file, also after a write failed (a full disk), and
+// SIGINT or SIGTERM removes it too (common/signals.h).
 //
 // H5Reader reports every failure as an InputError naming the file and the object, with HDF5's reason.
 // What HDF5 1.10 follows without checking its bounds, and crashes on when it is damaged, it checks from

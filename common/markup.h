@@ -1,6 +1,8 @@
 // Writing the SVG charts and HTML pages that people read: a small writer that escapes every text and
 // attribute value it is given (so no caller escapes anything, and no caller can forget to), formats
-// coordinates with a fixed number of decimals, and a linear axis whose ticks fall on round steps.
+// coordinates with a fixed number of decimals, and a linear axis whose ticks fall on round steps. A
+// document is written to its file with write_text_file_atomically (common/text_output.h), under the
+// one output-path policy.
 #pragma once
 
 #include <cstdint>

@@ -12,6 +12,7 @@
 #include "checkpoint/fault_injection.h"
 #include "checkpoint/ledger/ledger.h"
 #include "common/errors.h"
+#include "common/text_output.h"
 #include "data/sources.h"
 #include "model/params.h"
 #include "oracle/checkpointing.h"
@@ -204,8 +205,8 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
   }
   if (recorder) recorder->finish();
   if (writer_rank && !options.timeline_svg.empty()) {
-    std::ofstream svg(options.timeline_svg);
-    svg << pipeline::render_timeline_svg(timeline, static_cast<int>(grid.layout().pp));
+    write_text_file_atomically(options.timeline_svg,
+                               pipeline::render_timeline_svg(timeline, static_cast<int>(grid.layout().pp)));
     out << "wrote " << options.timeline_svg << std::endl;
   }
 }

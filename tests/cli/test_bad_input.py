@@ -193,7 +193,7 @@ class BadCheckpointInput(unittest.TestCase):
         self.assert_refused(["--checkpoint-dir", self.ckpt, "--save-every", "-1"], "--save-every must be >= 0")
         not_a_directory = os.path.join(self.dir.name, "file")
         open(not_a_directory, "w").close()
-        self.assert_refused(["--checkpoint-dir", not_a_directory], f"{not_a_directory}: --checkpoint-dir is not a directory")
+        self.assert_refused(["--checkpoint-dir", not_a_directory], f"--checkpoint-dir {not_a_directory}: is not a directory")
 
     def test_envelope_takes_no_checkpoint_directory(self):
         self.assert_refused(["--set", "precision=bf16", "--envelope", "--checkpoint-dir", self.ckpt],

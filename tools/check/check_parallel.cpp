@@ -27,10 +27,12 @@
 #include "common/config.h"
 #include "common/errors.h"
 #include "common/h5_file.h"
+#include "common/text_output.h"
 #include "kernels/cpu/gemm.h"
 #include "oracle/diff/diff.h"
 #include "oracle/diff/metrics.h"
 #include "oracle/diff/report.h"
+#include "tools/cli/flag_values.h"
 #include "tools/cli/run_flags.h"
 
 namespace touchstone {
@@ -110,7 +112,8 @@ void add_check_parallel_options(CLI::App* command, CheckParallelOptions& options
       ->allow_extra_args(false);
   command->add_option("--layouts", options.layouts, "Layouts to run (default: all; see --list)")
       ->delimiter(',');
-  command->add_option("--workdir", options.workdir, "Directory for the golden files and logs")
+  add_output_directory_option(command, "--workdir", options.workdir,
+                              "Directory for the golden files and logs")
       ->capture_default_str();
   command->add_option(
       "--launcher", options.launcher,
@@ -120,9 +123,9 @@ void add_check_parallel_options(CLI::App* command, CheckParallelOptions& options
 }
 
 int run_check_parallel(const CheckParallelOptions& options) {
+  const Config base = resolve_config_flags(options.config_path, options.overrides);
   const nlohmann::json file =
       options.config_path.empty() ? nlohmann::json() : read_config_file(options.config_path);
-  const Config base = resolve_config_flags(options.config_path, options.overrides);
   validate_config(base, 1);
   const bool fp64 = base.precision == Precision::kFp64;
   std::vector<Layout> layouts = all_layouts(base.model.num_layers);
@@ -139,6 +142,7 @@ int run_check_parallel(const CheckParallelOptions& options) {
     }
     layouts = chosen;
   }
+  check_output_directory(options.workdir, "--workdir");
   std::filesystem::create_directories(options.workdir);
   const std::string launcher = !options.launcher.empty() ? options.launcher
                                : geteuid() == 0          ? "mpirun --oversubscribe --allow-run-as-root"

@@ -1,9 +1,25 @@
-// Parsing of the flags whose values name a choice or a fault (tools/cli/flag_values.h).
+// Parsing of the flags whose values name a choice, a fault or an output (tools/cli/flag_values.h).
 #include "tools/cli/flag_values.h"
 
 #include <stdexcept>
 
+#include "common/text_output.h"
+
 namespace touchstone {
+
+CLI::Option* add_output_option(CLI::App* command, const std::string& name, std::string& path,
+                               const std::string& description) {
+  return command->add_option(name, path, description)->each([name](const std::string& value) {
+    if (value.empty()) check_output_path(value, name);
+  });
+}
+
+CLI::Option* add_output_directory_option(CLI::App* command, const std::string& name, std::string& path,
+                                         const std::string& description) {
+  return command->add_option(name, path, description)->each([name](const std::string& value) {
+    if (value.empty()) check_output_directory(value, name);
+  });
+}
 
 CommBackend parse_comm_backend(const std::string& value) {
   if (value == comm_backend_name(CommBackend::kMpi)) return CommBackend::kMpi;

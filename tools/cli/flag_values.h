@@ -2,6 +2,7 @@
 // never name a flag; errors here name the flag the user typed (exit status 2).
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <string>
 #include <utility>
 
@@ -19,6 +20,15 @@ BackendKind parse_backend_kind(const std::string& value);
 // --fail-at: "step:rank[:phase]" with step >= 1, rank >= 0 and phase forward (the default), backward,
 // optimizer or save.
 ProcessFault parse_process_fault(const std::string& spec);
+
+// Declares a flag naming an output file (`directory`: an output directory). CLI11 leaves `path` empty
+// both when the flag is absent and when it is given as '', and a command reads an empty path as "no
+// output": a given empty path is refused here, as an InputError thrown by the parse. The command
+// checks the paths given with common/text_output.h before it starts working.
+CLI::Option* add_output_option(CLI::App* command, const std::string& name, std::string& path,
+                               const std::string& description);
+CLI::Option* add_output_directory_option(CLI::App* command, const std::string& name, std::string& path,
+                                         const std::string& description);
 
 // Runs `action` and returns what it returns; an InputError it throws comes back as
 // "<flag>: <its message>". A library says why it refuses (no CUDA device is visible, two ranks share a

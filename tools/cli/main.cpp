@@ -1,12 +1,14 @@
 // The `touchstone` command line: one binary, one subcommand per job.
 //
 // Exit status: 0 success, 2 bad input (config, data, files; reported before any compute and without
-// leaving an output file), 1 anything else.
+// leaving an output file) and outputs that cannot be written (docs/config.md#outputs), 128 + signal
+// after SIGINT or SIGTERM (common/signals.h), 1 anything else.
 #include <CLI/CLI.hpp>
 #include <iostream>
 
 #include "common/config.h"
 #include "common/errors.h"
+#include "common/signals.h"
 #include "common/version.h"
 #include "oracle/run.h"
 #include "parallel/comm/comm_backend.h"
@@ -82,6 +84,8 @@ int run(const ConfigOptions& config_options, const touchstone::RunFlags& run_fla
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything is written: an interrupted command removes its temporaries (one policy for all).
+  touchstone::install_signal_cleanup();
   CLI::App app{"Touchstone: a reference trainer whose golden files production runs are diffed against"};
   app.set_version_flag("--version", touchstone::generator_string());
   app.require_subcommand(1);
@@ -94,12 +98,13 @@ int main(int argc, char** argv) {
                                         "loss-token counts, gradients, updated parameters)");
   add_config_options(golden, config_options);
   touchstone::add_run_flags(golden, run_flags);
-  golden->add_option("--out", run_flags.run.golden_path, "Golden file to write (HDF5)")->required();
+  touchstone::add_output_option(golden, "--out", run_flags.run.golden_path, "Golden file to write (HDF5)")
+      ->required();
 
   CLI::App* train = app.add_subcommand("train", "Train train.steps steps, printing the loss of every step");
   add_config_options(train, config_options);
   touchstone::add_run_flags(train, run_flags);
-  train->add_option("--out", run_flags.run.golden_path, "Also write a golden file (HDF5)");
+  touchstone::add_output_option(train, "--out", run_flags.run.golden_path, "Also write a golden file (HDF5)");
 
   CLI::App* show =
       app.add_subcommand("config", "Print the fully resolved config as JSON (defaults included)");
@@ -136,6 +141,9 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     app.exit(e);
+    return 2;
+  } catch (const InputError& e) {  // a flag's value refused while parsing (an empty output path)
+    std::cerr << "touchstone: error: " << e.what() << std::endl;
     return 2;
   }
 

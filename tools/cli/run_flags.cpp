@@ -10,6 +10,10 @@
 namespace touchstone {
 
 Config resolve_config_flags(const std::string& config_path, const std::vector<std::string>& set_flags) {
+  // Reading a directory as a stream fails deep in the standard library, with no name of the flag.
+  if (!config_path.empty() && std::filesystem::is_directory(config_path)) {
+    throw InputError("--config " + config_path + ": is a directory, not a config file");
+  }
   const nlohmann::json file = config_path.empty() ? nlohmann::json() : read_config_file(config_path);
   try {
     return resolve_config(file, set_flags, config_path.empty() ? "config" : config_path);
@@ -41,14 +45,15 @@ void add_run_flags(CLI::App* command, RunFlags& flags) {
       ->add_option("--backend", flags.backend,
                    "Kernels: cpu (the reference, default) or cuda (one GPU per rank; docs/cuda.md)")
       ->capture_default_str();
-  command->add_option("--timeline", options.timeline_svg, "Write the last step's pipeline timeline as SVG");
+  add_output_option(command, "--timeline", options.timeline_svg,
+                    "Write the last step's pipeline timeline as SVG");
   command->add_flag(
       "--envelope", options.envelope,
       "Run the configured precision (bf16 or fp32) and FP64 from the same weights; write the FP64 "
       "golden values with the low-precision error and tolerance of every tensor");
   CheckpointOptions& c = options.checkpoint;
-  command->add_option(
-      "--checkpoint-dir", c.directory,
+  add_output_directory_option(
+      command, "--checkpoint-dir", c.directory,
       "Directory of checkpoints, the latest-complete record and the sample ledger (docs/checkpoints.md)");
   command->add_option("--save-every", c.save_every,
                       "Save a checkpoint after every N updates (the last is always saved)");
@@ -89,9 +94,7 @@ void check_checkpoint_flags(const RunOptions& options) {
   }
   if (options.envelope)
     throw InputError("--envelope runs twice from the same weights: it takes no --checkpoint-dir");
-  if (std::filesystem::exists(c.directory) && !std::filesystem::is_directory(c.directory)) {
-    throw InputError(c.directory + ": --checkpoint-dir is not a directory");
-  }
+  check_output_directory(c.directory, "--checkpoint-dir");
   if (c.resume && !options.golden_path.empty()) {
     throw InputError(
         "--out records a whole run from its initial weights; it cannot be combined with --resume");
@@ -103,6 +106,7 @@ void check_checkpoint_flags(const RunOptions& options) {
 RunOptions resolve_run_flags(const RunFlags& flags, const Config& config, int world_size) {
   RunOptions options = flags.run;
   if (!options.golden_path.empty()) check_output_path(options.golden_path, "--out");
+  if (!options.timeline_svg.empty()) check_output_path(options.timeline_svg, "--timeline");
   options.backend = parse_backend_kind(flags.backend);
   // Whether a GPU is usable may differ between ranks; the caller has the ranks agree on the outcome.
   naming_flag("--backend " + flags.backend, [&] { check_backend_available(options.backend); });

@@ -6,7 +6,6 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <limits>
 #include <memory>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "common/text_output.h"
 #include "parallel/comm/comm_backend.h"
 #include "parallel/comm/grid.h"
 #include "parallel/comm/mpi_runtime.h"
@@ -82,12 +82,7 @@ GridLayout validate(const CommbenchOptions& options, int world_size) {
   if (options.inject_fault && (!has_reduction || options.check == 0)) {
     throw InputError("--inject-fault needs a reduction (--op all_reduce, reduce_scatter or all) and -c 1");
   }
-  if (!options.json_path.empty()) {
-    const auto parent = std::filesystem::absolute(options.json_path).parent_path();
-    if (!std::filesystem::is_directory(parent)) {
-      throw InputError(options.json_path + ": output directory " + parent.string() + " does not exist");
-    }
-  }
+  if (!options.json_path.empty()) check_output_path(options.json_path, "--json");
   GridLayout layout{options.tp, world_size / (options.tp * options.pp), options.pp};
   const int group_size = options.group == "world" ? world_size
                          : options.group == "tp"  ? layout.tp
@@ -306,9 +301,7 @@ int run_checked(const CommbenchOptions& options, const GridLayout& layout, CommB
           {"results", results},
           {"wrong_total", options.check == 1 ? nlohmann::json(wrong_total) : nlohmann::json(nullptr)},
           {"avg_busbw_gbs", avg_busbw}};
-      std::ofstream file(options.json_path);
-      file << record.dump(2) << "\n";
-      if (!file) throw std::runtime_error(options.json_path + ": could not write");
+      write_text_file_atomically(options.json_path, record.dump(2) + "\n");
     }
   }
   return wrong_total == 0 ? 0 : 1;
@@ -344,7 +337,7 @@ void add_commbench_options(CLI::App* command, CommbenchOptions& options) {
       ->capture_default_str();
   command->add_option("-r,--root", options.root, "Broadcast root (a rank of the group)")
       ->capture_default_str();
-  command->add_option("--json", options.json_path, "Also write every number to this JSON file");
+  add_output_option(command, "--json", options.json_path, "Also write every number to this JSON file");
   command
       ->add_option("--comm", options.comm,
                    "Backend of the groups: mpi, or nccl (CUDA builds, one GPU per rank; same bits)")

@@ -11,6 +11,7 @@
 #include "common/errors.h"
 #include "common/text_output.h"
 #include "oracle/diff/report.h"
+#include "tools/cli/flag_values.h"
 
 namespace touchstone {
 
@@ -89,9 +90,9 @@ void add_diff_options(CLI::App* command, DiffOptions& options) {
       ->add_option("--tp", options.tp,
                    "Tensor-parallel size to test the one-shard signature with (default 2, 4, 8)")
       ->check(CLI::Range(1, 4096));
-  command->add_option("--json", options.json_path, "Write every number as JSON");
-  command->add_option("--report", options.report_path,
-                      "Write a self-contained HTML report with error charts");
+  add_output_option(command, "--json", options.json_path, "Write every number as JSON");
+  add_output_option(command, "--report", options.report_path,
+                    "Write a self-contained HTML report with error charts");
   command->add_flag(
       "--no-recompute", options.no_recompute,
       "Judge every step against the golden trajectory and skip the signatures that re-evaluate a "

@@ -8,6 +8,7 @@
 #include "checkpoint/ledger/ledger_report.h"
 #include "common/errors.h"
 #include "common/text_output.h"
+#include "tools/cli/flag_values.h"
 
 namespace touchstone::ledger {
 
@@ -24,7 +25,7 @@ class LedgerCommandImpl final : public LedgerCommand {
         "restarts, and no step is missing; report the recomputed work (see docs/recovery.md)");
     check_->add_option("ledger", path_, "The checkpoint directory holding ledger.jsonl, or the ledger file")
         ->required();
-    check_->add_option("--json", json_path_, "Also write the report as JSON");
+    add_output_option(check_, "--json", json_path_, "Also write the report as JSON");
   }
 
   bool parsed() const override { return ledger_->parsed(); }

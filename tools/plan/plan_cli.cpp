@@ -10,6 +10,7 @@
 
 #include "common/config.h"
 #include "common/errors.h"
+#include "common/text_output.h"
 #include "plan/calendar_plan.h"
 #include "plan/format.h"
 #include "plan/fp64_trainer_memory.h"
@@ -171,8 +172,8 @@ PlanCommandImpl::PlanCommandImpl(CLI::App& app) {
                                    "runs from a CSV, with comparability warnings");
   scaling_->add_option("--csv", s_.csv_path, std::string("Runs, one per row; header: ") + kScalingCsvHeader)
       ->required();
-  scaling_->add_option("--svg", s_.svg_path,
-                       "Also write a chart of tokens/s and efficiency against GPUs (SVG)");
+  add_output_option(scaling_, "--svg", s_.svg_path,
+                    "Also write a chart of tokens/s and efficiency against GPUs (SVG)");
 
   calendar_ = plan_->add_subcommand("calendar",
                                     "Pure compute days, calendar days and end date of the remaining "
@@ -321,17 +322,10 @@ int PlanCommandImpl::run_memory(std::ostream& out) const {
 
 int PlanCommandImpl::run_scaling(std::ostream& out) const {
   const ScalingTable table = scaling_table(read_scaling_csv(s_.csv_path));
-  if (!s_.svg_path.empty()) {
-    const std::filesystem::path parent = std::filesystem::absolute(s_.svg_path).parent_path();
-    if (!std::filesystem::is_directory(parent)) {
-      throw InputError(s_.svg_path + ": output directory " + parent.string() + " does not exist");
-    }
-  }
+  if (!s_.svg_path.empty()) check_output_path(s_.svg_path, "--svg");
   print_scaling_table(table, out);
   if (!s_.svg_path.empty()) {
-    std::ofstream svg(s_.svg_path);
-    svg << scaling_chart_svg(table);
-    if (!svg) throw InputError(s_.svg_path + ": cannot write the chart");
+    write_text_file_atomically(s_.svg_path, scaling_chart_svg(table));
     out << "wrote " << s_.svg_path << "\n";
   }
   return 0;

@@ -12,6 +12,7 @@
 #include "checkpoint/supervise/recovery_report.h"
 #include "common/errors.h"
 #include "common/text_output.h"
+#include "tools/cli/flag_values.h"
 
 namespace touchstone::supervise {
 
@@ -48,17 +49,18 @@ class SuperviseCommandImpl final : public SuperviseCommand {
     command_->add_option("--restart-command", restart_command_,
                          "Shell command (run with /bin/sh -c) for the restarts instead of the command: "
                          "another node list, another layout");
-    command_->add_option("--checkpoint-dir", checkpoint_dir_,
-                         "The job's checkpoint directory, where ledger.jsonl and faults.jsonl are");
-    command_->add_option("--report", report_path_,
-                         "Write the recovery report as JSON, and its timeline as SVG next to it");
+    add_output_directory_option(command_, "--checkpoint-dir", checkpoint_dir_,
+                                "The job's checkpoint directory, where ledger.jsonl and faults.jsonl are "
+                                "(created when missing)");
+    add_output_option(command_, "--report", report_path_,
+                      "Write the recovery report as JSON, and its timeline as SVG next to it");
     command_->add_option("command", job_, "The command to run, after --")->required();
   }
 
   bool parsed() const override { return command_->parsed(); }
 
   int run() const override {
-    if (!report_path_.empty()) check_output_path(report_path_, "--report");
+    prepare_outputs();
     become_subreaper();
     SignalRelay relay;
     RecoveryReport report;
@@ -172,6 +174,31 @@ class SuperviseCommandImpl final : public SuperviseCommand {
       report.ledger = ledger::check_ledger(ledger::read_ledger(path));
     } catch (const InputError& e) {
       report.notes.push_back(e.what());
+    }
+  }
+
+  // Creates the checkpoint directory before the report path is checked, so that a report inside it
+  // (`--checkpoint-dir ckpt --report ckpt/report.json`) is accepted on a fresh start; a directory
+  // created here is removed again when the report path is refused.
+  void prepare_outputs() const {
+    bool created = false;
+    if (!checkpoint_dir_.empty()) {
+      check_output_directory(checkpoint_dir_, "--checkpoint-dir");
+      std::error_code error;
+      created = std::filesystem::create_directories(checkpoint_dir_, error);
+      if (error) {
+        throw InputError("--checkpoint-dir " + checkpoint_dir_ + ": cannot create the directory (" +
+                         error.message() + ")");
+      }
+    }
+    if (report_path_.empty()) return;
+    try {
+      check_output_path(report_path_, "--report");
+      check_output_path(svg_path(), "--report (its timeline)");
+    } catch (const InputError&) {
+      std::error_code ignored;
+      if (created) std::filesystem::remove(checkpoint_dir_, ignored);
+      throw;
     }
   }
 
