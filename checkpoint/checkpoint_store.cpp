@@ -23,6 +23,8 @@ constexpr const char* kManifest = "manifest.json";
 constexpr const char* kLatest = "latest.json";
 constexpr const char* kPartialPrefix = ".partial-";
 constexpr const char* kStepPrefix = "step_";
+// The latest record before the first checkpoint is committed.
+constexpr const char* kNothingCommitted = "{\"directory\":null,\"step\":0}\n";
 
 std::string file_checksum(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -160,6 +162,12 @@ std::string CheckpointStore::step_directory_name(int64_t step) {
 
 fs::path CheckpointStore::begin_save(int64_t step) const {
   fs::create_directories(directory_);
+  if (!fs::exists(directory_ / kLatest) && complete_steps().empty()) {
+    // The first save publishes its directory before latest.json names it: a kill in between must read
+    // as "nothing committed yet" (a fresh start), not as a latest record lost beside a checkpoint.
+    write_text_file_atomically((directory_ / kLatest).string(), kNothingCommitted);
+    sync_directory(directory_.string());
+  }
   const fs::path partial = directory_ / (kPartialPrefix + step_directory_name(step));
   fs::remove_all(partial);
   fs::create_directory(partial);
@@ -196,8 +204,11 @@ fs::path CheckpointStore::commit_save(int64_t step) const {
 
 void CheckpointStore::remove_partial_saves() const {
   if (!fs::is_directory(directory_)) return;
+  const std::string latest_temporary = std::string(kLatest) + ".tmp.";  // a replacement that was killed
   for (const auto& entry : fs::directory_iterator(directory_)) {
-    if (entry.path().filename().string().rfind(kPartialPrefix, 0) == 0) fs::remove_all(entry.path());
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(kPartialPrefix, 0) == 0 || name.rfind(latest_temporary, 0) == 0)
+      fs::remove_all(entry.path());
   }
 }
 
@@ -240,6 +251,8 @@ std::optional<LoadedCheckpoint> CheckpointStore::load_latest(const Config& confi
     if (!fallback) throw;
   }
   if (latest < 0 && candidates.empty()) return std::nullopt;
+  // Nothing committed yet: a directory newer than the record is from a save that did not finish publishing.
+  if (latest == 0) return std::nullopt;
   if (latest < 0 && !fallback) {
     throw InputError((directory_ / kLatest).string() +
                      ": missing while checkpoint directories exist (use the "
