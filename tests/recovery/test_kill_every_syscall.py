@@ -3,8 +3,9 @@ exact state with a ledger that checks (docs/checkpoints.md, "The commit and the 
 docs/testing.md).
 
 One small run (3 steps, checkpoints after steps 2 and 3) is traced once with strace to list the file
-system calls of its main thread. Then, for every call from the first one of the save of step 2 to the
-fsync of that save's ledger line, and for a sample of the calls before and after, a fresh run is killed
+system calls of its main thread. Then, for every call of the save of step 2 (from the call after the
+ledger's line of step 2 to the fsync of the save's own ledger line), and for a sample of the calls before
+and after, a fresh run is killed
 with SIGKILL on entering exactly that call (`strace -e inject=NAME:signal=KILL:when=N`, counted per call
 name in the main thread, which does every file operation of a save), and then `touchstone supervise`
 restarts it with --resume. Each recovery must exit 0, `touchstone ledger check` must pass, and the final
@@ -69,9 +70,13 @@ def call_text(line, directory):
 
 
 def save_start(calls):
-    """The index of the first call of the killed save (the removal of a stale partial directory), or None."""
-    partial = f".partial-step_{KILLED_SAVE:08d}"
-    return next((i for i, (_, line) in enumerate(calls) if partial in line), None)
+    """The index of the first call of the killed save, or None when the calls stop before it: the save
+    starts right after the fsync of the ledger's line of its step, which the run writes just before."""
+    step_lines = [i for i, (name, line) in enumerate(calls) if name == "write" and '\\"event\\":\\"step\\"' in line]
+    if len(step_lines) < KILLED_SAVE:
+        return None
+    synced = next((i for i in range(step_lines[KILLED_SAVE - 1] + 1, len(calls)) if calls[i][0] == "fsync"), None)
+    return synced + 1 if synced is not None and synced + 1 < len(calls) else None
 
 
 def save_window(calls):
@@ -151,23 +156,26 @@ class KillEverySyscall(unittest.TestCase):
     def kill_in_save(self, j):
         """Kills a run on entering call j of the save, then recovers it. The MPI runtime's own calls before
         the save (its progress thread's wake-ups, other jobs' shared-memory segments) vary from run to run,
-        so each try aims with the count before the save seen most often so far, and every try whose trace
-        reaches the save adds its own count, until a kill lands exactly on call j."""
+        so the first try aims with the count before the save seen most often so far; a try killed inside or
+        after the save gives its run's exact count (the next try's aim), one killed before it a lower bound,
+        until a kill lands exactly on call j."""
         name, line = self.window[j]
         in_window = count_of(name, self.window[:j + 1])
         where = f"kill at save call {j} ({line[:100]})"
+        with self.runs_lock:
+            before = self.counts_before[name].most_common(1)[0][0]
         for _ in range(TRIES):
-            with self.runs_lock:
-                before = self.counts_before[name].most_common(1)[0][0]
             directory, calls = self.killed_run(f"save_{j:04d}", name, before + in_window)
             if calls is None:
                 return [f"{where}: the run was not killed there"]
             start = save_start(calls)
-            if start is not None:
-                with self.runs_lock:
-                    self.counts_before[name][count_of(name, calls[:start])] += 1
-            if start is not None and len(calls) - 1 == start + j and \
-                    call_text(calls[-1][1], directory) == call_text(line, self.traced_dir):
+            if start is None:  # killed before the save: this run made at least that many calls before it
+                before += in_window
+                continue
+            before = count_of(name, calls[:start])  # exact for this run, the likeliest for the next
+            with self.runs_lock:
+                self.counts_before[name][before] += 1
+            if len(calls) - 1 == start + j and call_text(calls[-1][1], directory) == call_text(line, self.traced_dir):
                 return self.recover(directory, where)
         return [f"{where}: none of {TRIES} tries was killed at that call"]
 
@@ -212,7 +220,8 @@ class KillEverySyscall(unittest.TestCase):
         kinds = sorted({name for name, _ in self.window})
         print(f"{len(calls)} traced calls in the run; the save of step {KILLED_SAVE} to the fsync of its ledger line "
               f"is {len(self.window)} calls ({', '.join(kinds)}), each killed; {len(samples)} kills sampled "
-              f"outside it; {type(self).runs} killed runs, each recovered, in {time.monotonic() - started:.0f} s",
+              f"outside it; {len(jobs)} kills recovered ({type(self).runs} killed runs with the retries that aimed them) "
+              f"in {time.monotonic() - started:.0f} s",
               file=sys.stderr)
         self.assertEqual(failures, [])
 
