@@ -162,12 +162,6 @@ std::string CheckpointStore::step_directory_name(int64_t step) {
 
 fs::path CheckpointStore::begin_save(int64_t step) const {
   fs::create_directories(directory_);
-  if (!fs::exists(directory_ / kLatest) && complete_steps().empty()) {
-    // The first save publishes its directory before latest.json names it: a kill in between must read
-    // as "nothing committed yet" (a fresh start), not as a latest record lost beside a checkpoint.
-    write_text_file_atomically((directory_ / kLatest).string(), kNothingCommitted);
-    sync_directory(directory_.string());
-  }
   const fs::path partial = directory_ / (kPartialPrefix + step_directory_name(step));
   fs::remove_all(partial);
   fs::create_directory(partial);
@@ -184,20 +178,31 @@ void CheckpointStore::abandon_save_of(const fs::path& state_file) {
 fs::path CheckpointStore::commit_save(int64_t step) const {
   const fs::path partial = directory_ / (kPartialPrefix + step_directory_name(step));
   const fs::path final_directory = directory_ / step_directory_name(step);
+  const fs::path latest = directory_ / kLatest;
+  bool recorded_nothing_committed = false;
   try {
     write_manifest(partial, step);
     sync_directory(partial.string());
+    if (!fs::exists(latest) && complete_steps().empty()) {
+      // The first save publishes its directory before latest.json names it: a kill in between must
+      // read as "nothing committed yet" (a fresh start), not as a latest record lost beside a checkpoint.
+      write_text_file_atomically(latest.string(), kNothingCommitted);
+      recorded_nothing_committed = true;
+      sync_directory(directory_.string());
+    }
     fs::remove_all(final_directory);  // a step saved again after a restart replaces the older save
     fs::rename(partial, final_directory);
   } catch (const std::exception& e) {
     // The file system refused (a full disk): the save is reported like any output that cannot be
     // written, and leaves nothing behind.
     abandon_save_of(partial / kStateFile);
+    std::error_code ignored;
+    if (recorded_nothing_committed) fs::remove(latest, ignored);
     throw InputError(partial.string() + ": cannot publish the checkpoint (" + e.what() + ")");
   }
   sync_directory(directory_.string());
-  const nlohmann::json latest = {{"step", step}, {"directory", step_directory_name(step)}};
-  write_text_file_atomically((directory_ / kLatest).string(), latest.dump() + "\n");
+  const nlohmann::json record = {{"step", step}, {"directory", step_directory_name(step)}};
+  write_text_file_atomically(latest.string(), record.dump() + "\n");
   prune();
   return final_directory;
 }

@@ -36,10 +36,11 @@ class CheckpointStore {
   const std::filesystem::path& directory() const { return directory_; }
   static std::string step_directory_name(int64_t step);  // "step_00000005"
 
-  // Saving, on the one rank that writes. begin_save() creates DIR if needed (and, when DIR holds no
-  // checkpoint and no latest record yet, writes the "nothing committed" record) and returns the path of the
+  // Saving, on the one rank that writes. begin_save() creates DIR if needed and returns the path of the
   // checkpoint file to write inside a fresh partial directory (replacing any partial one left by a
-  // crash); commit_save() publishes it as described above and returns the final directory.
+  // crash); commit_save() publishes it as described above and returns the final directory. When DIR holds
+  // no checkpoint and no latest record yet, commit_save() writes the "nothing committed" record before
+  // its rename.
   std::filesystem::path begin_save(int64_t step) const;
   std::filesystem::path commit_save(int64_t step) const;
   // Removes the partial directory holding `state_file` (a path begin_save() returned), after a save
