@@ -19,6 +19,7 @@ namespace {
 constexpr const char* kFormat = "touchstone-checkpoint";
 constexpr int64_t kFormatVersion = 1;
 constexpr const char* kChecksum = "fnv1a64";
+constexpr const char* kDataFingerprint = "data_fingerprint";
 
 nlohmann::json layout_json(const Config& config) {
   const ParallelConfig& p = config.parallel;
@@ -162,6 +163,7 @@ void CheckpointFileWriter::write_progress(const Config& config, const TrainingSt
     writer_->write_scalar_f64(path, value);
     checksum(path, &value, sizeof value);
   };
+  if (!state.data_fingerprint.empty()) writer_->set_attribute("/", kDataFingerprint, state.data_fingerprint);
   scalar_i64("/state/step", state.step);
   scalar_i64("/state/consumed_samples", state.consumed_samples);
   scalar_i64("/state/next_sample_index", state.consumed_samples);
@@ -228,6 +230,9 @@ TrainingState read_checkpoint_file(const std::string& path, const Config& config
   const VerifyingReader file(path);
   const ParamTable table(config.model);
   TrainingState state;
+  if (file.reader().has_attribute("/", kDataFingerprint)) {
+    state.data_fingerprint = file.reader().string_attribute("/", kDataFingerprint);
+  }
   state.step = file.read_scalar_i64("/state/step");
   state.consumed_samples = file.read_scalar_i64("/state/consumed_samples");
   if (file.read_scalar_i64("/state/next_sample_index") != state.consumed_samples ||

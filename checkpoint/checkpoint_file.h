@@ -25,6 +25,9 @@ struct TrainingState {
   ParamTensors params;           // master weights (the FP32 values in FP32 and BF16 runs)
   ParamTensors exp_avg;          // AdamW first moments
   ParamTensors exp_avg_sq;       // AdamW second moments
+  // The data set's content fingerprint (data::content_fingerprint), the root attribute
+  // data_fingerprint; empty when not recorded (a checkpoint written before the attribute existed).
+  std::string data_fingerprint;
 };
 
 // Writes a checkpoint file in parts, so that a run can gather and write one group of tensors at a
@@ -40,7 +43,7 @@ class CheckpointFileWriter {
   CheckpointFileWriter(const CheckpointFileWriter&) = delete;
   CheckpointFileWriter& operator=(const CheckpointFileWriter&) = delete;
 
-  // /state/* scalars and /rng/seed.
+  // /state/* scalars, /rng/seed and, when state.data_fingerprint is set, the data_fingerprint attribute.
   void write_progress(const Config& config, const TrainingState& state);
   // `group` is "/params", "/optimizer/exp_avg" or "/optimizer/exp_avg_sq".
   void write_tensors(const std::string& group, const ParamTable& table, const ParamTensors& tensors);

@@ -24,6 +24,8 @@ constexpr const char* kManifest = "manifest.json";
 constexpr const char* kLatest = "latest.json";
 constexpr const char* kPartialPrefix = ".partial-";
 constexpr const char* kStepPrefix = "step_";
+// The latest record before the first checkpoint is committed.
+constexpr const char* kNothingCommitted = "{\"directory\":null,\"step\":0}\n";
 
 std::string file_checksum(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -181,9 +183,18 @@ void CheckpointStore::abandon_save_of(const fs::path& state_file) {
 fs::path CheckpointStore::commit_save(int64_t step) const {
   const fs::path partial = directory_ / (kPartialPrefix + step_directory_name(step));
   const fs::path final_directory = directory_ / step_directory_name(step);
+  const fs::path latest = directory_ / kLatest;
+  bool recorded_nothing_committed = false;
   try {
     write_manifest(partial, step);
     sync_directory(partial.string());
+    if (!fs::exists(latest) && complete_steps().empty()) {
+      // The first save publishes its directory before latest.json names it: a kill in between must
+      // read as "nothing committed yet" (a fresh start), not as a latest record lost beside a checkpoint.
+      write_text_file_atomically(latest.string(), kNothingCommitted);
+      recorded_nothing_committed = true;
+      sync_directory(directory_.string());
+    }
     fs::remove_all(final_directory);  // a step saved again after a restart replaces the older save
     fs::rename(partial, final_directory);
     unregister_temporary(partial.string());
@@ -191,19 +202,24 @@ fs::path CheckpointStore::commit_save(int64_t step) const {
     // The file system refused (a full disk): the save is reported like any output that cannot be
     // written, and leaves nothing behind.
     abandon_save_of(partial / kStateFile);
+    std::error_code ignored;
+    if (recorded_nothing_committed) fs::remove(latest, ignored);
     throw InputError(partial.string() + ": cannot publish the checkpoint (" + e.what() + ")");
   }
   sync_directory(directory_.string());
-  const nlohmann::json latest = {{"step", step}, {"directory", step_directory_name(step)}};
-  write_text_file_atomically((directory_ / kLatest).string(), latest.dump() + "\n");
+  const nlohmann::json record = {{"step", step}, {"directory", step_directory_name(step)}};
+  write_text_file_atomically(latest.string(), record.dump() + "\n");
   prune();
   return final_directory;
 }
 
 void CheckpointStore::remove_partial_saves() const {
   if (!fs::is_directory(directory_)) return;
+  const std::string latest_temporary = std::string(kLatest) + ".tmp.";  // a replacement that was killed
   for (const auto& entry : fs::directory_iterator(directory_)) {
-    if (entry.path().filename().string().rfind(kPartialPrefix, 0) == 0) fs::remove_all(entry.path());
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(kPartialPrefix, 0) == 0 || name.rfind(latest_temporary, 0) == 0)
+      fs::remove_all(entry.path());
   }
 }
 
@@ -246,6 +262,8 @@ std::optional<LoadedCheckpoint> CheckpointStore::load_latest(const Config& confi
     if (!fallback) throw;
   }
   if (latest < 0 && candidates.empty()) return std::nullopt;
+  // Nothing committed yet: a directory newer than the record is from a save that did not finish publishing.
+  if (latest == 0) return std::nullopt;
   if (latest < 0 && !fallback) {
     throw InputError((directory_ / kLatest).string() +
                      ": missing while checkpoint directories exist (use the "

@@ -3,7 +3,9 @@
 //   DIR/step_00000005/state.h5         the checkpoint (checkpoint/checkpoint_file.h)
 //   DIR/step_00000005/manifest.json    size and checksum of every file of the checkpoint
 //   DIR/latest.json                    the "latest complete" record: {"step": 5, "directory":
-//   "step_00000005"} DIR/.partial-step_00000006/        a save in progress (or one that died): never read
+//                                      "step_00000005"}; {"step": 0, "directory": null} before the first
+//                                      checkpoint is committed
+//   DIR/.partial-step_00000006/        a save in progress (or one that died): never read
 //
 // A save writes into the partial directory, writes the manifest, syncs, renames the directory to its
 // final name (atomic), and only then replaces latest.json (atomic) and removes checkpoints beyond the
@@ -36,25 +38,29 @@ class CheckpointStore {
 
   // Saving, on the one rank that writes. begin_save() creates DIR if needed and returns the path of the
   // checkpoint file to write inside a fresh partial directory (replacing any partial one left by a
-  // crash); commit_save() publishes it as described above and returns the final directory.
+  // crash); commit_save() publishes it as described above and returns the final directory. When DIR holds
+  // no checkpoint and no latest record yet, commit_save() writes the "nothing committed" record before
+  // its rename.
   std::filesystem::path begin_save(int64_t step) const;
   std::filesystem::path commit_save(int64_t step) const;
   // Removes the partial directory holding `state_file` (a path begin_save() returned), after a save
   // failed; any other path is left alone. Never throws. A failed commit_save() calls it itself.
   static void abandon_save_of(const std::filesystem::path& state_file);
-  // Removes partial directories left by saves that died (none is in progress when a run starts).
+  // Removes partial directories and temporary latest records left by saves that died (none is in
+  // progress when a run starts).
   void remove_partial_saves() const;
 
   // The steps of the complete (renamed) checkpoint directories, ascending; not verified.
   std::vector<int64_t> complete_steps() const;
-  // The step latest.json names, if the record exists. Throws InputError when it is unreadable.
+  // The step latest.json names (0: nothing committed yet), if the record exists. Throws InputError when
+  // it is unreadable.
   std::optional<int64_t> latest_step() const;
 
   // Loads the checkpoint latest.json names, verified (manifest, sizes, the file's checksum before HDF5
   // parses anything, then its content and compatibility with `config`). Without a latest record and without
-  // any checkpoint directory: nullopt (a fresh start). A refused checkpoint throws InputError naming what is
-  // wrong, unless `fallback`, in which case the next older complete checkpoint is tried (each refusal
-  // recorded in `skipped`).
+  // any checkpoint directory, or with the "nothing committed" record: nullopt (a fresh start). A refused
+  // checkpoint throws InputError naming what is wrong, unless `fallback`, in which case the next older
+  // complete checkpoint is tried (each refusal recorded in `skipped`).
   std::optional<LoadedCheckpoint> load_latest(const Config& config, bool fallback) const;
 
  private:

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "common/errors.h"
+#include "common/hash.h"
 
 namespace touchstone::data {
 namespace {
@@ -90,6 +91,26 @@ std::vector<Window> pack_documents(const std::vector<Document>& documents, const
     }
   }
   return windows;
+}
+
+std::string content_fingerprint(const std::vector<Window>& windows) {
+  uint64_t hash = kFnv1aBasis;
+  const auto add = [&hash](const std::vector<int32_t>& values) {
+    for (const int32_t value : values) {
+      const auto bits = static_cast<uint32_t>(value);
+      const unsigned char bytes[4] = {static_cast<unsigned char>(bits), static_cast<unsigned char>(bits >> 8),
+                                      static_cast<unsigned char>(bits >> 16),
+                                      static_cast<unsigned char>(bits >> 24)};
+      hash = fnv1a64(bytes, sizeof bytes, hash);
+    }
+  };
+  for (const Window& window : windows) {
+    add(window.tokens);
+    add(window.targets);
+    add(window.position_ids);
+    add(window.document_ids);
+  }
+  return "fnv1a64:" + hex64(hash);
 }
 
 }  // namespace touchstone::data

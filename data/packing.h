@@ -50,4 +50,10 @@ using Document = std::vector<int32_t>;
 // Throws InputError when seq_length < 1. An empty document packs as its EOS alone.
 std::vector<Window> pack_documents(const std::vector<Document>& documents, const PackingOptions& options);
 
+// The content fingerprint of a packed data set, "fnv1a64:" and 16 hex digits: FNV-1a 64 over every
+// window in order, each its tokens, targets, position ids and document ids as little-endian int32. It
+// covers exactly what the samples of a run read, so a checkpoint and the sample ledger can tell that a
+// resumed run reads the same data, whatever its data.source is called (docs/checkpoints.md).
+std::string content_fingerprint(const std::vector<Window>& windows);
+
 }  // namespace touchstone::data

@@ -13,7 +13,8 @@ namespace touchstone {
 namespace {}  // namespace
 
 SaveReport save_checkpoint(const Trainer& trainer, const ParallelContext& context, const Config& config,
-                           const CheckpointStore& store, int64_t step, double lr) {
+                           const CheckpointStore& store, int64_t step, double lr,
+                           const std::string& data_fingerprint) {
   const auto start = std::chrono::steady_clock::now();
   const bool writer_rank = context.world.rank() == 0;
   const ParamTable& table = trainer.table();
@@ -26,6 +27,7 @@ SaveReport save_checkpoint(const Trainer& trainer, const ParallelContext& contex
     progress.step = step;
     progress.consumed_samples = step * config.train.global_batch_size;
     progress.lr = lr;
+    progress.data_fingerprint = data_fingerprint;
     writer->write_progress(config, progress);
     writer->write_tensors("/params", table, params);
   }
@@ -78,23 +80,32 @@ std::string throughput_text(uintmax_t bytes, double seconds) {
 }
 
 RunRecorder::RunRecorder(const CheckpointOptions& options, const Config& config,
-                         const ParallelContext& context, int64_t num_windows, int64_t first_step,
-                         int64_t last_step)
+                         const ParallelContext& context, int64_t num_windows,
+                         const std::string& data_fingerprint, int64_t first_step, int64_t last_step)
     : options_(options),
       config_(config),
       context_(context),
       store_(options.directory, options.keep),
+      data_fingerprint_(data_fingerprint),
       last_step_(last_step) {
   if (context.world.rank() != 0) return;
   store_.remove_partial_saves();  // left by a save that died: no save is in progress when a run starts
   ledger_ = std::make_unique<ledger::LedgerWriter>(
       (std::filesystem::path(options.directory) / ledger::kLedgerFileName).string());
+  const int64_t resumed_from = first_step - 1;
+  // The checkpoint just loaded and verified is the truth: if its attempt died between the commit and
+  // the ledger line, the line is recorded now, before this attempt's start (docs/recovery.md).
+  if (resumed_from > 0) {
+    ledger_->record_recovered_checkpoint(resumed_from, CheckpointStore::step_directory_name(resumed_from));
+  }
   const ParallelConfig& p = config.parallel;
-  ledger_->start(ledger::StartInfo{
-      first_step - 1,
-      ledger::Layout{static_cast<int>(p.tp * p.pp * p.dp), static_cast<int>(p.tp), static_cast<int>(p.pp),
-                     static_cast<int>(p.dp), config.train.global_batch_size, config.train.micro_batch_size},
-      num_windows, last_step});
+  ledger_->start(
+      ledger::StartInfo{first_step - 1,
+                        ledger::Layout{static_cast<int>(p.tp * p.pp * p.dp), static_cast<int>(p.tp),
+                                       static_cast<int>(p.pp), static_cast<int>(p.dp),
+                                       config.train.global_batch_size, config.train.micro_batch_size},
+                        num_windows, last_step},
+      data_fingerprint);
 }
 
 void RunRecorder::after_step(const Trainer& trainer, const GlobalBatch& batch, const StepRecord& record,
@@ -106,7 +117,8 @@ void RunRecorder::after_step(const Trainer& trainer, const GlobalBatch& batch, c
   }
   const int64_t s = record.step;
   if (s != last_step_ && (options_.save_every == 0 || s % options_.save_every != 0)) return;
-  const SaveReport saved = save_checkpoint(trainer, context_, config_, store_, s, record.lr);
+  const SaveReport saved =
+      save_checkpoint(trainer, context_, config_, store_, s, record.lr, data_fingerprint_);
   if (!ledger_) return;
   ledger_->checkpoint(s, saved.directory.filename().string());
   out << "saved " << saved.directory.string() << " (" << throughput_text(saved.bytes, saved.seconds) << ")"

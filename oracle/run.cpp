@@ -49,6 +49,15 @@ void prepare_checkpoints(const RunOptions& options, const Config& config, Prepar
   std::optional<LoadedCheckpoint> loaded = store.load_latest(config, c.fallback);
   if (!loaded) return;  // nothing saved yet: a fresh start
   run.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // The path names the data, the fingerprint is its content: other tokens under the same data.source
+  // would continue the run on data it never saw. A checkpoint without one predates the fingerprint.
+  const std::string& saved = loaded->state.data_fingerprint;
+  if (!saved.empty() && saved != run.data_fingerprint) {
+    throw InputError(loaded->directory.string() + ": data.source " + config.data.source +
+                     " has content fingerprint " + run.data_fingerprint +
+                     ", the checkpoint was written reading " + saved +
+                     "; a resumed run must continue on the same data");
+  }
   run.resumed = std::move(loaded->state);
   run.resumed_from = loaded->directory.string();
   run.refused_checkpoints = std::move(loaded->skipped);
@@ -69,6 +78,7 @@ PreparedRun prepare_run(const Config& config, const RunOptions& options, int wor
                                      static_cast<int32_t>(d.pad_token), d.eos_loss, d.document_masking};
   run.windows = data::pack_documents(data::load_documents(source), packing);
   if (run.windows.empty()) throw InputError(d.source + ": the data set packs into no windows");
+  if (!options.checkpoint.directory.empty()) run.data_fingerprint = data::content_fingerprint(run.windows);
   for (int64_t s = 1; s <= config.train.steps; ++s) {
     run.batches.push_back(make_global_batch(run.windows, config.train.global_batch_size, s));
   }
@@ -159,7 +169,8 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
   std::unique_ptr<RunRecorder> recorder;
   if (!options.checkpoint.directory.empty()) {
     recorder = std::make_unique<RunRecorder>(options.checkpoint, config, context,
-                                             static_cast<int64_t>(run.windows.size()), first_step, steps);
+                                             static_cast<int64_t>(run.windows.size()), run.data_fingerprint,
+                                             first_step, steps);
   }
   const auto start = std::chrono::steady_clock::now();
   int64_t tokens_done = 0;
@@ -233,6 +244,11 @@ void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, 
           << ", next sample index " << run.resumed->consumed_samples << "; "
           << "loaded and verified " << throughput_text(directory_bytes(run.resumed_from), run.load_seconds)
           << ")" << std::endl;
+      if (run.resumed->data_fingerprint.empty()) {
+        out << "note: " << run.resumed_from
+            << " records no data fingerprint (written before it was recorded): the data is not verified"
+            << std::endl;
+      }
     }
   }
   std::unique_ptr<TracePrinter> trace;

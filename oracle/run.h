@@ -35,6 +35,7 @@ struct RunOptions {
 struct PreparedRun {
   Config config;
   std::vector<data::Window> windows;  // the packed data set
+  std::string data_fingerprint;       // its content (data::content_fingerprint), with a checkpoint directory
   std::vector<GlobalBatch> batches;   // [train.steps]
   ParamTensors initial_params;        // full tensors
   // When resuming: the checkpoint continued from (its directory) and its state; the run goes on with

@@ -2,7 +2,7 @@
 # Installs the Debian packages Touchstone builds and tests with (run as root, or with sudo available).
 set -euo pipefail
 packages=(
-  build-essential cmake git
+  build-essential cmake git strace
   libopenblas-dev libhdf5-dev hdf5-tools nlohmann-json3-dev libcli11-dev libgtest-dev
   libopenmpi-dev openmpi-bin
   python3-torch python3-h5py python3-numpy

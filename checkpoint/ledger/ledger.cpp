@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -31,6 +32,8 @@ class LineFields {
   [[noreturn]] void fail(const std::string& message) const {
     throw InputError(path_ + ":" + std::to_string(line_) + ": " + message);
   }
+
+  bool has(const char* key) const { return object_.contains(key); }
 
   const json& field(const char* key) const {
     const auto it = object_.find(key);
@@ -108,6 +111,7 @@ Event parse_event(const LineFields& fields) {
     s.layout.micro_batch_size = fields.positive_int("micro_batch_size");
     s.num_windows = fields.positive_int("num_windows");
     s.steps = fields.non_negative("steps");
+    if (fields.has("data_fingerprint")) event.data_fingerprint = fields.string("data_fingerprint");
   } else if (kind == "step") {
     event.kind = EventKind::kStep;
     event.step = fields.positive_int("step");
@@ -116,6 +120,7 @@ Event parse_event(const LineFields& fields) {
     event.kind = EventKind::kCheckpoint;
     event.step = fields.non_negative("step");
     event.path = fields.string("path");
+    if (fields.has("recovered_by")) event.recovered_by = fields.positive_int("recovered_by");
   } else if (kind == "end") {
     event.kind = EventKind::kEnd;
     event.step = fields.non_negative("steps");
@@ -259,7 +264,25 @@ LedgerWriter::LedgerWriter(const std::string& path) : path_(path) {
     if (!existed) sync_directory_of(path);
     drop_torn_tail(fd_, path);
     int starts = 0;
-    for (const Event& event : read_ledger(path).events) starts += event.kind == EventKind::kStart;
+    for (const Event& event : read_ledger(path).events) {
+      switch (event.kind) {
+        case EventKind::kStart:
+          ++starts;
+          history_.last_attempt = event.attempt;
+          history_.last_attempt_ended = false;
+          history_.last_step = 0;
+          break;
+        case EventKind::kStep:
+          history_.last_step = event.step;
+          break;
+        case EventKind::kCheckpoint:
+          history_.checkpoints.push_back(event.step);
+          break;
+        case EventKind::kEnd:
+          history_.last_attempt_ended = true;
+          break;
+      }
+    }
     attempt_ = starts + 1;
   } catch (...) {
     ::close(fd_);
@@ -271,20 +294,37 @@ LedgerWriter::~LedgerWriter() { ::close(fd_); }
 
 void LedgerWriter::append(const std::string& line) { write_whole(fd_, line + "\n", path_); }
 
-void LedgerWriter::start(const StartInfo& info) {
-  append(json{{"event", "start"},
-              {"attempt", attempt_},
+bool LedgerWriter::record_recovered_checkpoint(int64_t step, const std::string& checkpoint_path) {
+  const History& h = history_;
+  const bool recorded = std::find(h.checkpoints.begin(), h.checkpoints.end(), step) != h.checkpoints.end();
+  // Only the commit the last attempt was making when it died: any other gap is the check's to report.
+  if (recorded || h.last_attempt == 0 || h.last_attempt_ended || h.last_step != step) return false;
+  append(json{{"event", "checkpoint"},
+              {"attempt", h.last_attempt},
+              {"step", step},
               {"time", unix_time_now()},
-              {"resumed_from_step", info.resumed_from_step},
-              {"world_size", info.layout.world_size},
-              {"tp", info.layout.tp},
-              {"pp", info.layout.pp},
-              {"dp", info.layout.dp},
-              {"global_batch_size", info.layout.global_batch_size},
-              {"micro_batch_size", info.layout.micro_batch_size},
-              {"num_windows", info.num_windows},
-              {"steps", info.steps}}
+              {"path", checkpoint_path},
+              {"recovered_by", attempt_}}
              .dump());
+  history_.checkpoints.push_back(step);
+  return true;
+}
+
+void LedgerWriter::start(const StartInfo& info, const std::string& data_fingerprint) {
+  json line{{"event", "start"},
+            {"attempt", attempt_},
+            {"time", unix_time_now()},
+            {"resumed_from_step", info.resumed_from_step},
+            {"world_size", info.layout.world_size},
+            {"tp", info.layout.tp},
+            {"pp", info.layout.pp},
+            {"dp", info.layout.dp},
+            {"global_batch_size", info.layout.global_batch_size},
+            {"micro_batch_size", info.layout.micro_batch_size},
+            {"num_windows", info.num_windows},
+            {"steps", info.steps}};
+  if (!data_fingerprint.empty()) line["data_fingerprint"] = data_fingerprint;
+  append(line.dump());
 }
 
 void LedgerWriter::step(int64_t step, const std::vector<std::vector<int64_t>>& samples_per_dp_rank,

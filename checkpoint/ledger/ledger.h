@@ -6,10 +6,13 @@
 // One JSON object per line; every append is flushed and fsync'ed, so a killed writer leaves whole lines
 // only, except possibly a torn last line, which readers ignore with a note.
 //   {"event":"start","attempt":A,"time":T,"resumed_from_step":K,"world_size":N,"tp":..,"pp":..,"dp":..,
-//    "global_batch_size":B,"micro_batch_size":M,"num_windows":W,"steps":S}
+//    "global_batch_size":B,"micro_batch_size":M,"num_windows":W,"steps":S,"data_fingerprint":"fnv1a64:.."}
 //   {"event":"step","attempt":A,"step":s,"time":T,"samples":[[dp rank 0's samples],[dp rank 1's],...],
 //    "loss":L,"num_loss_tokens":N,"grad_norm":G,"lr":R}     (the last four written by the trainer)
 //   {"event":"checkpoint","attempt":A,"step":s,"time":T,"path":"step_00000005"}
+//   {"event":"checkpoint","attempt":A,"step":s,"time":T,"path":"step_00000005","recovered_by":A+1}
+//     (a commit of attempt A whose line A was killed before writing, recorded by the next attempt from
+//      the verified checkpoint it resumes from, just before its start line)
 //   {"event":"end","attempt":A,"time":T,"steps":s}
 // A fault-injected rank writes one line to faults.jsonl next to the ledger before it kills itself:
 //   {"event":"injected_failure","step":s,"rank":r,"phase":"forward|backward|optimizer|save","time":T}
@@ -52,10 +55,14 @@ struct Event {
   double time = 0.0;  // unix time, seconds
   int line = 0;       // 1-based line number in the file, for messages
   StartInfo start;    // kStart
-  int64_t step = 0;   // kStep, kCheckpoint; kEnd: the steps completed
+  // kStart: the data set's content fingerprint (data::content_fingerprint); empty in ledgers written
+  // before it was recorded.
+  std::string data_fingerprint;
+  int64_t step = 0;  // kStep, kCheckpoint; kEnd: the steps completed
   std::vector<std::vector<int64_t>>
-      samples;       // kStep: per dp rank, global sample indices in the order consumed
-  std::string path;  // kCheckpoint: the committed checkpoint, relative to the ledger's directory
+      samples;           // kStep: per dp rank, global sample indices in the order consumed
+  std::string path;      // kCheckpoint: the committed checkpoint, relative to the ledger's directory
+  int recovered_by = 0;  // kCheckpoint: 0, or the attempt that recorded this commit from the disk
 };
 
 struct Ledger {
@@ -110,7 +117,15 @@ class LedgerWriter {
 
   int attempt() const { return attempt_; }
 
-  void start(const StartInfo& info);
+  // Before start(), in an attempt that resumes from the verified checkpoint of `step`: when the attempt
+  // that committed it was killed between the commit and its checkpoint line (the file has no checkpoint
+  // line of `step`, and its last attempt recorded `step` as its last step without ending), appends that
+  // line on its behalf, marked as recovered by this attempt. The checkpoint on disk is the truth and the
+  // ledger is reconciled from it, visibly; a kill before or after this append leaves a consistent file.
+  // Returns whether it appended.
+  bool record_recovered_checkpoint(int64_t step, const std::string& checkpoint_path);
+  // `data_fingerprint`: the content fingerprint of the data the attempt reads (empty: not recorded).
+  void start(const StartInfo& info, const std::string& data_fingerprint = "");
   // `samples_per_dp_rank[r]`: the global sample indices dp rank r consumed in step `step`, in order.
   // `totals`, when given, adds what the step computed (exact doubles), so that two ledgers also show
   // whether two runs computed the same losses.
@@ -124,9 +139,18 @@ class LedgerWriter {
  private:
   void append(const std::string& line);
 
+  // What the file held when it was opened, for record_recovered_checkpoint().
+  struct History {
+    int last_attempt = 0;  // attempt number of the last start event (0: none)
+    bool last_attempt_ended = false;
+    int64_t last_step = 0;             // the last step event of the last attempt (0: none)
+    std::vector<int64_t> checkpoints;  // steps of every checkpoint event
+  };
+
   std::string path_;
   int fd_ = -1;
   int attempt_ = 0;
+  History history_;
 };
 
 }  // namespace touchstone::ledger

@@ -14,6 +14,12 @@ std::string range_text(int64_t first, int64_t last) {
   return first == last ? std::to_string(first) : std::to_string(first) + ".." + std::to_string(last);
 }
 
+std::string step_list(const std::vector<int64_t>& values) {
+  std::string text;
+  for (const int64_t value : values) text += (text.empty() ? "" : ", ") + std::to_string(value);
+  return text;
+}
+
 std::string describe_layout_change(const Layout& before, const Layout& after) {
   std::string text;
   const auto compare = [&](const char* name, int64_t a, int64_t b) {
@@ -49,7 +55,12 @@ class Checker {
   }
 
   CheckReport run() {
+    if (ledger_.events.empty()) problem("the ledger records nothing: no attempt started");
     for (const Event& event : ledger_.events) walk(event);
+    if (recovered_by_ != 0) {
+      problem("the last checkpoint line says attempt " + std::to_string(recovered_by_) +
+              " recorded it from the disk, but that attempt never started");
+    }
     check_effective_history();
     check_samples();
     finish();
@@ -70,6 +81,11 @@ class Checker {
   std::string at(const Event& event) const { return "line " + std::to_string(event.line) + ": "; }
 
   void walk(const Event& event) {
+    if (recovered_by_ != 0 && (event.kind != EventKind::kStart || event.attempt != recovered_by_)) {
+      problem(at(event) + "expected the start of attempt " + std::to_string(recovered_by_) +
+              ", which recorded the checkpoint line before it from the disk");
+    }
+    recovered_by_ = 0;
     if (event.kind == EventKind::kStart) return start(event);
     if (report_.attempts.empty()) return problem(at(event) + "event before any start event");
     AttemptSummary& attempt = report_.attempts.back();
@@ -91,6 +107,10 @@ class Checker {
         }
         committed_checkpoints_.push_back(event.step);
         attempt.checkpoints.push_back(event.step);
+        if (event.recovered_by != 0) {
+          attempt.recovered_checkpoints.push_back(event.step);
+          recovered_by_ = event.recovered_by;
+        }
         break;
       case EventKind::kEnd:
         if (event.step != reached) {
@@ -130,6 +150,8 @@ class Checker {
               std::to_string(report_.num_windows) + " (the data set changed)");
     }
     report_.num_windows = s.num_windows;
+    attempt.data_fingerprint = event.data_fingerprint;
+    check_data_fingerprint(event, name);
     report_.target_steps = s.steps;
     if (s.resumed_from_step > 0 && std::find(committed_checkpoints_.begin(), committed_checkpoints_.end(),
                                              s.resumed_from_step) == committed_checkpoints_.end()) {
@@ -138,6 +160,24 @@ class Checker {
     }
     next_step_ = s.resumed_from_step + 1;
     report_.attempts.push_back(attempt);
+  }
+
+  // Every attempt must read the same content; an attempt of an older ledger without a fingerprint is
+  // not compared, and noted.
+  void check_data_fingerprint(const Event& event, const std::string& name) {
+    const std::string& fingerprint = event.data_fingerprint;
+    if (fingerprint.empty()) {
+      without_fingerprint_.push_back(event.attempt);
+      return;
+    }
+    if (data_fingerprint_.empty()) {
+      data_fingerprint_ = fingerprint;
+      data_fingerprint_attempt_ = event.attempt;
+    } else if (fingerprint != data_fingerprint_) {
+      problem(at(event) + name + " read data with content fingerprint " + fingerprint + ", attempt " +
+              std::to_string(data_fingerprint_attempt_) + " " + data_fingerprint_ +
+              " (the data set changed between attempts)");
+    }
   }
 
   void record_step(const Event& event, AttemptSummary& attempt) {
@@ -281,6 +321,11 @@ class Checker {
   }
 
   void finish() {
+    if (!without_fingerprint_.empty()) {
+      std::vector<int64_t> attempts(without_fingerprint_.begin(), without_fingerprint_.end());
+      report_.notes.push_back("attempt(s) " + step_list(attempts) +
+                              " recorded no data fingerprint (an older ledger): their data is not compared");
+    }
     for (const AttemptSummary& attempt : report_.attempts) {
       report_.steps_recomputed += static_cast<int64_t>(attempt.recomputed_steps.size());
       report_.samples_reread += attempt.samples_reread;
@@ -297,6 +342,10 @@ class Checker {
   std::map<int64_t, Recorded> effective_;
   std::vector<int64_t> committed_checkpoints_;
   int64_t next_step_ = 1;
+  int recovered_by_ = 0;          // set by a recovered checkpoint line: the start that must follow it
+  std::string data_fingerprint_;  // the first fingerprint recorded, and by which attempt
+  int data_fingerprint_attempt_ = 0;
+  std::vector<int> without_fingerprint_;  // attempts of an older ledger
 };
 
 }  // namespace

@@ -7,8 +7,11 @@
 //   (b) every global sample index appears exactly once and together they are 0 .. N-1, so each epoch
 //       reads every window exactly once,
 //   (c) no step between 1 and the last recorded one is missing,
-// and, across attempts, that each resumed attempt's first step follows its checkpoint and that the
-// checkpoint was committed by an earlier attempt. It also accounts for the recomputed work: which
+// and, across attempts, that each resumed attempt's first step follows its checkpoint, that the
+// checkpoint was committed by an earlier attempt (its checkpoint line, or the line the resuming attempt
+// recorded for it from the disk, LedgerWriter::record_recovered_checkpoint), and that every attempt read
+// the same data (number of windows and content fingerprint). A ledger with no event fails: it proves
+// nothing. It also accounts for the recomputed work: which
 // attempt redid which steps, and how many samples were read again.
 #pragma once
 
@@ -35,7 +38,9 @@ struct AttemptSummary {
   std::vector<int64_t> recomputed_steps;  // steps it recorded that an earlier attempt had already recorded
   int64_t samples_reread = 0;             // the samples of those steps, read again by this attempt
   std::vector<int64_t> checkpoints;       // steps of the checkpoints it committed
-  bool ended = false;                     // wrote an end event
+  std::vector<int64_t> recovered_checkpoints;  // those of them the next attempt recorded from the disk
+  std::string data_fingerprint;                // of the data it read; empty when not recorded
+  bool ended = false;                          // wrote an end event
   double end_time = 0.0;
 };
 

@@ -24,6 +24,10 @@ std::string attempt_line(const AttemptSummary& a) {
             " samples re-read)";
   }
   if (!a.checkpoints.empty()) line += "; checkpoints at " + step_ranges(a.checkpoints);
+  if (!a.recovered_checkpoints.empty()) {
+    line += " (" + step_ranges(a.recovered_checkpoints) +
+            " killed before its ledger line, recorded by the next attempt from the disk)";
+  }
   line += a.ended ? "; ended cleanly" : "; no end record (killed or still running)";
   return line;
 }
@@ -108,6 +112,9 @@ nlohmann::json to_json(const CheckReport& r) {
          {"recomputed_steps", a.recomputed_steps},
          {"samples_reread", a.samples_reread},
          {"checkpoints", a.checkpoints},
+         {"recovered_checkpoints", a.recovered_checkpoints},
+         {"data_fingerprint",
+          a.data_fingerprint.empty() ? nlohmann::json() : nlohmann::json(a.data_fingerprint)},
          {"ended", a.ended},
          {"end_time", a.ended ? nlohmann::json(a.end_time) : nlohmann::json()}});
   }

@@ -36,7 +36,7 @@ struct RecoveryReport {
   double start_time = 0.0;
   double end_time = 0.0;
   std::vector<AttemptRecord> attempts;
-  std::string outcome;  // "succeeded", "gave up" or "interrupted"
+  std::string outcome;  // "succeeded", "gave up", "interrupted" or "ledger check failed"
   int exit_status = 0;
   std::optional<ledger::CheckReport> ledger;  // the ledger after the job, when there is one
   std::vector<std::string> notes;             // what could not be read

@@ -1,6 +1,7 @@
 """`touchstone supervise` with small shell-script children (no trainer): restart after a crash, giving
 up, stall detection, no process left behind (grandchildren included), --restart-command, forwarding of
-SIGTERM, and the recovery report built from faults.jsonl and the sample ledger.
+SIGTERM, and the recovery report built from faults.jsonl and the sample ledger; a job that exits 0 with a
+ledger that does not check is a failure (status 1); every duration flag must be finite and in range.
 
 The tests look only at processes they started: every child of a test's supervisor inherits a marker
 variable unique to that test, and a process counts as left behind when it still runs (not a zombie)
@@ -211,6 +212,41 @@ class Supervise(unittest.TestCase):
         self.assertEqual(result.returncode, 2, result.stderr)
         self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
         self.assertFalse(os.path.exists(self.path("ran")))
+
+    def test_success_with_a_failing_ledger_is_a_failure(self):
+        for name, ledger in [("empty", ""), ("malformed", "{oops\n")]:
+            with self.subTest(ledger=name):
+                job = self.script("job.sh", f"#!/bin/sh\nprintf '{ledger}' > ledger.jsonl\necho done\n")
+                result = self.supervise("--checkpoint-dir", self.dir.name, "--", job)
+                self.assertEqual(result.returncode, 1, result.stderr)
+                errors = [line for line in result.stderr.splitlines() if "error" in line]
+                self.assertEqual(len(errors), 1, result.stderr)
+                self.assertIn("the job succeeded but its ledger", errors[0])
+                report = self.load_report()
+                self.assertEqual(report["outcome"], "ledger check failed")
+                self.assertEqual(report["exit_status"], 1)
+                self.assertEqual(report["restarts"], 0)
+
+    def test_duration_flags_must_be_finite_and_in_range(self):
+        bad = {"--stall-timeout": ["nan", "inf", "-inf", "-1", "0", "1e308", "1e6x", ""],
+               "--kill-grace": ["nan", "NaN", "inf", "-1", "-0.5", "1e308", "1000001"]}
+        for flag, values in bad.items():
+            for value in values:
+                with self.subTest(flag=flag, value=value):
+                    result = subprocess.run([TOUCHSTONE, "supervise", flag, value, "--", "touch", self.path("ran")],
+                                            capture_output=True, text=True, timeout=30)
+                    self.assertEqual(result.returncode, 2, result.stderr)
+                    self.assertIn(flag, result.stderr.splitlines()[0])
+                    self.assertFalse(os.path.exists(self.path("ran")))
+
+    def test_zero_kill_grace_kills_a_job_that_ignores_sigterm_at_once(self):
+        job = self.script("stubborn.sh", "#!/bin/sh\ntrap '' TERM\necho started\nsleep 60\n")
+        begin = time.time()
+        result = self.supervise("--stall-timeout", "1", "--kill-grace", "0", "--max-restarts", "0", "--", job)
+        self.assertLess(time.time() - begin, 20, result.stderr)
+        self.assertNotEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(self.load_report()["kill_grace_s"], 0)
+        self.assertNothingLeft()
 
 
 if __name__ == "__main__":

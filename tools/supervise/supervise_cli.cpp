@@ -4,6 +4,8 @@
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -26,6 +28,32 @@ std::string join(const std::vector<std::string>& words) {
 
 void say(const std::string& message) { std::cerr << "touchstone supervise: " << message << std::endl; }
 
+// The longest duration a flag accepts: about 11.6 days. Beyond it a deadline is meaningless, and near
+// the double range it overflows the arithmetic of the wait loops.
+constexpr double kMaxDurationS = 1e6;
+
+// A duration in seconds: a finite number, positive (or 0 where `zero_means` says what 0 does), at most
+// kMaxDurationS. NaN would make every deadline comparison false: a wait that never ends.
+CLI::Validator duration_seconds(const char* zero_means) {
+  const bool zero_allowed = zero_means != nullptr;
+  return CLI::Validator(
+      [zero_allowed](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double value = std::strtod(text.c_str(), &end);
+        const bool parsed = !text.empty() && end == text.c_str() + text.size();
+        const std::string range =
+            std::string(zero_allowed ? "0 or a number of seconds above 0" : "a number of seconds above 0") +
+            " and at most 1e6";
+        if (!parsed || !std::isfinite(value))
+          return "\"" + text + "\" is not a finite number (" + range + ")";
+        if (value < 0.0 || (value == 0.0 && !zero_allowed) || value > kMaxDurationS) {
+          return text + " is out of range (" + range + ")";
+        }
+        return std::string();
+      },
+      zero_allowed ? std::string("SECONDS (0: ") + zero_means + ")" : "SECONDS");
+}
+
 class SuperviseCommandImpl final : public SuperviseCommand {
  public:
   explicit SuperviseCommandImpl(CLI::App& app) {
@@ -39,12 +67,12 @@ class SuperviseCommandImpl final : public SuperviseCommand {
     command_
         ->add_option("--stall-timeout", stall_timeout_s_,
                      "Seconds without a complete output line after which the job counts as stalled")
-        ->check(CLI::PositiveNumber)
+        ->check(duration_seconds(nullptr))
         ->capture_default_str();
     command_
         ->add_option("--kill-grace", kill_grace_s_,
                      "Seconds between SIGTERM and SIGKILL when the job's processes are terminated")
-        ->check(CLI::NonNegativeNumber)
+        ->check(duration_seconds("SIGKILL right after SIGTERM"))
         ->capture_default_str();
     command_->add_option("--restart-command", restart_command_,
                          "Shell command (run with /bin/sh -c) for the restarts instead of the command: "
@@ -106,7 +134,12 @@ class SuperviseCommandImpl final : public SuperviseCommand {
       }
     }
     report.end_time = now_seconds();
-    read_final_ledger(report);
+    const bool ledger_good = read_final_ledger(report);
+    if (report.outcome == "succeeded" && !ledger_good) {
+      // The job exited 0, but the ledger does not show a correct history: not a success.
+      report.outcome = "ledger check failed";
+      report.exit_status = 1;
+    }
     if (!report_path_.empty()) {
       write_text_file_atomically(report_path_, to_json(report).dump(2) + "\n");
       write_text_file_atomically(svg_path(), render_recovery_timeline_svg(report));
@@ -116,6 +149,9 @@ class SuperviseCommandImpl final : public SuperviseCommand {
       say("error: the job failed " + std::to_string(report.attempts.size()) +
           " times (last: " + report.attempts.back().exit.describe() + "); gave up after " +
           std::to_string(max_restarts_) + " restart(s)");
+    } else if (report.outcome == "ledger check failed") {
+      say("error: the job succeeded but its ledger " + ledger_file() +
+          " does not check: " + (report.ledger ? report.ledger->problems.front() : report.notes.back()));
     } else if (report.outcome == "interrupted") {
       say("error: interrupted by signal " + std::to_string(relay.received()) + "; the job was terminated");
     }
@@ -166,14 +202,21 @@ class SuperviseCommandImpl final : public SuperviseCommand {
     }
   }
 
-  void read_final_ledger(RecoveryReport& report) const {
+  // Checks the ledger the job left; false when it exists and is malformed or fails its check. No
+  // ledger at all is only noted: the supervised command need not write one.
+  bool read_final_ledger(RecoveryReport& report) const {
     const std::string path = ledger_file();
-    if (path.empty()) return;
-    if (!std::filesystem::exists(path)) return report.notes.push_back(path + ": no ledger was written");
+    if (path.empty()) return true;
+    if (!std::filesystem::exists(path)) {
+      report.notes.push_back(path + ": no ledger was written");
+      return true;
+    }
     try {
       report.ledger = ledger::check_ledger(ledger::read_ledger(path));
+      return report.ledger->passed();
     } catch (const InputError& e) {
       report.notes.push_back(e.what());
+      return false;
     }
   }
 
