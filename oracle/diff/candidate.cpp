@@ -96,7 +96,9 @@ Candidate load_golden_schema(const std::string& path, const GoldenReader& golden
     const std::string object = "/" + dataset;
     std::vector<int64_t> shape = file.shape(object);
     checked_numel(shape, path + ": " + object);
-    const auto scalar = [](const std::vector<int64_t>& s) { return s.empty() || s == std::vector<int64_t>{1}; };
+    const auto scalar = [](const std::vector<int64_t>& s) {
+      return s.empty() || s == std::vector<int64_t>{1};
+    };
     const auto same_shape = [&](const std::vector<int64_t>& other) {
       return other == shape || (scalar(other) && scalar(shape));
     };

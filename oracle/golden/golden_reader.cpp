@@ -2,8 +2,8 @@
 #include "oracle/golden/golden_reader.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -60,8 +60,8 @@ std::vector<int64_t> GoldenReader::checked_shape(const std::string& object) cons
   const std::vector<int64_t> shape = reader_.shape(object);
   const int param = table_.find(object.substr(object.rfind('/') + 1));
   if (param >= 0 && shape != table_[param].shape) {
-    throw InputError(reader_.path() + ": " + object + " has shape " + shape_text(shape) + ", the model's is " +
-                     shape_text(table_[param].shape));
+    throw InputError(reader_.path() + ": " + object + " has shape " + shape_text(shape) +
+                     ", the model's is " + shape_text(table_[param].shape));
   }
   const std::string type = reader_.element_type(object);
   const size_t digits = type.find_first_of("0123456789");
