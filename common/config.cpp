@@ -70,6 +70,12 @@ std::string type_name(const nlohmann::json& value) {
   return std::string("a ") + value.type_name();
 }
 
+// A value as a message quotes it: at most 40 characters, so that every message stays one short line.
+std::string quoted(const nlohmann::json& value) {
+  const std::string text = value.dump();
+  return text.size() <= 40 ? text : text.substr(0, 37) + "...";
+}
+
 const IntegerLimit* find_limit(const std::string& key) {
   for (const IntegerLimit& limit : integer_limits()) {
     if (key == limit.key) return &limit;
@@ -89,8 +95,8 @@ void check_value(const nlohmann::json& value, const std::string& path, const std
   const auto refuse_integer = [&](const nlohmann::json& integer) {
     const IntegerLimit* limit = find_limit(path);
     throw InputError(origin + ": " +
-                     (limit ? range_message(*limit, integer.dump())
-                            : path + " must be below 2^63 (got " + integer.dump() + ")"));
+                     (limit ? range_message(*limit, quoted(integer))
+                            : path + " must be below 2^63 (got " + quoted(integer) + ")"));
   };
   const uint64_t int64_max = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   if (value.is_number_unsigned() && value.get<uint64_t>() > int64_max) refuse_integer(value);
@@ -127,7 +133,7 @@ void merge_checked(nlohmann::json& target, const nlohmann::json& source, const s
     if (slot.is_object()) {
       merge_checked(slot, value, path, origin);
     } else if (!same_kind(slot, value)) {
-      throw InputError(origin + ": " + path + " must be " + type_name(slot) + ", got " + value.dump());
+      throw InputError(origin + ": " + path + " must be " + type_name(slot) + ", got " + quoted(value));
     } else {
       check_value(value, path, origin);
       slot = slot.is_number_float() ? nlohmann::json(value.get<double>()) : value;

@@ -43,7 +43,7 @@ std::vector<Verdict> token_count(const GoldenReader& golden, const DiffResult& r
   const auto gold = static_cast<int64_t>(std::llround(count->metrics.worst_golden));
   if (!(std::fabs(cand_value) <= 0x1p53) || cand_value != std::round(cand_value)) {
     char text[64];
-    std::snprintf(text, sizeof text, "%.17g", cand_value);
+    std::snprintf(text, sizeof text, "%.15g", cand_value);
     return {{"token_count", std::string("token count is not a whole number: the candidate has ") + text +
                                 " loss tokens, the golden batch " + std::to_string(gold) +
                                 " (a count averaged or stored in a float format that cannot hold it)"}};
