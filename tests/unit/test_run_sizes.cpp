@@ -45,7 +45,8 @@ TEST(ConfigLimits, OutOfRangeIsOneLineNamingKeyAndRange) {
   EXPECT_EQ(invalid("parallel.dp=-1"), "config: parallel.dp must be in [1, 1048576] (got -1)");
   EXPECT_EQ(invalid("model.vocab_size=9223372036854775807"),
             "config: model.vocab_size must be in [3, 2147483647] (got 9223372036854775807)");
-  EXPECT_EQ(invalid("train.steps=4294967297"), "config: train.steps must be in [1, 2147483647] (got 4294967297)");
+  EXPECT_EQ(invalid("train.steps=4294967297"),
+            "config: train.steps must be in [1, 2147483647] (got 4294967297)");
   EXPECT_EQ(invalid("model.num_kv_heads=0"), "config: model.num_kv_heads must be in [1, 2147483647] (got 0)");
   EXPECT_EQ(invalid("parallel.stage_layers=[0]"),
             "config: parallel.stage_layers must be in [1, 2147483647] (got 0)");
@@ -59,16 +60,21 @@ TEST(ConfigLimits, OutOfRangeIsOneLineNamingKeyAndRange) {
 TEST(ConfigLimits, FloatsMustBeFiniteAndStringsHoldNoNul) {
   Config config;
   config.optim.lr = std::nan("");
-  EXPECT_EQ(error_of([&] { validate_config(config, 1); }), "config: optim.lr must be a finite number (got nan)");
+  EXPECT_EQ(error_of([&] { validate_config(config, 1); }),
+            "config: optim.lr must be a finite number (got nan)");
   config.optim.lr = INFINITY;
-  EXPECT_EQ(error_of([&] { validate_config(config, 1); }), "config: optim.lr must be a finite number (got inf)");
-  EXPECT_EQ(error_of([] { resolve_config({{"data", {{"source", std::string("a\0b", 3)}}}}, {}, "c.json"); }),
+  EXPECT_EQ(error_of([&] { validate_config(config, 1); }),
+            "config: optim.lr must be a finite number (got inf)");
+  EXPECT_EQ(error_of([] {
+              resolve_config({{"data", {{"source", std::string("a\0b", 3)}}}}, {}, "c.json");
+            }),
             "c.json: data.source must not contain a NUL character");
 }
 
 TEST(ConfigLimits, AQuotedValueIsShort) {
-  const std::string message =
-      error_of([] { resolve_config({{"train", {{"steps", std::string(300, 'x')}}}}, {}, "c.json"); });
+  const std::string message = error_of([] {
+    resolve_config({{"train", {{"steps", std::string(300, 'x')}}}}, {}, "c.json");
+  });
   EXPECT_LT(message.size(), 100u) << message;
 }
 
@@ -103,8 +109,7 @@ TEST(RunFit, TheLargestCountsStayFiniteAndAreRefusedWithBothNumbers) {
   const double lower = plan::lower_bound_bytes(huge, {true, true, true});
   EXPECT_TRUE(std::isfinite(lower));
   EXPECT_GT(lower, 1e30);
-  const std::string message =
-      error_of([&] { plan::check_run_fits(huge, {}, 1, budget(24e9)); });
+  const std::string message = error_of([&] { plan::check_run_fits(huge, {}, 1, budget(24e9)); });
   EXPECT_EQ(message.find("config: the run needs at least "), 0u) << message;
   EXPECT_NE(message.find("per process but 24 GB is available (test)"), std::string::npos) << message;
 }
