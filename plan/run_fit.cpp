@@ -68,9 +68,9 @@ int processes_on_this_node(int world_size) {
 
 MemoryBudget memory_budget(int world_size, double limit_gb) {
   if (!std::isfinite(limit_gb) || limit_gb < 0) {
-    throw InputError("--memory-limit-gb must be a finite number of GB >= 0 (0: physical memory)");
+    throw InputError("a memory limit must be a finite number of GB >= 0 (0: physical memory)");
   }
-  if (limit_gb > 0) return MemoryBudget{limit_gb * 1e9, "--memory-limit-gb"};
+  if (limit_gb > 0) return MemoryBudget{limit_gb * 1e9, "the memory limit given"};
   const double physical =
       static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
   const int processes = processes_on_this_node(world_size);
@@ -107,7 +107,7 @@ void check_run_fits(const Config& config, const RunOutputs& outputs, int world_s
   const auto refuse = [&](const std::string& what, double bytes) {
     throw InputError("config: the run needs " + what + gb(bytes) + " per process but " + gb(budget.bytes) +
                      " is available (" + budget.source +
-                     "); shrink the model, batch or train.steps, or set --memory-limit-gb");
+                     "); shrink the model, batch or train.steps, or give a memory limit");
   };
   const double lower = lower_bound_bytes(config, outputs);
   if (lower > budget.bytes) refuse("at least ", lower);

@@ -23,7 +23,7 @@ struct RunOutputs {
 // The memory one process may plan to use, and where the number comes from.
 struct MemoryBudget {
   double bytes = 0;
-  std::string source;  // "physical memory 24.6 GB / 1 process on this node", or the override
+  std::string source;  // "physical memory 24.6 GB / 1 process(es) on this node", or the limit given
 };
 
 // Physical memory of this machine (not what is free now: a check must not depend on other processes),

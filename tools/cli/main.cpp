@@ -57,10 +57,13 @@ int run(const ConfigOptions& config_options, const touchstone::RunFlags& run_fla
     comm = touchstone::resolve_comm_flag(run_flags);
     const touchstone::Config config = resolve(config_options);
     run_options = touchstone::resolve_run_flags(run_flags, config, mpi.world_size());
+    const auto budget = touchstone::naming_flag("--memory-limit-gb", [&] {
+      return touchstone::plan::memory_budget(mpi.world_size(), run_flags.memory_limit_gb);
+    });
     touchstone::plan::check_run_fits(
         config,
         {!run_options.golden_path.empty(), run_options.golden.save_optimizer_state, run_options.envelope},
-        mpi.world_size(), touchstone::plan::memory_budget(mpi.world_size(), run_flags.memory_limit_gb));
+        mpi.world_size(), budget);
     prepared = touchstone::prepare_run(config, run_options, mpi.world_size());
   } catch (const InputError& e) {
     error = e.what();
