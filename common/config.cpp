@@ -3,7 +3,9 @@
 #include "common/config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "common/errors.h"
@@ -31,6 +33,31 @@ nlohmann::json to_json(const Config& config) {
 
 nlohmann::json default_config_json() { return to_json(Config{}); }
 
+const std::vector<IntegerLimit>& integer_limits() {
+  static const std::vector<IntegerLimit> limits{
+      {"model.vocab_size", 3, kMaxCount},
+      {"model.hidden_size", 2, kMaxCount},
+      {"model.num_layers", 1, kMaxCount},
+      {"model.num_heads", 1, kMaxCount},
+      {"model.num_kv_heads", 1, kMaxCount},
+      {"model.ffn_hidden_size", 1, kMaxCount},
+      {"model.seq_length", 1, kMaxCount},
+      {"data.eos_token", 0, kMaxCount},
+      {"data.pad_token", 0, kMaxCount},
+      {"train.global_batch_size", 1, kMaxCount},
+      {"train.micro_batch_size", 1, kMaxCount},
+      {"train.steps", 1, kMaxCount},
+      {"train.seed", 0, std::numeric_limits<int64_t>::max()},
+      {"optim.warmup_steps", 0, kMaxCount},
+      {"optim.decay_steps", 0, kMaxCount},
+      {"parallel.tp", 1, kMaxProcesses},
+      {"parallel.pp", 1, kMaxProcesses},
+      {"parallel.dp", 1, kMaxProcesses},
+      {"parallel.stage_layers", 1, kMaxCount},
+  };
+  return limits;
+}
+
 namespace {
 
 std::string type_name(const nlohmann::json& value) {
@@ -41,6 +68,46 @@ std::string type_name(const nlohmann::json& value) {
   if (value.is_string()) return "a string";
   if (value.is_object()) return "an object";
   return std::string("a ") + value.type_name();
+}
+
+// A value as a message quotes it: at most 40 characters, so that every message stays one short line.
+std::string quoted(const nlohmann::json& value) {
+  const std::string text = value.dump();
+  return text.size() <= 40 ? text : text.substr(0, 37) + "...";
+}
+
+const IntegerLimit* find_limit(const std::string& key) {
+  for (const IntegerLimit& limit : integer_limits()) {
+    if (key == limit.key) return &limit;
+  }
+  return nullptr;
+}
+
+// "config: model.num_layers must be in [1, 2147483647] (got 1000000000000)": one line naming the key.
+std::string range_message(const IntegerLimit& limit, const std::string& got) {
+  return std::string(limit.key) + " must be in [" + std::to_string(limit.min) + ", " +
+         std::to_string(limit.max) + "] (got " + got + ")";
+}
+
+// An integer above INT64_MAX reads as a negative int64_t; refuse it as it was written. A string holding
+// NUL would name one file in the config and open another (C paths end at the first NUL).
+void check_value(const nlohmann::json& value, const std::string& path, const std::string& origin) {
+  const auto refuse_integer = [&](const nlohmann::json& integer) {
+    const IntegerLimit* limit = find_limit(path);
+    throw InputError(origin + ": " +
+                     (limit ? range_message(*limit, quoted(integer))
+                            : path + " must be below 2^63 (got " + quoted(integer) + ")"));
+  };
+  const uint64_t int64_max = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  if (value.is_number_unsigned() && value.get<uint64_t>() > int64_max) refuse_integer(value);
+  if (value.is_array()) {
+    for (const auto& element : value) {
+      if (element.is_number_unsigned() && element.get<uint64_t>() > int64_max) refuse_integer(element);
+    }
+  }
+  if (value.is_string() && value.get_ref<const std::string&>().find('\0') != std::string::npos) {
+    throw InputError(origin + ": " + path + " must not contain a NUL character");
+  }
 }
 
 // A value may replace a default only if it has the default's type; integers are accepted for floats.
@@ -66,8 +133,9 @@ void merge_checked(nlohmann::json& target, const nlohmann::json& source, const s
     if (slot.is_object()) {
       merge_checked(slot, value, path, origin);
     } else if (!same_kind(slot, value)) {
-      throw InputError(origin + ": " + path + " must be " + type_name(slot) + ", got " + value.dump());
+      throw InputError(origin + ": " + path + " must be " + type_name(slot) + ", got " + quoted(value));
     } else {
+      check_value(value, path, origin);
       slot = slot.is_number_float() ? nlohmann::json(value.get<double>()) : value;
     }
   }
@@ -147,25 +215,46 @@ std::string str(double value) {
   return out.str();
 }
 
+// Every integer key within its limits, and every float key finite, before any check multiplies or
+// divides them: the cross-key checks below then cannot overflow (each count < 2^31, each process
+// count < 2^20), and a value far outside its range is reported as such, not as a divisibility problem.
+void check_ranges(const Config& c) {
+  const nlohmann::json json = to_json(c);
+  for (const IntegerLimit& limit : integer_limits()) {
+    std::string pointer = "/" + std::string(limit.key);
+    std::replace(pointer.begin(), pointer.end(), '.', '/');
+    const nlohmann::json& value = json.at(nlohmann::json::json_pointer(pointer));
+    for (const nlohmann::json& entry : value.is_array() ? value : nlohmann::json::array({value})) {
+      const auto number = entry.get<int64_t>();
+      require(number >= limit.min && number <= limit.max, limit.key,
+              range_message(limit, std::to_string(number)).substr(std::string(limit.key).size() + 1));
+    }
+  }
+  for (const auto& [section, keys] : json.items()) {
+    if (!keys.is_object()) continue;
+    for (const auto& [key, value] : keys.items()) {
+      if (!value.is_number_float()) continue;
+      const auto number = value.get<double>();
+      require(std::isfinite(number), section + "." + key,
+              "must be a finite number (got " + str(number) + ")");
+    }
+  }
+}
+
 }  // namespace
 
 void validate_config(const Config& c, int world_size) {
+  check_ranges(c);
   const ModelConfig& m = c.model;
-  require(m.vocab_size >= 3, "model.vocab_size", "must be >= 3 (got " + std::to_string(m.vocab_size) + ")");
-  require(m.hidden_size >= 2, "model.hidden_size", "must be >= 2");
-  require(m.num_layers >= 1, "model.num_layers", "must be >= 1");
-  require(m.num_heads >= 1, "model.num_heads", "must be >= 1");
   require(m.hidden_size % m.num_heads == 0, "model.hidden_size",
           "(" + std::to_string(m.hidden_size) + ") must be divisible by model.num_heads (" +
               std::to_string(m.num_heads) + ")");
   require(
       m.head_dim() % 2 == 0, "model.hidden_size",
       "/ model.num_heads = head_dim " + std::to_string(m.head_dim()) + " must be even (RoPE rotates pairs)");
-  require(m.num_kv_heads >= 1 && m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
+  require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
           "(" + std::to_string(m.num_kv_heads) + ") must be >= 1 and divide model.num_heads (" +
               std::to_string(m.num_heads) + ")");
-  require(m.ffn_hidden_size >= 1, "model.ffn_hidden_size", "must be >= 1");
-  require(m.seq_length >= 1, "model.seq_length", "must be >= 1");
   require(m.norm_eps > 0, "model.norm_eps", "must be > 0 (got " + str(m.norm_eps) + ")");
   require(m.rope_theta > 0, "model.rope_theta", "must be > 0");
   require(m.init_std >= 0, "model.init_std", "must be >= 0");
@@ -184,19 +273,14 @@ void validate_config(const Config& c, int world_size) {
 
   const TrainConfig& t = c.train;
   const ParallelConfig& p = c.parallel;
-  require(t.global_batch_size >= 1, "train.global_batch_size", "must be >= 1");
-  require(t.micro_batch_size >= 1, "train.micro_batch_size", "must be >= 1");
-  require(p.dp >= 1 && t.global_batch_size % (t.micro_batch_size * p.dp) == 0, "train.global_batch_size",
+  require(t.global_batch_size % (t.micro_batch_size * p.dp) == 0, "train.global_batch_size",
           "(" + std::to_string(t.global_batch_size) +
               ") must be divisible by parallel.dp x train.micro_batch_size (" + std::to_string(p.dp) + " x " +
               std::to_string(t.micro_batch_size) + ")");
-  require(t.steps >= 1, "train.steps", "must be >= 1");
-  require(t.seed >= 0, "train.seed", "must be >= 0");
 
   const OptimConfig& o = c.optim;
   require(o.lr >= 0, "optim.lr", "must be >= 0");
   require(o.min_lr >= 0, "optim.min_lr", "must be >= 0");
-  require(o.warmup_steps >= 0, "optim.warmup_steps", "must be >= 0");
   require(o.decay_steps >= o.warmup_steps, "optim.decay_steps", "must be >= optim.warmup_steps");
   require(o.beta1 >= 0 && o.beta1 < 1, "optim.beta1", "must be in [0, 1)");
   require(o.beta2 >= 0 && o.beta2 < 1, "optim.beta2", "must be in [0, 1)");
@@ -204,8 +288,6 @@ void validate_config(const Config& c, int world_size) {
   require(o.weight_decay >= 0, "optim.weight_decay", "must be >= 0");
   require(o.clip_grad >= 0, "optim.clip_grad", "must be >= 0 (0 disables clipping)");
 
-  require(p.tp >= 1, "parallel.tp", "must be >= 1");
-  require(p.pp >= 1, "parallel.pp", "must be >= 1");
   require(m.num_heads % p.tp == 0 && m.num_kv_heads % p.tp == 0, "parallel.tp",
           "(" + std::to_string(p.tp) + ") must divide model.num_heads and model.num_kv_heads");
   require(m.ffn_hidden_size % p.tp == 0, "parallel.tp", "must divide model.ffn_hidden_size");
@@ -217,7 +299,6 @@ void validate_config(const Config& c, int world_size) {
   } else {
     int64_t total = 0;
     for (int64_t layers : p.stage_layers) {
-      require(layers >= 1, "parallel.stage_layers", "entries must be >= 1 (every stage holds a layer)");
       total += layers;
     }
     require(static_cast<int64_t>(p.stage_layers.size()) == p.pp, "parallel.stage_layers",

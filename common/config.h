@@ -107,7 +107,20 @@ Config resolve_config(const nlohmann::json& file_json, const std::vector<std::st
 // Reads a JSON config file; throws InputError naming the file on a missing file or bad JSON.
 nlohmann::json read_config_file(const std::string& path);
 
-// Cross-key checks (divisibility, ranges, token ids < vocab). Throws InputError naming the key.
+// The range of an integer key (of each entry, for a list). Counts stay below 2^31 (token ids and window
+// positions are int32; a product of two counts fits an int64), process counts below 2^20 (tp x pp x dp
+// fits an int64). Whether a run of these sizes fits the machine is the memory check's question
+// (docs/config.md#limits).
+struct IntegerLimit {
+  const char* key;
+  int64_t min, max;
+};
+constexpr int64_t kMaxCount = 2147483647;   // 2^31 - 1
+constexpr int64_t kMaxProcesses = 1048576;  // 2^20
+const std::vector<IntegerLimit>& integer_limits();
+
+// Every integer key in its limits and every float key finite, then the cross-key checks
+// (divisibility, ranges, token ids < vocab). Throws InputError naming the key, one short line.
 // `world_size` is the number of processes the run was launched with.
 void validate_config(const Config& config, int world_size);
 

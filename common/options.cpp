@@ -11,7 +11,7 @@ template <typename Option>
 Option option_from_json(const nlohmann::json& json) {
   if (!json.is_string()) {
     throw InputError("config: " + std::string(OptionTable<Option>::key) + " must be a string, got " +
-                     json.dump());
+                     json.dump().substr(0, 40));
   }
   return parse_option<Option>(json.get<std::string>());
 }

@@ -105,7 +105,8 @@ template <typename Option>
 Option parse_option(std::string_view name) {
   if (const std::optional<Option> value = find_option<Option>(name)) return *value;
   throw InputError("config: " + std::string(OptionTable<Option>::key) + " must be " +
-                   option_choices<Option>() + " (got \"" + std::string(name) + "\")");
+                   option_choices<Option>() + " (got \"" + std::string(name.substr(0, 40)) +
+                   (name.size() > 40 ? "...\")" : "\")"));
 }
 
 // JSON holds an option as its name (the config file, `touchstone config`, the golden file's config).

@@ -2,6 +2,7 @@
 #include "oracle/run.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -152,6 +153,38 @@ struct StepOutputs {
   AdamWState moments;
 };
 
+// A golden file never holds a non-finite value, and a run that has diverged is no reference: the run
+// stops (InputError, exit status 2) at the first non-finite loss, gradient norm or learning rate, which
+// every rank holds, and, where world rank 0 has gathered them for the golden file, at the first
+// non-finite value of a token loss, gradient, parameter or moment, naming the step and the tensor.
+// Thrown before the step is written, so the golden file is never committed.
+void require_finite(const StepOutputs& step, const ParamTable& table, Precision precision) {
+  const StepRecord& r = step.record;
+  const std::string where = "step " + std::to_string(r.step) + " (" + option_name(precision) + "): ";
+  const auto refuse = [&](const std::string& what, double value) {
+    const std::string text = std::isnan(value) ? "NaN" : value > 0 ? "+inf" : "-inf";
+    throw InputError(where + what + " is " + text +
+                     " (the run diverged; lower optim.lr or model.init_std); no golden file is written");
+  };
+  if (!std::isfinite(r.loss)) refuse("the loss", r.loss);
+  if (!std::isfinite(r.grad_norm)) refuse("the gradient norm", r.grad_norm);
+  if (!std::isfinite(r.lr)) refuse("the learning rate", r.lr);
+  for (double v : r.token_losses) {
+    if (!std::isfinite(v)) refuse("a token loss", v);
+  }
+  const auto check = [&](const ParamTensors& tensors, const std::string& kind) {
+    for (size_t id = 0; id < tensors.tensors.size(); ++id) {
+      for (double v : tensors.tensors[id]) {
+        if (!std::isfinite(v)) refuse(kind + " " + table[static_cast<int>(id)].name, v);
+      }
+    }
+  };
+  check(step.grads, "the gradient of");
+  check(step.params, "the updated parameter");
+  check(step.moments.exp_avg, "the AdamW exp_avg of");
+  check(step.moments.exp_avg_sq, "the AdamW exp_avg_sq of");
+}
+
 // Trains every step of `run` with `config` (which may differ from run.config in precision only) and
 // calls `on_step` after each on every rank.
 void run_steps(const PreparedRun& run, const Config& config, const RunOptions& options, int local_rank,
@@ -161,6 +194,7 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
   const bool outputs = !options.golden_path.empty();
   auto backend = make_backend(options.backend, backend_options(config), local_rank);
   Trainer trainer(config, run.initial_params, *backend, context);
+  const ParamTable table(config.model);
   if (run.resumed) {
     trainer.restore(run.resumed->step, run.resumed->params, run.resumed->exp_avg, run.resumed->exp_avg_sq);
   }
@@ -193,6 +227,7 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
         step.moments.exp_avg_sq = gather_full_tensors(trainer.plan(), context, local.exp_avg_sq);
       }
     }
+    require_finite(step, table, config.precision);
     on_step(step);
     if (recorder) recorder->after_step(trainer, batch, step.record, out);
     tokens_done += real_tokens(batch);

@@ -66,20 +66,46 @@ bool starts_with_hdf5_signature(const std::string& path) {
   return in.gcount() == 8 && std::string(signature, 8) == std::string("\x89HDF\r\n\x1a\n", 8);
 }
 
-Candidate load_golden_schema(const std::string& path) {
+// "steps/<s>/..." with s a step number (digits only), or "params/init/...".
+bool in_compared_schema(const std::string& dataset) {
+  if (dataset.rfind("params/init/", 0) == 0) return true;
+  if (dataset.rfind("steps/", 0) != 0) return false;
+  const size_t slash = dataset.find('/', 6);
+  return slash != std::string::npos && slash > 6 &&
+         std::all_of(dataset.begin() + 6, dataset.begin() + static_cast<std::ptrdiff_t>(slash),
+                     [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// Each dataset's declared shape is compared with the golden's before its values are read: a candidate
+// declaring a huge dataset costs nothing unless the golden holds one of that shape. A dataset of another
+// shape, or one the golden file does not have, is kept with its shape only (no values): the comparison
+// reports the first as a failure and the second in a note.
+Candidate load_golden_schema(const std::string& path, const GoldenReader& golden) {
   const h5::H5Reader file(path);
   Candidate candidate;
   candidate.format = "golden";
   if (file.has_attribute("/", "generator")) candidate.generator = file.string_attribute("/", "generator");
-  for (const char* group : {"/params/init", "/steps"}) {
-    for (const std::string& dataset : list_datasets(file, group)) {
-      candidate.tensors.emplace(dataset, read_recorded(file, dataset));
+  for (const std::string& dataset : list_datasets(file, "/")) {
+    if (!in_compared_schema(dataset)) {
+      if (dataset.rfind("batch/", 0) != 0) {
+        candidate.notes.push_back("ignored candidate dataset /" + dataset +
+                                  " (not part of the compared schema)");
+      }
+      continue;
     }
-  }
-  for (const std::string& other : list_datasets(file, "/")) {
-    if (other.rfind("params/init/", 0) != 0 && other.rfind("steps/", 0) != 0 &&
-        other.rfind("batch/", 0) != 0) {
-      candidate.notes.push_back("ignored candidate dataset /" + other + " (not part of the compared schema)");
+    const std::string object = "/" + dataset;
+    std::vector<int64_t> shape = file.shape(object);
+    checked_numel(shape, path + ": " + object);
+    const auto scalar = [](const std::vector<int64_t>& s) {
+      return s.empty() || s == std::vector<int64_t>{1};
+    };
+    const auto same_shape = [&](const std::vector<int64_t>& other) {
+      return other == shape || (scalar(other) && scalar(shape));
+    };
+    if (golden.has(dataset) && same_shape(golden.checked_shape(object))) {
+      candidate.tensors.emplace(dataset, read_recorded(file, dataset));
+    } else {
+      candidate.tensors.emplace(dataset, Recorded{std::move(shape), {}, file.element_type(object)});
     }
   }
   return candidate;
@@ -149,7 +175,7 @@ Candidate load_candidate(const std::string& path, const CandidateOptions& option
   }
   switch (*format) {
     case CandidateFormat::kGolden:
-      return load_golden_schema(path);
+      return load_golden_schema(path, golden);
     case CandidateFormat::kSafetensors:
       return load_safetensors(path, options, golden);
     case CandidateFormat::kShards:

@@ -291,7 +291,8 @@ DiffResult run_analysis(const std::string& golden_path, const std::string& candi
   result.tolerance_text = tolerances.describe();
   result.tolerance_override = options.tolerance;
   result.num_layers = golden.config().model.num_layers;
-  result.notes = candidate.notes;
+  result.notes = golden.notes();
+  result.notes.insert(result.notes.end(), candidate.notes.begin(), candidate.notes.end());
   result.allow_partial = options.allow_partial;
 
   Judge judge(golden, tolerances, candidate.tensors, options.recompute);

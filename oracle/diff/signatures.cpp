@@ -37,8 +37,18 @@ std::vector<Verdict> token_count(const GoldenReader& golden, const DiffResult& r
     if (e.step == step && e.group == "num_loss_tokens" && e.status == Status::kFail) count = &e;
   }
   if (count == nullptr || !count->reason.empty()) return {};
-  const auto cand = static_cast<int64_t>(std::llround(count->metrics.worst_candidate));
+  // A count is an integer: a candidate value that is not one (502.4, or a float beyond 2^53) fails the
+  // exact comparison for that reason, and rounding it for the message would print two equal counts.
+  const double cand_value = count->metrics.worst_candidate;
   const auto gold = static_cast<int64_t>(std::llround(count->metrics.worst_golden));
+  if (!(std::fabs(cand_value) <= 0x1p53) || cand_value != std::round(cand_value)) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%.15g", cand_value);
+    return {{"token_count", std::string("token count is not a whole number: the candidate has ") + text +
+                                " loss tokens, the golden batch " + std::to_string(gold) +
+                                " (a count averaged or stored in a float format that cannot hold it)"}};
+  }
+  const auto cand = static_cast<int64_t>(cand_value);
   const int64_t difference = cand - gold;
   const GlobalBatch batch = golden.batch(step);
   const DataConfig& data = golden.config().data;

@@ -38,12 +38,20 @@ class GoldenReader {
   GlobalBatch batch(int64_t step) const;
   // The group holding the parameters step `step` started from: /params/init or /steps/<step-1>/params.
   std::string params_before(int64_t step) const;
+  // What the reader left out, for the diff's notes: a group under /steps whose name is not a step.
+  const std::vector<std::string>& notes() const { return notes_; }
+  // The shape of a dataset, checked before anything reads it: a parameter tensor (the last path
+  // component names one) has the table's shape, and the declared bytes fit in the file (the golden
+  // writer stores every dataset uncompressed). Throws InputError naming the file and the dataset.
+  std::vector<int64_t> checked_shape(const std::string& object) const;
 
  private:
   h5::H5Reader reader_;
   Config config_;
   ParamTable table_;
   std::vector<int64_t> steps_;
+  std::vector<std::string> notes_;
+  uintmax_t file_bytes_ = 0;
 };
 
 }  // namespace touchstone

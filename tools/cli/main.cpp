@@ -14,6 +14,7 @@
 #include "parallel/comm/comm_backend.h"
 #include "parallel/comm/grid.h"
 #include "parallel/comm/mpi_runtime.h"
+#include "plan/run_fit.h"
 #include "tools/check/check_parallel.h"
 #include "tools/cli/flag_values.h"
 #include "tools/cli/run_flags.h"
@@ -58,6 +59,13 @@ int run(const ConfigOptions& config_options, const touchstone::RunFlags& run_fla
     comm = touchstone::resolve_comm_flag(run_flags);
     const touchstone::Config config = resolve(config_options);
     run_options = touchstone::resolve_run_flags(run_flags, config, mpi.world_size());
+    const auto budget = touchstone::naming_flag("--memory-limit-gb", [&] {
+      return touchstone::plan::memory_budget(mpi.world_size(), run_flags.memory_limit_gb);
+    });
+    touchstone::plan::check_run_fits(
+        config,
+        {!run_options.golden_path.empty(), run_options.golden.save_optimizer_state, run_options.envelope},
+        mpi.world_size(), budget);
     prepared = touchstone::prepare_run(config, run_options, mpi.world_size());
   } catch (const InputError& e) {
     error = e.what();

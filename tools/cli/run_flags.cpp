@@ -68,6 +68,9 @@ void add_run_flags(CLI::App* command, RunFlags& flags) {
       "--fail-at", flags.fail_at,
       "step:rank[:phase] - that world rank dies abruptly (SIGKILL) in phase forward (default), "
       "backward, optimizer or save of that update; fires once per checkpoint directory");
+  command->add_option("--memory-limit-gb", flags.memory_limit_gb,
+                      "Memory one process may plan to use, in GB (default: physical memory / processes "
+                      "on this node); a run planned above it is refused before it allocates");
   command
       ->add_option("--comm", flags.comm,
                    "Communication backend: mpi, or nccl (CUDA builds, one GPU per rank; same results)")

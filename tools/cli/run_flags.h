@@ -20,6 +20,8 @@ struct RunFlags {
   // a run computes (both backends give the same bits; docs/communication.md#nccl).
   std::string comm = "mpi";
   std::string fail_at;  // step:rank[:phase]
+  // The memory one process may plan to use (plan/run_fit.h); 0: physical memory / processes on the node.
+  double memory_limit_gb = 0;
 };
 
 // The config of --config (`config_path`, empty: defaults only) with every --set section.key=value
