@@ -35,6 +35,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         p.tp >= 1 && p.tp <= kLargest && p.pp >= 1 && p.pp <= kLargest && p.dp >= 1 && p.dp <= kLargest;
     touchstone::validate_config(config, plausible ? static_cast<int>(p.tp * p.pp * p.dp) : 1);
     (void)config.stage_boundaries();
+    (void)touchstone::to_json(config).dump();  // what golden files and checkpoints store
   });
   return 0;
 }

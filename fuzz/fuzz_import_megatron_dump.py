@@ -12,7 +12,7 @@ A finding is any outcome but exit status 0 or 2 with an `import_megatron_dump.py
 script's documented DumpError): an uncaught exception, a crash of the process, or a hang (each
 iteration runs under an alarm). The input of the first finding is kept in --findings.
 
-Usage: fuzz_import_megatron_dump.py [--iterations N] [--seed S] [--findings DIR]
+Usage: fuzz_import_megatron_dump.py [--iterations N | --seconds S] [--seed S] [--findings DIR]
 Exit status: 0 when no iteration found anything, 1 otherwise.
 """
 
@@ -27,6 +27,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 
 import torch
 
@@ -149,6 +150,7 @@ def run_importer(importer, dump, out):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=600)
+    parser.add_argument("--seconds", type=float, help="run for this long instead of a number of iterations")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--findings", default="fuzz-findings/import_megatron_dump")
     args = parser.parse_args()
@@ -157,8 +159,10 @@ def main():
     rng = random.Random(args.seed)
     signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(Timeout()))
     counts = {0: 0, 2: 0}
+    deadline = time.monotonic() + args.seconds if args.seconds else None
+    iteration = 0
     with tempfile.TemporaryDirectory() as scratch:
-        for iteration in range(args.iterations):
+        while (time.monotonic() < deadline) if deadline else (iteration < args.iterations):
             dump = os.path.join(scratch, f"case{iteration}", "wgrads", "iter_0000001")
             os.makedirs(dump)
             files = dumps[rng.choice(sorted(dumps))]
@@ -194,7 +198,8 @@ def main():
                 return 1
             counts[status] += 1
             shutil.rmtree(os.path.join(scratch, f"case{iteration}"))
-    print(f"import_megatron_dump.py: {args.iterations} mutated dumps, {counts[0]} imported, {counts[2]} refused "
+            iteration += 1
+    print(f"import_megatron_dump.py: {iteration} mutated dumps, {counts[0]} imported, {counts[2]} refused "
           "with a DumpError, no finding")
     return 0
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Writes the seed corpus of every fuzz target into OUT/<target>/: small golden files, checkpoints and
 # ledgers made by the built `touchstone` with a tiny model, a safetensors file, and the checked-in
-# seeds of fuzz/seeds/ and the repository's example inputs (docs/examples/).
+# seeds of fuzz/seeds/ and the repository's example inputs (docs/examples/). The inputs of past findings
+# (fuzz/regressions/<target>/) are seeds too, so every run replays them first.
 #
 #   fuzz/make_seeds.sh TOUCHSTONE OUT
 set -euo pipefail
@@ -15,7 +16,7 @@ trap 'rm -rf "$work"' EXIT
 
 # A tiny model keeps each HDF5 seed small, so that mutations spend their time in the metadata.
 tiny=(--set model.vocab_size=16 --set model.hidden_size=4 --set model.ffn_hidden_size=4 --set model.num_heads=2
-  --set model.num_kv_heads=1 --set model.num_layers=1 --set model.seq_length=4 --set train.global_batch_size=1
+  --set model.num_kv_heads=1 --set model.num_layers=1 --set model.seq_length=16 --set train.global_batch_size=1
   --set train.micro_batch_size=1 --set train.steps=1)
 export OPENBLAS_NUM_THREADS=1
 "$touchstone" golden "${tiny[@]}" --out "$work/golden.h5" > /dev/null
@@ -36,6 +37,9 @@ cp "$here"/seeds/jsonl/* "$out/fuzz_jsonl/"
 cp "$here"/seeds/config/* "$out/fuzz_config/"
 "$touchstone" config "${tiny[@]}" > "$out/fuzz_config/tiny.json"
 cp "$here"/seeds/scaling_csv/* "$here"/../docs/examples/*.csv "$out/fuzz_scaling_csv/"
+for regressions in "$here"/regressions/*/; do
+  cp "$regressions"* "$out/$(basename "$regressions")/"
+done
 
 # A safetensors file of three tensors in three dtypes (the format of oracle/diff/safetensors.h).
 /usr/bin/python3 - "$out/fuzz_safetensors/three.safetensors" <<'PYTHON'
