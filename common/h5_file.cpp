@@ -341,12 +341,34 @@ struct OpenDataset {
   size_t count;
 };
 
+// HDF5 1.10 converts numbers with the size and bit positions the file's type message declares, without
+// checking them against each other: a damaged size or field makes the conversion read past the element
+// (a crash). A numeric type is read only when it is 1, 2, 4 or 8 bytes and every field lies inside it.
+bool numeric_layout_in_bounds(hid_t type) {
+  const size_t bytes = H5Tget_size(type);
+  const size_t precision = H5Tget_precision(type);
+  const int offset = H5Tget_offset(type);
+  if ((bytes != 1 && bytes != 2 && bytes != 4 && bytes != 8) || precision == 0 || offset < 0 ||
+      precision + static_cast<size_t>(offset) > 8 * bytes) {
+    return false;
+  }
+  if (H5Tget_class(type) != H5T_FLOAT) return true;
+  size_t sign = 0, exponent = 0, exponent_bits = 0, mantissa = 0, mantissa_bits = 0;
+  return H5Tget_fields(type, &sign, &exponent, &exponent_bits, &mantissa, &mantissa_bits) >= 0 &&
+         sign < precision && exponent_bits > 0 && mantissa_bits > 0 &&
+         exponent + exponent_bits <= precision && mantissa + mantissa_bits <= precision;
+}
+
 OpenDataset open_dataset(hid_t file, const std::string& file_name, const std::string& path) {
   if (!link_exists(file, path)) throw InputError(file_name + ": no dataset " + path);
   Handle dataset(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
   if (!dataset.valid()) throw InputError(with_reason(file_name + ": " + path + " is not a dataset"));
   Handle type(H5Dget_type(dataset.get()), H5Tclose);
   if (!type.valid()) throw InputError(with_reason(file_name + ": cannot read the type of dataset " + path));
+  const H5T_class_t type_class = H5Tget_class(type.get());
+  if ((type_class == H5T_INTEGER || type_class == H5T_FLOAT) && !numeric_layout_in_bounds(type.get())) {
+    throw InputError(file_name + ": dataset " + path + " has a damaged numeric type (size or bit fields)");
+  }
   Handle space(H5Dget_space(dataset.get()), H5Sclose);
   if (!space.valid()) throw InputError(with_reason(file_name + ": cannot read the shape of dataset " + path));
   const hssize_t count = H5Sget_simple_extent_npoints(space.get());

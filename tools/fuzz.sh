@@ -47,7 +47,7 @@ run_target() {
   fi
   # A reader that needs more than a few hundred MB for an input of a few hundred KB, or a second for one
   # input, has a bug: libFuzzer reports either as a finding.
-  "$build/fuzz/$target" -seed=1 -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=512 -print_final_stats=1 \
+  "$build/fuzz/$target" -seed=1 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
     -dict="fuzz/dicts/${dictionary[$target]}.dict" -artifact_prefix="$build/findings/$target-" "$@" \
     "$corpus" "$build/seeds/$target"
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -375,6 +376,31 @@ TEST_F(H5FileTest, ReaderErrors) {
   EXPECT_EQ(reader.read_i64("/wide"), wide);
   expect_input_error([&] { reader.children("/steps"); }, {path, "/steps"});
   expect_input_error([&] { reader.children("/wide"); }, {path, "/wide"});
+}
+
+// Found by fuzz_golden_reader: a float64 dataset whose type message claims 0x61000002-byte elements
+// made HDF5's conversion read past the element (SIGBUS); the reader refuses the type instead.
+TEST_F(H5FileTest, DamagedNumericTypeIsRefused) {
+  const std::string path = file("damaged_type.h5");
+  const std::vector<double> values = {0.5, 1.5};
+  {
+    H5Writer writer(path);
+    writer.write_f64("/values", values.data(), {2});
+    writer.commit();
+  }
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  // The datatype message of IEEE float64, little endian: version 1, class float, its bit field, size 8.
+  const std::string float64_type("\x11\x20\x3f\x00\x08\x00\x00\x00", 8);
+  const size_t at = bytes.find(float64_type);
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at + 4, 4, std::string("\x02\x00\x00\x61", 4));
+  std::ofstream(path, std::ios::binary) << bytes;
+  const H5Reader reader(path);
+  expect_input_error([&] { reader.read_f64("/values"); }, {path, "/values", "damaged numeric type"});
 }
 
 TEST_F(H5FileTest, ExistsAndSortedChildren) {
