@@ -91,6 +91,12 @@ std::vector<std::string> GoldenReader::step_datasets(int64_t step) const {
   while (!groups.empty()) {
     const std::string group = groups.back();
     groups.pop_back();
+    // The schema nests a few groups deep; a damaged file can link a group into itself, which a walk
+    // would follow forever (found by fuzz_golden_reader).
+    constexpr size_t kDeepestGroup = 16;
+    if (static_cast<size_t>(std::count(group.begin(), group.end(), '/')) > kDeepestGroup) {
+      throw InputError(reader_.path() + ": " + group + " is nested too deeply (a group linked into itself?)");
+    }
     const std::vector<std::string> children = reader_.children("/" + group);
     for (auto child = children.rbegin(); child != children.rend(); ++child) {
       const std::string path = group + "/" + *child;
