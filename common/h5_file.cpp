@@ -17,6 +17,7 @@
 
 #include "common/errors.h"
 #include "common/h5_vlen_check.h"
+#include "common/h5_walk.h"
 
 namespace touchstone::h5 {
 namespace {
@@ -423,8 +424,9 @@ VlenCheck check_vlen(hid_t file, const std::string& file_name, const std::string
 
 }  // namespace
 
-H5Reader::H5Reader(std::string path) : path_(std::move(path)) {
+H5Reader::H5Reader(std::string path, Walk walk) : path_(std::move(path)) {
   prepare_library();
+  if (walk == Walk::kFirstInChildProcess) walk_in_child_process(path_);
   // Default access properties: HDF5 refuses to open one file twice with different close degrees, and
   // other code in the process may open the same file on its own.
   file_ = H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -613,6 +615,25 @@ bool H5Reader::has_attribute(const std::string& object_path, const std::string& 
   if (!exists(object_path)) return false;
   Handle object(H5Oopen(file_, object_path.c_str(), H5P_DEFAULT), H5Oclose);
   return object.valid() && H5Aexists(object.get(), name.c_str()) > 0;
+}
+
+namespace {
+herr_t collect_attribute_name(hid_t, const char* name, const H5A_info_t*, void* out) {
+  static_cast<std::vector<std::string>*>(out)->emplace_back(name);
+  return 0;
+}
+}  // namespace
+
+std::vector<std::string> H5Reader::attribute_names(const std::string& object_path) const {
+  Handle object(H5Oopen(file_, object_path.c_str(), H5P_DEFAULT), H5Oclose);
+  if (!object.valid()) throw InputError(with_reason(path_ + ": cannot open " + object_path));
+  std::vector<std::string> names;
+  hsize_t position = 0;
+  if (H5Aiterate2(object.get(), H5_INDEX_NAME, H5_ITER_NATIVE, &position, collect_attribute_name, &names) <
+      0) {
+    throw InputError(with_reason(path_ + ": cannot list the attributes of " + object_path));
+  }
+  return names;
 }
 
 int64_t H5Reader::int_attribute(const std::string& object_path, const std::string& name) const {

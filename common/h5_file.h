@@ -59,7 +59,11 @@ class H5Writer {
 // Read access. Every failure throws touchstone::InputError naming the file and the object.
 class H5Reader {
  public:
-  explicit H5Reader(std::string path);
+  // kFirstInChildProcess reads the whole file once in a child process before opening it
+  // (h5_walk.h), so that a file HDF5 cannot read safely is refused instead of crashing this process;
+  // kNone is that walk's own reader.
+  enum class Walk { kFirstInChildProcess, kNone };
+  explicit H5Reader(std::string path, Walk walk = Walk::kFirstInChildProcess);
   ~H5Reader();
   H5Reader(const H5Reader&) = delete;
   H5Reader& operator=(const H5Reader&) = delete;
@@ -79,6 +83,8 @@ class H5Reader {
   // Whether an attribute is there, for optional attributes (a missing object answers false).
   bool has_attribute(const std::string& object_path, const std::string& name) const;
   int64_t int_attribute(const std::string& object_path, const std::string& name) const;
+  // The names of the attributes of an object, in the file's order.
+  std::vector<std::string> attribute_names(const std::string& object_path) const;
 
   const std::string& path() const { return path_; }
 
