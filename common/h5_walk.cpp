@@ -1,6 +1,7 @@
 // The child-process walk of an HDF5 file (see h5_walk.h).
 #include "common/h5_walk.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -84,6 +85,12 @@ void walk(const H5Reader& reader, const std::string& path, int depth, Budget& bu
 [[noreturn]] void walk_and_exit(const std::string& path, uint64_t file_size) {
   // The child must not outlive a parent that is killed or interrupted while it waits.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // Silent: what went wrong is the parent's to say, in one line (a sanitizer's report included).
+  const int null_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  if (null_fd >= 0) {
+    ::dup2(null_fd, STDOUT_FILENO);
+    ::dup2(null_fd, STDERR_FILENO);
+  }
   int status = 0;
   try {
     // Uncompressed values take at least their size in the file; allow compression up to 8x.
