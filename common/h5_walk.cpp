@@ -85,6 +85,9 @@ void walk(const H5Reader& reader, const std::string& path, int depth, Budget& bu
 [[noreturn]] void walk_and_exit(const std::string& path, uint64_t file_size) {
   // The child must not outlive a parent that is killed or interrupted while it waits.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // The parent's temporaries are the parent's: a Ctrl-C that reaches the child just ends it.
+  ::signal(SIGINT, SIG_DFL);
+  ::signal(SIGTERM, SIG_DFL);
   // Silent: what went wrong is the parent's to say, in one line (a sanitizer's report included).
   const int null_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
   if (null_fd >= 0) {
