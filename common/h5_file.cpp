@@ -13,6 +13,7 @@
 #include <limits>
 #include <stdexcept>
 #include <type_traits>
+#include <unordered_set>
 #include <utility>
 
 #include "common/errors.h"
@@ -476,6 +477,30 @@ std::vector<std::string> H5Reader::children(const std::string& group_path) const
   return names;
 }
 
+std::vector<std::string> H5Reader::datasets_below(const std::string& group_path) const {
+  std::vector<std::string> datasets;
+  if (!exists(group_path) || !is_group(group_path)) return datasets;
+  std::unordered_set<uint64_t> walked{object_address(group_path)};
+  const auto push_children = [&](std::vector<std::string>& stack, const std::string& group) {
+    const std::vector<std::string> names = children(group);
+    for (auto name = names.rbegin(); name != names.rend(); ++name) {
+      stack.push_back((group == "/" ? "" : group) + "/" + *name);
+    }
+  };
+  std::vector<std::string> pending;  // a stack, so that the order is depth first
+  push_children(pending, group_path);
+  while (!pending.empty()) {
+    const std::string path = pending.back();
+    pending.pop_back();
+    if (!is_group(path)) {
+      datasets.push_back(path.substr(1));
+    } else if (walked.insert(object_address(path)).second) {
+      push_children(pending, path);
+    }
+  }
+  return datasets;
+}
+
 std::vector<double> H5Reader::read_f64(const std::string& path) const {
   OpenDataset d = open_dataset(file_, path_, path);
   const H5T_class_t type_class = H5Tget_class(d.type.get());
@@ -623,6 +648,25 @@ herr_t collect_attribute_name(hid_t, const char* name, const H5A_info_t*, void* 
   return 0;
 }
 }  // namespace
+
+uint64_t H5Reader::object_address(const std::string& object_path) const {
+  const std::string failure = path_ + ": cannot locate " + object_path;
+#if H5_VERSION_GE(1, 12, 0)
+  H5O_info2_t info{};
+  haddr_t address = HADDR_UNDEF;
+  if (H5Oget_info_by_name3(file_, object_path.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0 ||
+      H5VLnative_token_to_addr(file_, info.token, &address) < 0) {
+    throw InputError(with_reason(failure));
+  }
+  return static_cast<uint64_t>(address);
+#else
+  H5O_info_t info{};
+  if (H5Oget_info_by_name2(file_, object_path.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0) {
+    throw InputError(with_reason(failure));
+  }
+  return static_cast<uint64_t>(info.addr);
+#endif
+}
 
 std::vector<std::string> H5Reader::attribute_names(const std::string& object_path) const {
   Handle object(H5Oopen(file_, object_path.c_str(), H5P_DEFAULT), H5Oclose);

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "common/errors.h"
@@ -28,8 +29,10 @@ constexpr int kMaxDepth = 64;
 constexpr int64_t kMaxObjects = 4'000'000;
 
 struct Budget {
-  uint64_t dataset_bytes;  // a dataset declaring more values than this is not read (the reader refuses it)
+  uint64_t dataset_bytes =
+      0;  // a dataset declaring more values than this is not read (the reader refuses it)
   int64_t objects_left = kMaxObjects;
+  std::unordered_set<uint64_t> visited;  // object header addresses: each object is walked once
 };
 
 template <typename F>
@@ -55,6 +58,9 @@ uint64_t declared_bytes(const std::vector<int64_t>& shape) {
 // Everything the reader can be asked about `path`, and everything below it.
 void walk(const H5Reader& reader, const std::string& path, int depth, Budget& budget) {
   if (depth > kMaxDepth || --budget.objects_left < 0) return;
+  bool first_visit = true;
+  tolerating_input_errors([&] { first_visit = budget.visited.insert(reader.object_address(path)).second; });
+  if (!first_visit) return;  // a hard link to an object already walked (a group linked into itself)
   tolerating_input_errors([&] {
     for (const std::string& name : reader.attribute_names(path)) {
       tolerating_input_errors([&] { (void)reader.string_attribute(path, name); });
@@ -97,7 +103,8 @@ void walk(const H5Reader& reader, const std::string& path, int depth, Budget& bu
   int status = 0;
   try {
     // Uncompressed values take at least their size in the file; allow compression up to 8x.
-    Budget budget{8 * file_size + (64u << 20)};
+    Budget budget;
+    budget.dataset_bytes = 8 * file_size + (64u << 20);
     tolerating_input_errors([&] {
       const H5Reader reader(path, H5Reader::Walk::kNone);
       walk(reader, "/", 0, budget);

@@ -86,28 +86,7 @@ GlobalBatch GoldenReader::batch(int64_t step) const {
 }
 
 std::vector<std::string> GoldenReader::step_datasets(int64_t step) const {
-  std::vector<std::string> paths;
-  std::vector<std::string> groups{"steps/" + std::to_string(step)};
-  while (!groups.empty()) {
-    const std::string group = groups.back();
-    groups.pop_back();
-    // The schema nests a few groups deep; a damaged file can link a group into itself, which a walk
-    // would follow forever (found by fuzz_golden_reader).
-    constexpr size_t kDeepestGroup = 16;
-    if (static_cast<size_t>(std::count(group.begin(), group.end(), '/')) > kDeepestGroup) {
-      throw InputError(reader_.path() + ": " + group + " is nested too deeply (a group linked into itself?)");
-    }
-    const std::vector<std::string> children = reader_.children("/" + group);
-    for (auto child = children.rbegin(); child != children.rend(); ++child) {
-      const std::string path = group + "/" + *child;
-      if (reader_.is_group("/" + path)) {
-        groups.push_back(path);
-      } else {
-        paths.push_back(path);
-      }
-    }
-  }
-  return paths;
+  return reader_.datasets_below("/steps/" + std::to_string(step));
 }
 
 std::string GoldenReader::params_before(int64_t step) const {
