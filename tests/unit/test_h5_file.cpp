@@ -146,6 +146,30 @@ TEST_F(H5FileTest, DottedNamesAreSingleLinks) {
   EXPECT_TRUE(reader.exists("/steps/1/grads/decoder.layers.0.mlp.linear_fc1.weight"));
 }
 
+// A group linked into itself (or any object under two names) is listed once: the walk must end.
+TEST_F(H5FileTest, DatasetsBelowWalksEachObjectOnce) {
+  const std::string path = file("cycle.h5");
+  const double value = 1.0;
+  {
+    H5Writer writer(path);
+    writer.write_f64("/steps/1/grads/a", &value, {1});
+    writer.write_f64("/steps/1/params/b", &value, {1});
+    writer.commit();
+  }
+  {
+    const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    ASSERT_GE(H5Lcreate_hard(f, "/steps/1", f, "/steps/1/grads/loop", H5P_DEFAULT, H5P_DEFAULT), 0);
+    ASSERT_GE(H5Lcreate_hard(f, "/steps/1", f, "/steps/1/params/loop", H5P_DEFAULT, H5P_DEFAULT), 0);
+    H5Fclose(f);
+  }
+  const H5Reader reader(path);
+  EXPECT_EQ(reader.datasets_below("/steps/1"),
+            (std::vector<std::string>{"steps/1/grads/a", "steps/1/params/b"}));
+  EXPECT_EQ(reader.datasets_below("/"), (std::vector<std::string>{"steps/1/grads/a", "steps/1/params/b"}));
+  EXPECT_TRUE(reader.datasets_below("/steps/2").empty());
+}
+
 TEST_F(H5FileTest, ZeroElementShapes) {
   const std::string path = file("empty.h5");
   {
