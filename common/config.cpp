@@ -166,6 +166,12 @@ nlohmann::json override_as_json(const std::string& assignment, const nlohmann::j
     keys.push_back(key);
   }
   if (default_value->is_object()) throw InputError(origin + ": '" + path + "' is a section, not a key");
+  // A command-line argument need not be UTF-8, but the config is JSON text (messages, golden files).
+  try {
+    (void)nlohmann::json(text).dump();
+  } catch (const nlohmann::json::type_error&) {
+    throw InputError(origin + ": the value is not valid UTF-8");
+  }
   nlohmann::json value = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (value.is_discarded() || (default_value->is_string() && !value.is_string())) value = text;
   nlohmann::json result = value;

@@ -13,10 +13,12 @@
 #include <limits>
 #include <stdexcept>
 #include <type_traits>
+#include <unordered_set>
 #include <utility>
 
 #include "common/errors.h"
 #include "common/h5_vlen_check.h"
+#include "common/h5_walk.h"
 #include "common/signals.h"
 #include "common/text_output.h"
 
@@ -350,12 +352,34 @@ struct OpenDataset {
   size_t count;
 };
 
+// HDF5 1.10 converts numbers with the size and bit positions the file's type message declares, without
+// checking them against each other: a damaged size or field makes the conversion read past the element
+// (a crash). A numeric type is read only when it is 1, 2, 4 or 8 bytes and every field lies inside it.
+bool numeric_layout_in_bounds(hid_t type) {
+  const size_t bytes = H5Tget_size(type);
+  const size_t precision = H5Tget_precision(type);
+  const int offset = H5Tget_offset(type);
+  if ((bytes != 1 && bytes != 2 && bytes != 4 && bytes != 8) || precision == 0 || offset < 0 ||
+      precision + static_cast<size_t>(offset) > 8 * bytes) {
+    return false;
+  }
+  if (H5Tget_class(type) != H5T_FLOAT) return true;
+  size_t sign = 0, exponent = 0, exponent_bits = 0, mantissa = 0, mantissa_bits = 0;
+  return H5Tget_fields(type, &sign, &exponent, &exponent_bits, &mantissa, &mantissa_bits) >= 0 &&
+         sign < precision && exponent_bits > 0 && mantissa_bits > 0 &&
+         exponent + exponent_bits <= precision && mantissa + mantissa_bits <= precision;
+}
+
 OpenDataset open_dataset(hid_t file, const std::string& file_name, const std::string& path) {
   if (!link_exists(file, path)) throw InputError(file_name + ": no dataset " + path);
   Handle dataset(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
   if (!dataset.valid()) throw InputError(with_reason(file_name + ": " + path + " is not a dataset"));
   Handle type(H5Dget_type(dataset.get()), H5Tclose);
   if (!type.valid()) throw InputError(with_reason(file_name + ": cannot read the type of dataset " + path));
+  const H5T_class_t type_class = H5Tget_class(type.get());
+  if ((type_class == H5T_INTEGER || type_class == H5T_FLOAT) && !numeric_layout_in_bounds(type.get())) {
+    throw InputError(file_name + ": dataset " + path + " has a damaged numeric type (size or bit fields)");
+  }
   Handle space(H5Dget_space(dataset.get()), H5Sclose);
   if (!space.valid()) throw InputError(with_reason(file_name + ": cannot read the shape of dataset " + path));
   const hssize_t count = H5Sget_simple_extent_npoints(space.get());
@@ -410,8 +434,9 @@ VlenCheck check_vlen(hid_t file, const std::string& file_name, const std::string
 
 }  // namespace
 
-H5Reader::H5Reader(std::string path) : path_(std::move(path)) {
+H5Reader::H5Reader(std::string path, Walk walk) : path_(std::move(path)) {
   prepare_library();
+  if (walk == Walk::kFirstInChildProcess) walk_in_child_process(path_);
   // Default access properties: HDF5 refuses to open one file twice with different close degrees, and
   // other code in the process may open the same file on its own.
   file_ = H5Fopen(path_.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -459,6 +484,30 @@ std::vector<std::string> H5Reader::children(const std::string& group_path) const
   // Byte order, whatever the index order the file happens to store.
   std::sort(names.begin(), names.end());
   return names;
+}
+
+std::vector<std::string> H5Reader::datasets_below(const std::string& group_path) const {
+  std::vector<std::string> datasets;
+  if (!exists(group_path) || !is_group(group_path)) return datasets;
+  std::unordered_set<uint64_t> walked{object_address(group_path)};
+  const auto push_children = [&](std::vector<std::string>& stack, const std::string& group) {
+    const std::vector<std::string> names = children(group);
+    for (auto name = names.rbegin(); name != names.rend(); ++name) {
+      stack.push_back((group == "/" ? "" : group) + "/" + *name);
+    }
+  };
+  std::vector<std::string> pending;  // a stack, so that the order is depth first
+  push_children(pending, group_path);
+  while (!pending.empty()) {
+    const std::string path = pending.back();
+    pending.pop_back();
+    if (!is_group(path)) {
+      datasets.push_back(path.substr(1));
+    } else if (walked.insert(object_address(path)).second) {
+      push_children(pending, path);
+    }
+  }
+  return datasets;
 }
 
 std::vector<double> H5Reader::read_f64(const std::string& path) const {
@@ -600,6 +649,44 @@ bool H5Reader::has_attribute(const std::string& object_path, const std::string& 
   if (!exists(object_path)) return false;
   Handle object(H5Oopen(file_, object_path.c_str(), H5P_DEFAULT), H5Oclose);
   return object.valid() && H5Aexists(object.get(), name.c_str()) > 0;
+}
+
+namespace {
+herr_t collect_attribute_name(hid_t, const char* name, const H5A_info_t*, void* out) {
+  static_cast<std::vector<std::string>*>(out)->emplace_back(name);
+  return 0;
+}
+}  // namespace
+
+uint64_t H5Reader::object_address(const std::string& object_path) const {
+  const std::string failure = path_ + ": cannot locate " + object_path;
+#if H5_VERSION_GE(1, 12, 0)
+  H5O_info2_t info{};
+  haddr_t address = HADDR_UNDEF;
+  if (H5Oget_info_by_name3(file_, object_path.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0 ||
+      H5VLnative_token_to_addr(file_, info.token, &address) < 0) {
+    throw InputError(with_reason(failure));
+  }
+  return static_cast<uint64_t>(address);
+#else
+  H5O_info_t info{};
+  if (H5Oget_info_by_name2(file_, object_path.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0) {
+    throw InputError(with_reason(failure));
+  }
+  return static_cast<uint64_t>(info.addr);
+#endif
+}
+
+std::vector<std::string> H5Reader::attribute_names(const std::string& object_path) const {
+  Handle object(H5Oopen(file_, object_path.c_str(), H5P_DEFAULT), H5Oclose);
+  if (!object.valid()) throw InputError(with_reason(path_ + ": cannot open " + object_path));
+  std::vector<std::string> names;
+  hsize_t position = 0;
+  if (H5Aiterate2(object.get(), H5_INDEX_NAME, H5_ITER_NATIVE, &position, collect_attribute_name, &names) <
+      0) {
+    throw InputError(with_reason(path_ + ": cannot list the attributes of " + object_path));
+  }
+  return names;
 }
 
 int64_t H5Reader::int_attribute(const std::string& object_path, const std::string& name) const {

@@ -61,7 +61,11 @@ class H5Writer {
 // Read access. Every failure throws touchstone::InputError naming the file and the object.
 class H5Reader {
  public:
-  explicit H5Reader(std::string path);
+  // kFirstInChildProcess reads the whole file once in a child process before opening it
+  // (h5_walk.h), so that a file HDF5 cannot read safely is refused instead of crashing this process;
+  // kNone is that walk's own reader.
+  enum class Walk { kFirstInChildProcess, kNone };
+  explicit H5Reader(std::string path, Walk walk = Walk::kFirstInChildProcess);
   ~H5Reader();
   H5Reader(const H5Reader&) = delete;
   H5Reader& operator=(const H5Reader&) = delete;
@@ -70,6 +74,10 @@ class H5Reader {
   std::vector<int64_t> shape(const std::string& path) const;
   bool is_group(const std::string& path) const;
   std::vector<std::string> children(const std::string& group_path) const;  // sorted names
+  // Every dataset below a group ("/steps/1"), depth first in sorted order, as paths without the
+  // leading "/" ("steps/1/grads/output_layer.weight"); none when the group does not exist. An object
+  // reached again under another name (a group linked into itself) is walked once.
+  std::vector<std::string> datasets_below(const std::string& group_path) const;
   // Numeric datasets of any integer or float type, converted.
   std::vector<double> read_f64(const std::string& path) const;
   std::vector<int32_t> read_i32(const std::string& path) const;
@@ -81,6 +89,10 @@ class H5Reader {
   // Whether an attribute is there, for optional attributes (a missing object answers false).
   bool has_attribute(const std::string& object_path, const std::string& name) const;
   int64_t int_attribute(const std::string& object_path, const std::string& name) const;
+  // The file address of an object's header: one object reached under two names has one address.
+  uint64_t object_address(const std::string& object_path) const;
+  // The names of the attributes of an object, in the file's order.
+  std::vector<std::string> attribute_names(const std::string& object_path) const;
 
   const std::string& path() const { return path_; }
 

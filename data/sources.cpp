@@ -50,7 +50,7 @@ Document parse_line(const std::string& line, int vocab_size, const std::string& 
   nlohmann::json object;
   try {
     object = nlohmann::json::parse(line);
-  } catch (const nlohmann::json::parse_error& error) {
+  } catch (const nlohmann::json::exception& error) {  // a syntax error, or a number out of double's range
     throw InputError(where + "malformed JSON (" + without_exception_tag(error.what()) + ")");
   }
   if (!object.is_object() || !object.contains("tokens")) {

@@ -97,13 +97,15 @@ def load_rank(path):
         state = torch.load(path, map_location="cpu")
     except Exception as error:  # torch reports truncated or foreign files in many ways
         raise DumpError(f"{path}: cannot load ({type(error).__name__}: {error})")
-    if not isinstance(state, dict) or "model_chunk0" not in state:
+    if not isinstance(state, dict) or not isinstance(state.get("model_chunk0"), dict):
         raise DumpError(f"{path}: expected a dict {{'model_chunk0': {{name: tensor}}}}")
     extra = [key for key in state if key != "model_chunk0"]
     if extra:
         raise DumpError(f"{path}: {', '.join(map(str, extra))}: virtual pipeline chunks are not supported")
     tensors = {}
     for name, tensor in state["model_chunk0"].items():
+        if not isinstance(name, str):
+            raise DumpError(f"{path}: parameter name {name!r} is not a string")
         if name.endswith("_extra_state") or not torch.is_tensor(tensor):
             continue
         contract = contract_name(name)

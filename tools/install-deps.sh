@@ -6,6 +6,7 @@ packages=(
   libopenblas-dev libhdf5-dev hdf5-tools nlohmann-json3-dev libcli11-dev libgtest-dev
   libopenmpi-dev openmpi-bin
   python3-torch python3-h5py python3-numpy
+  clang libclang-rt-14-dev  # the fuzz targets (fuzz/): clang and its libFuzzer runtime
 )
 run_as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 missing=()

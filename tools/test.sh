@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds Touchstone and runs every test: the Release build's full CTest suite (unit, command line,
 # PyTorch cross-checks; the GPU tests skip without a GPU), the GPU tests on the CPU emulation of CUDA,
-# then the unit and command-line tests again under ASan and UBSan.
+# then the unit and command-line tests again under ASan and UBSan, and runs every fuzz target (fuzz/)
+# for a fixed number of inputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install-deps.sh
@@ -32,3 +33,7 @@ ctest --test-dir build-sanitize --output-on-failure -j"$jobs" -L unit -E "Bf16Ro
 # components until exit, which LeakSanitizer reports as leaks in unnamed modules that a suppression
 # file cannot match, so leak detection is off for these; every other ASan and UBSan check stays on.
 ASAN_OPTIONS=detect_leaks=0 ctest --test-dir build-sanitize --output-on-failure -j"$jobs" -L cli
+
+# Every reader under libFuzzer (clang, ASan, UBSan; docs/testing.md "Fuzzing"): each target for a fixed
+# number of inputs from its seeds, which the Release build's touchstone writes; any finding fails.
+TOUCHSTONE=build/tools/touchstone bash tools/fuzz.sh ci

@@ -33,21 +33,6 @@ std::string candidate_kind_name(CandidateKind kind) {
   return kind == CandidateKind::kGrads ? "grads" : "params";
 }
 
-std::vector<std::string> list_datasets(const h5::H5Reader& file, const std::string& group) {
-  std::vector<std::string> out;
-  if (!file.exists(group)) return out;
-  for (const std::string& child : file.children(group)) {
-    const std::string path = (group == "/" ? "" : group) + "/" + child;
-    if (file.is_group(path)) {
-      const std::vector<std::string> below = list_datasets(file, path);
-      out.insert(out.end(), below.begin(), below.end());
-    } else {
-      out.push_back(path.substr(1));
-    }
-  }
-  return out;
-}
-
 Recorded read_recorded(const h5::H5Reader& file, const std::string& path) {
   const std::string object = "/" + path;
   return Recorded{file.shape(object), file.read_f64(object), file.element_type(object)};
@@ -85,7 +70,7 @@ Candidate load_golden_schema(const std::string& path, const GoldenReader& golden
   Candidate candidate;
   candidate.format = "golden";
   if (file.has_attribute("/", "generator")) candidate.generator = file.string_attribute("/", "generator");
-  for (const std::string& dataset : list_datasets(file, "/")) {
+  for (const std::string& dataset : file.datasets_below("/")) {
     if (!in_compared_schema(dataset)) {
       if (dataset.rfind("batch/", 0) != 0) {
         candidate.notes.push_back("ignored candidate dataset /" + dataset +

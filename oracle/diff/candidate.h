@@ -46,9 +46,6 @@ struct Candidate {
 Candidate load_candidate(const std::string& path, const CandidateOptions& options,
                          const GoldenReader& golden);
 
-// Every dataset below `group` of an HDF5 file, as paths without the leading slash, in name order.
-std::vector<std::string> list_datasets(const h5::H5Reader& file, const std::string& group);
-
 // One dataset with its stored type.
 Recorded read_recorded(const h5::H5Reader& file, const std::string& path);
 

@@ -140,7 +140,7 @@ ShardSet read_ranks(const std::string& directory, const Layout& layout, const Go
       if (candidate.generator.empty() && file.has_attribute("/", "generator")) {
         candidate.generator = file.string_attribute("/", "generator");
       }
-      for (const std::string& dataset : list_datasets(file, "/")) {
+      for (const std::string& dataset : file.datasets_below("/")) {
         const size_t slash = dataset.rfind('/');
         const std::string group = slash == std::string::npos ? "" : dataset.substr(0, slash);
         const std::string name = dataset.substr(slash + 1);

@@ -115,22 +115,7 @@ GlobalBatch GoldenReader::batch(int64_t step) const {
 }
 
 std::vector<std::string> GoldenReader::step_datasets(int64_t step) const {
-  std::vector<std::string> paths;
-  std::vector<std::string> groups{"steps/" + std::to_string(step)};
-  while (!groups.empty()) {
-    const std::string group = groups.back();
-    groups.pop_back();
-    const std::vector<std::string> children = reader_.children("/" + group);
-    for (auto child = children.rbegin(); child != children.rend(); ++child) {
-      const std::string path = group + "/" + *child;
-      if (reader_.is_group("/" + path)) {
-        groups.push_back(path);
-      } else {
-        paths.push_back(path);
-      }
-    }
-  }
-  return paths;
+  return reader_.datasets_below("/steps/" + std::to_string(step));
 }
 
 std::string GoldenReader::params_before(int64_t step) const {

@@ -66,6 +66,11 @@ TEST(Config, UnknownKeysAndWrongTypesNameTheKey) {
             "override 'train': expected section.key=value");
   EXPECT_EQ(error_of([] { resolve_config(nullptr, {"train=1"}, "c"); }),
             "override 'train=1': 'train' is a section, not a key");
+  // Found by fuzz_config: an override that is not UTF-8 could not be quoted in the type error.
+  EXPECT_EQ(error_of([] { resolve_config(nullptr, {"model.hidden_size=1\xd3"}, "c"); }),
+            "override 'model.hidden_size=1\xd3': the value is not valid UTF-8");
+  EXPECT_EQ(error_of([] { resolve_config(nullptr, {"data.source=docs\xd3.jsonl"}, "c"); }),
+            "override 'data.source=docs\xd3.jsonl': the value is not valid UTF-8");
 }
 
 TEST(Config, ImpossibleShapesAreRefused) {

@@ -339,6 +339,8 @@ TEST_F(Jsonl, ReportsFileAndLine) {
                      "empty_doc.jsonl:2: empty document");
   expect_input_error(error_in("malformed.jsonl", good + good + good + "{\"tokens\":[5,\n"),
                      "malformed.jsonl:4: malformed JSON (");
+  expect_input_error(error_in("overflow.jsonl", "{\"tokens\":[4467e44674]}\n"),  // found by fuzz_jsonl
+                     "overflow.jsonl:1: malformed JSON (");
   expect_input_error(error_in("no_key.jsonl", "{\"ids\":[5]}\n"),
                      "no_key.jsonl:1: expected an object with key \"tokens\"");
   expect_input_error(error_in("array.jsonl", "[5, 6]\n"),

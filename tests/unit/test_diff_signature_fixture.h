@@ -129,7 +129,7 @@ inline TensorMap golden_datasets(const std::string& path) {
   const h5::H5Reader file(path);
   TensorMap out;
   for (const char* group : {"/params/init", "/steps"}) {
-    for (const std::string& dataset : list_datasets(file, group)) out[dataset] = read_recorded(file, dataset);
+    for (const std::string& dataset : file.datasets_below(group)) out[dataset] = read_recorded(file, dataset);
   }
   return out;
 }

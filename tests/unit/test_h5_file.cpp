@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -143,6 +144,30 @@ TEST_F(H5FileTest, DottedNamesAreSingleLinks) {
                                       "embedding.word_embeddings.weight"}));
   EXPECT_FALSE(reader.exists("/steps/1/grads/decoder"));
   EXPECT_TRUE(reader.exists("/steps/1/grads/decoder.layers.0.mlp.linear_fc1.weight"));
+}
+
+// A group linked into itself (or any object under two names) is listed once: the walk must end.
+TEST_F(H5FileTest, DatasetsBelowWalksEachObjectOnce) {
+  const std::string path = file("cycle.h5");
+  const double value = 1.0;
+  {
+    H5Writer writer(path);
+    writer.write_f64("/steps/1/grads/a", &value, {1});
+    writer.write_f64("/steps/1/params/b", &value, {1});
+    writer.commit();
+  }
+  {
+    const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    ASSERT_GE(H5Lcreate_hard(f, "/steps/1", f, "/steps/1/grads/loop", H5P_DEFAULT, H5P_DEFAULT), 0);
+    ASSERT_GE(H5Lcreate_hard(f, "/steps/1", f, "/steps/1/params/loop", H5P_DEFAULT, H5P_DEFAULT), 0);
+    H5Fclose(f);
+  }
+  const H5Reader reader(path);
+  EXPECT_EQ(reader.datasets_below("/steps/1"),
+            (std::vector<std::string>{"steps/1/grads/a", "steps/1/params/b"}));
+  EXPECT_EQ(reader.datasets_below("/"), (std::vector<std::string>{"steps/1/grads/a", "steps/1/params/b"}));
+  EXPECT_TRUE(reader.datasets_below("/steps/2").empty());
 }
 
 TEST_F(H5FileTest, ZeroElementShapes) {
@@ -377,6 +402,31 @@ TEST_F(H5FileTest, ReaderErrors) {
   expect_input_error([&] { reader.children("/wide"); }, {path, "/wide"});
 }
 
+// Found by fuzz_golden_reader: a float64 dataset whose type message claims 0x61000002-byte elements
+// made HDF5's conversion read past the element (SIGBUS); the reader refuses the type instead.
+TEST_F(H5FileTest, DamagedNumericTypeIsRefused) {
+  const std::string path = file("damaged_type.h5");
+  const std::vector<double> values = {0.5, 1.5};
+  {
+    H5Writer writer(path);
+    writer.write_f64("/values", values.data(), {2});
+    writer.commit();
+  }
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  // The datatype message of IEEE float64, little endian: version 1, class float, its bit field, size 8.
+  const std::string float64_type("\x11\x20\x3f\x00\x08\x00\x00\x00", 8);
+  const size_t at = bytes.find(float64_type);
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at + 4, 4, std::string("\x02\x00\x00\x61", 4));
+  std::ofstream(path, std::ios::binary) << bytes;
+  const H5Reader reader(path);
+  expect_input_error([&] { reader.read_f64("/values"); }, {path, "/values", "damaged numeric type"});
+}
+
 TEST_F(H5FileTest, ExistsAndSortedChildren) {
   const std::string path = file("tree.h5");
   const double value = 1.0;
@@ -404,6 +454,42 @@ TEST_F(H5FileTest, ExistsAndSortedChildren) {
             (std::vector<std::string>{"decoder.final_layernorm.weight", "embedding.word_embeddings.weight",
                                       "output_layer.weight"}));
   EXPECT_TRUE(reader.children("/steps/1").size() == 1);
+}
+
+// Files on which HDF5 1.10 itself overflows a heap buffer (H5Aread of a damaged attribute; the attribute
+// message iteration of H5Aexists), found by fuzzing (fuzz/regressions/). The reader must refuse them
+// with an InputError or read them; under AddressSanitizer a read that reached the overflow in this
+// process aborts the test. With HDF5 1.10 the walk in the child process (h5_walk.h) is what refuses
+// them.
+TEST(H5FileDamaged, FilesTheHdf5LibraryOverflowsOnAreRefusedNotCrashedOn) {
+  const fs::path regressions = fs::path(TOUCHSTONE_SOURCE_DIR) / "fuzz" / "regressions";
+  for (const fs::path& file :
+       std::vector<fs::path>{regressions / "fuzz_h5_reader" / "attribute_read_overflow",
+                             regressions / "fuzz_checkpoint_file" / "attribute_iteration_overflow"}) {
+    ASSERT_TRUE(fs::is_regular_file(file)) << file;
+    try {
+      const H5Reader reader(file.string());
+      std::vector<std::string> pending{"/"};
+      while (!pending.empty()) {
+        const std::string path = pending.back();
+        pending.pop_back();
+        for (const std::string& name : reader.attribute_names(path)) {
+          try {
+            (void)reader.string_attribute(path, name);
+          } catch (const InputError&) {
+          }
+        }
+        (void)reader.has_attribute(path, "no such attribute");
+        if (reader.is_group(path) && pending.size() < 10000) {
+          for (const std::string& child : reader.children(path))
+            pending.push_back(path == "/" ? "/" + child : path + "/" + child);
+        }
+      }
+    } catch (const InputError& error) {
+      // which of the two happens depends on the HDF5 version; neither may crash
+      EXPECT_NE(std::string(error.what()).find(file.string()), std::string::npos) << error.what();
+    }
+  }
 }
 
 }  // namespace
