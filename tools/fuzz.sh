@@ -15,7 +15,7 @@ build=build-fuzz
 touchstone=${TOUCHSTONE:-build/tools/touchstone}
 python_target=fuzz_import_megatron_dump
 # Inputs per target in `ci`: each takes about 30 s on 2 cores (docs/testing.md lists the rates).
-declare -A ci_runs=([fuzz_h5_reader]=3000 [fuzz_golden_reader]=3000 [fuzz_checkpoint_file]=3000
+declare -A ci_runs=([fuzz_h5_reader]=600 [fuzz_golden_reader]=600 [fuzz_checkpoint_file]=600
   [fuzz_safetensors]=100000 [fuzz_jsonl]=100000 [fuzz_config]=50000 [fuzz_ledger]=50000
   [fuzz_scaling_csv]=100000 [$python_target]=600)
 declare -A dictionary=([fuzz_h5_reader]=hdf5 [fuzz_golden_reader]=hdf5 [fuzz_checkpoint_file]=hdf5
