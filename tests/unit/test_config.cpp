@@ -10,18 +10,12 @@
 #include "common/config.h"
 #include "common/errors.h"
 #include "common/options.h"
+#include "test_files.h"
 
 namespace touchstone {
 namespace {
 
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(Config, EmptyObjectIsTheDefaults) {
   const Config config = resolve_config(nlohmann::json::object(), {}, "c.json");

@@ -1,11 +1,12 @@
 // Helpers for tests that write files: a scratch directory per test, and the check that an InputError
-// is one line naming the pieces a user needs to find the fault.
+// is one line naming the pieces a user needs to find the fault (or its message, to compare whole).
 #pragma once
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,16 @@ class ScratchDirectory {
  private:
   std::filesystem::path path_;
 };
+
+// The message of the InputError `action` throws; empty when it throws none.
+inline std::string error_of(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
 
 // `fn` must throw an InputError whose message is one line containing every piece.
 template <typename Fn>

@@ -10,18 +10,12 @@
 #include "common/config.h"
 #include "common/errors.h"
 #include "plan/run_fit.h"
+#include "test_files.h"
 
 namespace touchstone {
 namespace {
 
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 std::string invalid(const std::string& assignment) {
   return error_of([&] { validate_config(resolve_config(nullptr, {assignment}, "c"), 1); });
