@@ -1,0 +1,465 @@
+"""Makes a float64 Hugging Face Llama compute in float64 everywhere: `exact_fp64(model)`.
+
+A `LlamaForCausalLM` (or `LlamaModel`) converted with `.to(torch.float64)` still rounds to float32
+at four places in transformers 4.47.1 (transformers/models/llama/modeling_llama.py unless named):
+
+- "rope": `LlamaRotaryEmbedding`. Its `inv_freq` buffer is built by `_compute_default_rope_parameters`
+  (modeling_rope_utils.py) as `1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))`, so it holds
+  float32-rounded values even after `.to(torch.float64)`; its `forward` casts `inv_freq` and the
+  positions with `.float()` and computes the angles, cos and sin in float32 (under autocast disabled,
+  "Force float32"), casting only the result back to the input dtype.
+- "rmsnorm": `LlamaRMSNorm.forward` does `hidden_states.to(torch.float32)` before the mean of squares
+  and the rsqrt, then casts back.
+- "softmax": the eager `LlamaAttention.forward` calls
+  `nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query_states.dtype)`.
+- "loss": with `labels=`, `LlamaForCausalLM.forward` uses `ForCausalLMLoss` (loss/loss_utils.py),
+  which starts with `logits = logits.float()`, so the loss and the gradient of the logits are float32.
+
+With any of them left, logits and gradients differ from a float64 computation by about 1e-8..1e-6
+relative; with all four replaced, by about 1e-15 (docs/frameworks/hf-float32-sites.md has the numbers).
+
+`exact_fp64` patches the given model instance only: it replaces the `forward` of each rotary
+embedding, RMSNorm and attention module by a float64 one (and recomputes `inv_freq` in float64), and
+gives the model a subclass of its own class whose `loss_function` is `ForCausalLMLoss` without the
+cast. Nothing global (torch, the transformers module, other models) changes. Everything else of HF's
+forward is kept: HF's `apply_rotary_pos_emb` and `repeat_kv`, its mask handling (a 4-D
+`attention_mask` is added to the scores as given), cache and dropout. The replacements compute what
+docs/contract.md states:
+
+- RoPE: inv_freq[i] = rope_theta ** (-2 i / D) in float64 (as the C++ reference's `std::pow`),
+  angle = position * inv_freq in float64, cos and sin in float64, rotate-half convention (HF's).
+- RMSNorm: weight * (x * rsqrt(mean(x^2) + eps)) in the input dtype.
+- softmax of the scores in the scores' dtype; cross entropy in the logits' dtype.
+
+Before returning, it runs the patched modules of this model on small deterministic float64 inputs
+and compares them with an independent float64 computation written here (`_verify`), raising
+RuntimeError if any patched site still rounds to float32. It refuses (ValueError) a transformers
+version whose source has not been read for these sites (`KNOWN_VERSIONS`), a model that is not a
+float64 Llama, an attention implementation other than "eager", and RoPE scaling. It refuses rather
+than forces "eager": under torch 1.13 transformers always builds eager attention (its SDPA needs
+torch >= 2.1.1); under a newer torch build the model with `attn_implementation="eager"`.
+
+torch and transformers are imported inside the functions, so `import touchstone` works without them.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, NoReturn, Optional, Sequence, Set, Tuple
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+# transformers versions whose source was read for the float32 sites above, with what was checked.
+KNOWN_VERSIONS: Dict[str, str] = {
+    "4.47.1": "models/llama/modeling_llama.py, modeling_rope_utils.py, loss/loss_utils.py read; "
+              "the four sites are the only float32 computations on LlamaForCausalLM.forward (eager)",
+    "4.47.0": "diffed against 4.47.1: modeling_llama.py, configuration_llama.py, modeling_rope_utils.py, "
+              "loss/loss_utils.py, modeling_attn_mask_utils.py, activations.py and "
+              "PreTrainedModel.loss_function identical",
+}
+
+SITES: Tuple[str, ...] = ("rope", "rmsnorm", "softmax", "loss")
+
+# Tolerance of the self-check, relative L2 error against the independent float64 computation.
+# Float64's unit roundoff is 1.1e-16; the longest reduction in a check is the hidden size (the
+# q/k/v/o projections, the mean of squares) or the vocabulary (the loss), and rounding errors of a
+# sum of n terms grow like sqrt(n) u in practice (n u at worst: 9e-13 for n = 8192). So a float64
+# site stays below 1e-12 (measured: 2e-16 at most), while a float32 one rounds to 6e-8 and shows
+# 2e-9 (the loss, averaged over tokens) to 7e-6 (RoPE at position 4000) here: three orders of
+# magnitude or more on either side.
+TOLERANCE = 1e-12
+
+
+def _fail(message: str) -> NoReturn:
+    raise ValueError(f"touchstone.hf.exact_fp64: {message}")
+
+
+def exact_fp64(model: Any, *, sites: Sequence[str] = SITES) -> Any:
+    """Replaces transformers' float32 computations in the float64 Llama `model` by float64 ones
+    (the module docstring lists them), checks the result numerically, and returns `model`.
+
+    `model`: a `LlamaForCausalLM` or `LlamaModel` whose parameters and buffers are all float64, with
+    `config._attn_implementation == "eager"` and no RoPE scaling. `sites`: the sites to patch, a
+    subset of `SITES` (default all; "loss" applies to `LlamaForCausalLM` only); patching fewer is
+    for tests that show what each site costs. Patches are not undone; calling it again is harmless.
+
+    Raises ValueError for an unknown transformers version or a model it cannot patch (the model is
+    then unchanged), and RuntimeError if a patched site of this model still disagrees with float64
+    after patching (the model is then not to be used).
+    """
+    try:
+        import torch
+        import transformers
+        from transformers.models.llama import modeling_llama as ml
+    except ImportError as error:
+        raise ImportError(f"touchstone.hf.exact_fp64 needs torch and transformers ({error}); "
+                          "tools/install-deps.sh installs transformers into build/python-deps, "
+                          "for PYTHONPATH") from error
+
+    version = transformers.__version__
+    if version not in KNOWN_VERSIONS:
+        _fail(f"transformers {version} is not a version whose float32 sites are known "
+              f"(known: {', '.join(sorted(KNOWN_VERSIONS))}); read its models/llama/modeling_llama.py, "
+              "modeling_rope_utils.py and loss/loss_utils.py, compare them with 4.47.1 and add the "
+              "version to touchstone/hf_fp64.py KNOWN_VERSIONS (docs/frameworks/hf-float32-sites.md)")
+    if isinstance(sites, str):
+        _fail(f"sites must be a sequence of names, not the string {sites!r}")
+    unknown = [site for site in sites if site not in SITES]
+    if unknown:
+        _fail(f"unknown site(s) {unknown}; the sites are {list(SITES)}")
+    chosen = set(sites)
+
+    if not isinstance(model, (ml.LlamaForCausalLM, ml.LlamaModel)):
+        _fail(f"expected a transformers LlamaForCausalLM or LlamaModel, got {type(model).__name__}")
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        if tensor.is_floating_point() and tensor.dtype != torch.float64:
+            _fail(f"{name} is {tensor.dtype}, not torch.float64: convert the model with "
+                  "model.to(torch.float64) first")
+    config = model.config
+    if config._attn_implementation != "eager":
+        _fail(f'attention implementation is "{config._attn_implementation}", not "eager": build or load '
+              'the model with attn_implementation="eager" (only the eager attention is patched)')
+    if getattr(config, "rope_scaling", None) not in (None, {}) and \
+            config.rope_scaling.get("rope_type", config.rope_scaling.get("type")) != "default":
+        _fail(f"rope_scaling {config.rope_scaling} is not plain RoPE (only the contract's RoPE is patched)")
+    if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
+        _fail(f"partial_rotary_factor {config.partial_rotary_factor} is not 1")
+
+    rotaries = [m for m in model.modules() if isinstance(m, ml.LlamaRotaryEmbedding)]
+    norms = [m for m in model.modules() if isinstance(m, ml.LlamaRMSNorm)]
+    attentions = [m for m in model.modules() if isinstance(m, ml.LlamaAttention)]
+    if not rotaries or not norms or not attentions:
+        _fail("the model has no rotary embedding, RMSNorm or attention module to patch")
+    for module in attentions:
+        if type(module) is not ml.LlamaAttention:
+            _fail(f"attention module {type(module).__name__} is not the eager LlamaAttention")
+    for module in rotaries:
+        if module.rope_type != "default":
+            _fail(f'rotary embedding of rope_type "{module.rope_type}" is not plain RoPE')
+        _, dim = _rope_theta_and_dim(module)
+        if module.inv_freq.numel() != dim // 2:
+            _fail(f"inv_freq has {module.inv_freq.numel()} entries, expected head_dim/2 = {dim // 2}")
+    patch_loss = "loss" in chosen and isinstance(model, ml.LlamaForCausalLM)
+    if patch_loss:
+        from transformers.loss.loss_utils import ForCausalLMLoss
+
+        if model.loss_function is not ForCausalLMLoss and model.loss_function is not _causal_lm_loss_fp64:
+            _fail(f"the model's loss_function is {getattr(model.loss_function, '__name__', model.loss_function)}, "
+                  "not transformers' ForCausalLMLoss (config.loss_type is set?)")
+
+    # Everything is checked: patch (nothing above has changed the model).
+    if "rope" in chosen:
+        for module in rotaries:
+            theta, dim = _rope_theta_and_dim(module)
+            inv_freq = torch.tensor(_contract_inv_freq(theta, dim), dtype=torch.float64,
+                                    device=module.inv_freq.device)
+            module.register_buffer("inv_freq", inv_freq, persistent=False)
+            module.original_inv_freq = inv_freq
+            module.forward = functools.partial(_rotary_forward_fp64, module)
+    if "rmsnorm" in chosen:
+        for module in norms:
+            module.forward = functools.partial(_rmsnorm_forward_fp64, module)
+    if "softmax" in chosen:
+        for module in attentions:
+            module.forward = functools.partial(_attention_forward_fp64, module)
+    if patch_loss:
+        if not getattr(type(model), "_touchstone_exact_fp64_loss", False):
+            model.__class__ = _fp64_loss_class(type(model))
+
+    _verify(model, chosen, rotaries, norms, attentions)
+    return model
+
+
+# --- the float64 replacements (bound to one module instance each) -----------------------------------
+
+
+def _contract_inv_freq(theta: float, dim: int) -> List[float]:
+    """inv_freq[i] = theta ** (-2 i / D), i = 0..D/2-1, in float64 (C's pow, as the C++ reference)."""
+    return [math.pow(theta, -2.0 * i / dim) for i in range(dim // 2)]
+
+
+def _rope_theta_and_dim(module: Any) -> Tuple[float, int]:
+    if module.config is not None:
+        config = module.config
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return float(config.rope_theta), int(head_dim)
+    return float(module.rope_kwargs["base"]), int(module.rope_kwargs["dim"])
+
+
+def _rotary_forward_fp64(self: Any, x: "torch.Tensor", position_ids: "torch.Tensor") -> Tuple[Any, Any]:
+    """LlamaRotaryEmbedding.forward in float64: angle = position * inv_freq, each frequency used for
+    the two halves (rotate-half), cos and sin in float64; returns them in x's dtype."""
+    import torch
+
+    with torch.no_grad():
+        inv_freq = self.inv_freq.to(torch.float64)
+        angles = position_ids.to(torch.float64)[:, :, None] * inv_freq[None, None, :]   # [b, s, D/2]
+        emb = torch.cat((angles, angles), dim=-1)                                          # [b, s, D]
+        cos = emb.cos() * self.attention_scaling
+        sin = emb.sin() * self.attention_scaling
+    return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+
+def _rmsnorm_forward_fp64(self: Any, hidden_states: "torch.Tensor") -> "torch.Tensor":
+    """LlamaRMSNorm.forward in the input dtype: weight * (x * rsqrt(mean(x^2) + eps))."""
+    import torch
+
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+def _attention_forward_fp64(
+    self: Any,
+    hidden_states: "torch.Tensor",
+    attention_mask: Optional["torch.Tensor"] = None,
+    position_ids: Optional["torch.Tensor"] = None,
+    past_key_value: Optional[Any] = None,
+    output_attentions: bool = False,
+    use_cache: bool = False,
+    cache_position: Optional["torch.Tensor"] = None,
+    position_embeddings: Optional[Tuple["torch.Tensor", "torch.Tensor"]] = None,
+    **kwargs: Any,
+) -> Tuple[Any, Any, Any]:
+    """transformers 4.47.1 LlamaAttention.forward (eager) with the softmax in the scores' dtype in
+    place of `softmax(..., dtype=torch.float32).to(query_states.dtype)`; every other line as HF's."""
+    import torch
+    from torch import nn
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
+
+    bsz, q_len, _ = hidden_states.size()
+
+    query_states = self.q_proj(hidden_states)
+    key_states = self.k_proj(hidden_states)
+    value_states = self.v_proj(hidden_states)
+
+    query_states = query_states.view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
+    key_states = key_states.view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
+    value_states = value_states.view(bsz, q_len, -1, self.head_dim).transpose(1, 2)
+
+    if position_embeddings is None:
+        cos, sin = self.rotary_emb(value_states, position_ids)
+    else:
+        cos, sin = position_embeddings
+    query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+
+    if past_key_value is not None:
+        cache_kwargs = {"sin": sin, "cos": cos, "cache_position": cache_position}
+        key_states, value_states = past_key_value.update(key_states, value_states, self.layer_idx, cache_kwargs)
+
+    key_states = repeat_kv(key_states, self.num_key_value_groups)
+    value_states = repeat_kv(value_states, self.num_key_value_groups)
+    attn_weights = torch.matmul(query_states, key_states.transpose(2, 3)) / math.sqrt(self.head_dim)
+
+    if attention_mask is not None:  # a 4-D mask, added to the scores as given (HF's semantics)
+        causal_mask = attention_mask[:, :, :, : key_states.shape[-2]]
+        attn_weights = attn_weights + causal_mask
+
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1)          # in the scores' dtype
+    attn_weights = nn.functional.dropout(attn_weights, p=self.attention_dropout, training=self.training)
+    attn_output = torch.matmul(attn_weights, value_states)
+
+    if attn_output.size() != (bsz, self.num_heads, q_len, self.head_dim):
+        raise ValueError(
+            f"`attn_output` should be of size {(bsz, self.num_heads, q_len, self.head_dim)}, but is"
+            f" {attn_output.size()}"
+        )
+
+    attn_output = attn_output.transpose(1, 2).contiguous()
+    attn_output = attn_output.reshape(bsz, q_len, -1)
+    attn_output = self.o_proj(attn_output)
+
+    if not output_attentions:
+        attn_weights = None
+
+    return attn_output, attn_weights, past_key_value
+
+
+def _causal_lm_loss_fp64(logits: Any, labels: Any, vocab_size: int, num_items_in_batch: Optional[int] = None,
+                         ignore_index: int = -100, **kwargs: Any) -> Any:
+    """transformers 4.47.1 ForCausalLMLoss without its `logits = logits.float()`: the shifted cross
+    entropy in the logits' dtype (HF's fixed_cross_entropy: mean, or sum / num_items_in_batch)."""
+    from transformers.loss.loss_utils import fixed_cross_entropy
+
+    shift_logits = logits[..., :-1, :].contiguous()
+    shift_labels = labels[..., 1:].contiguous()
+    shift_logits = shift_logits.view(-1, vocab_size)
+    shift_labels = shift_labels.view(-1).to(shift_logits.device)
+    return fixed_cross_entropy(shift_logits, shift_labels, num_items_in_batch, ignore_index, **kwargs)
+
+
+_LOSS_CLASSES: Dict[type, type] = {}
+_LOSS_CLASS_PREFIX = "_ExactFP64_"
+
+
+def _loss_function_fp64(self: Any) -> Any:
+    return _causal_lm_loss_fp64
+
+
+def _fp64_loss_class(cls: type) -> type:
+    """A subclass of `cls` whose `loss_function` is the float64 ForCausalLMLoss, assigned to one
+    instance's __class__. Its __name__ stays cls's (save_pretrained writes `architectures` from it);
+    its __qualname__ is found by the module's __getattr__, so that torch.save(model) pickles."""
+    if cls not in _LOSS_CLASSES:
+        _LOSS_CLASSES[cls] = type(cls.__name__, (cls,), {
+            "__doc__": f"{cls.__name__} whose loss with labels= is computed in the logits' dtype "
+                       "(touchstone.hf_fp64.exact_fp64).",
+            "__module__": __name__,
+            "__qualname__": _LOSS_CLASS_PREFIX + cls.__name__,
+            "loss_function": property(_loss_function_fp64),
+            "_touchstone_exact_fp64_loss": True,
+        })
+    return _LOSS_CLASSES[cls]
+
+
+def __getattr__(name: str) -> Any:
+    """The patched class of a transformers Llama class, by its __qualname__ (for unpickling)."""
+    if name.startswith(_LOSS_CLASS_PREFIX):
+        from transformers.models.llama import modeling_llama as ml
+
+        base = getattr(ml, name[len(_LOSS_CLASS_PREFIX):], None)
+        if isinstance(base, type):
+            return _fp64_loss_class(base)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --- the self-check: the patched modules against an independent float64 computation -----------------
+
+
+def _relative_error(got: Any, want: Any) -> float:
+    import torch
+
+    got = got.detach().to(torch.float64)
+    want = want.detach().to(torch.float64)
+    scale = float(torch.linalg.vector_norm(want))
+    return float(torch.linalg.vector_norm(got - want)) / (scale if scale > 0 else 1.0)
+
+
+def _check(what: str, got: Any, want: Any, errors: List[str]) -> None:
+    error = _relative_error(got, want)
+    if not error <= TOLERANCE:
+        errors.append(f"{what}: relative error {error:.3g} > {TOLERANCE:g}")
+
+
+def _inputs(shape: Tuple[int, ...], salt: int, device: Any) -> "torch.Tensor":
+    """Deterministic float64 values in about [-1.7, 1.7] without touching the global RNG."""
+    import torch
+
+    n = 1
+    for d in shape:
+        n *= d
+    i = torch.arange(n, dtype=torch.float64)
+    values = torch.sin(i * 0.7548776662466927 + salt * 1.61803398875) * 1.7
+    return values.reshape(shape).to(device)
+
+
+def _reference_cos_sin(theta: float, dim: int, positions: Iterable[int]) -> Tuple[Any, Any]:
+    """[len(positions), D] cos and sin by the contract, element by element in Python floats."""
+    import torch
+
+    inv_freq = _contract_inv_freq(theta, dim)
+    cos = [[math.cos(p * f) for f in inv_freq] * 2 for p in positions]
+    sin = [[math.sin(p * f) for f in inv_freq] * 2 for p in positions]
+    return torch.tensor(cos, dtype=torch.float64), torch.tensor(sin, dtype=torch.float64)
+
+
+def _reference_attention(module: Any, h: Any, cos: Any, sin: Any, allowed: Any) -> Any:
+    """One attention layer written out: projections, rotate-half RoPE, GQA scores / sqrt(D) over the
+    allowed keys, a softmax by exp(s - max) / sum, the weighted values and the output projection."""
+    import torch
+
+    def linear(layer: Any, x: Any) -> Any:
+        y = x @ layer.weight.t()
+        return y + layer.bias if layer.bias is not None else y
+
+    T = h.shape[0]
+    D = module.head_dim
+    q = linear(module.q_proj, h).reshape(T, -1, D)          # [T, NH, D]
+    k = linear(module.k_proj, h).reshape(T, -1, D)          # [T, NKV, D]
+    v = linear(module.v_proj, h).reshape(T, -1, D)
+    half = D // 2
+
+    def rope(x: Any) -> Any:
+        c, s = cos[:, None, :half], sin[:, None, :half]
+        first, second = x[..., :half], x[..., half:]
+        return torch.cat((first * c - second * s, second * c + first * s), dim=-1)
+
+    q, k = rope(q), rope(k)
+    group = q.shape[1] // k.shape[1]
+    heads = []
+    for head in range(q.shape[1]):
+        kv = head // group
+        scores = (q[:, head, :] @ k[:, kv, :].t()) / math.sqrt(D)          # [T, T]
+        scores = scores.masked_fill(~allowed, -math.inf)
+        weights = torch.exp(scores - scores.max(dim=-1, keepdim=True).values)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        heads.append(weights @ v[:, kv, :])
+    return linear(module.o_proj, torch.cat(heads, dim=-1))
+
+
+def _verify(model: Any, chosen: Set[str], rotaries: List[Any], norms: List[Any], attentions: List[Any]) -> None:
+    """Runs each patched module of `model` on small float64 inputs and compares it with the
+    independent computations above; RuntimeError listing every disagreement."""
+    import torch
+    from transformers.models.llama import modeling_llama as ml
+
+    errors: List[str] = []
+    config = model.config
+    device = next(model.parameters()).device
+    hidden = config.hidden_size
+    # Positions up to 4000: a float32 inv_freq or angle is off there by ~1e-4 absolute.
+    positions = [0, 1, 2, 5, 17, 100, 1023, 4000]
+    T = len(positions)
+    with torch.no_grad():
+        x = _inputs((1, T, hidden), 1, device)
+        position_ids = torch.tensor([positions], dtype=torch.long, device=device)
+        if "rope" in chosen:
+            for index, module in enumerate(rotaries):
+                theta, dim = _rope_theta_and_dim(module)
+                want_cos, want_sin = _reference_cos_sin(theta, dim, positions)
+                cos, sin = module(x, position_ids)
+                _check(f"rotary embedding {index} cos", cos[0], want_cos.to(device), errors)
+                _check(f"rotary embedding {index} sin", sin[0], want_sin.to(device), errors)
+        if "rmsnorm" in chosen:
+            for index, module in enumerate(norms):
+                want = x * (1.0 / torch.sqrt((x * x).sum(-1, keepdim=True) / hidden + module.variance_epsilon))
+                _check(f"RMSNorm {index}", module(x), want * module.weight, errors)
+        if "softmax" in chosen:
+            theta, dim = _rope_theta_and_dim(rotaries[0])
+            cos, sin = _reference_cos_sin(theta, dim, positions)
+            cos, sin = cos.to(device), sin.to(device)
+            # causal over the first 5 positions, then a new document (as packed data) from the 6th
+            allowed = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+            allowed[5:, :5] = False
+            additive = torch.zeros(T, T, dtype=torch.float64, device=device)
+            additive = additive.masked_fill(~allowed, torch.finfo(torch.float64).min)[None, None]
+            for index, module in enumerate(attentions):
+                was_training = module.training
+                module.eval()
+                try:
+                    got = module(hidden_states=x, attention_mask=additive, position_ids=position_ids,
+                                 position_embeddings=(cos[None], sin[None]))[0]
+                finally:
+                    module.train(was_training)
+                _check(f"attention layer {index}", got[0], _reference_attention(module, x[0], cos, sin, allowed),
+                       errors)
+        if "loss" in chosen and isinstance(model, ml.LlamaForCausalLM):
+            vocab = config.vocab_size
+            logits = _inputs((1, T, vocab), 2, device) * 4.0
+            labels = torch.tensor([[(7 * i + 3) % vocab for i in range(T)]], device=device)
+            labels[0, 3] = -100
+            got = model.loss_function(logits=logits, labels=labels, vocab_size=vocab)
+            shifted, targets = logits[0, :-1], labels[0, 1:]
+            keep = targets != -100
+            top = shifted.max(dim=-1, keepdim=True).values
+            logsumexp = torch.log(torch.exp(shifted - top).sum(dim=-1)) + top[:, 0]
+            picked = shifted[torch.arange(T - 1, device=device), targets.clamp(min=0)]
+            want = ((logsumexp - picked) * keep).sum() / keep.sum()
+            _check("loss (labels=)", got, want, errors)
+    if errors:
+        raise RuntimeError("touchstone.hf.exact_fp64: after patching, the model still disagrees with float64 "
+                           "(a float32 site is left?): " + "; ".join(errors))
+
+
+__all__ = ["exact_fp64", "KNOWN_VERSIONS", "SITES", "TOLERANCE"]
