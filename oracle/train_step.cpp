@@ -43,7 +43,7 @@ LossScaling loss_scaling(const GlobalBatch& batch, const std::vector<int64_t>& s
 ObjectiveResult evaluate_objective(const Transformer& model, const ParamTable& table,
                                    const ParamTensors& params, const GlobalBatch& batch,
                                    int64_t micro_batch_size, LossNormalization normalization,
-                                   bool with_gradients) {
+                                   bool with_gradients, const GlobalBatch* counts_from) {
   SingleProcessContext single;
   const std::vector<int64_t> starts = micro_batch_starts(batch.windows, micro_batch_size, 1, 0);
   ObjectiveResult result;
@@ -51,8 +51,9 @@ ObjectiveResult evaluate_objective(const Transformer& model, const ParamTable& t
   std::vector<MicroBatch> micro_batches;
   for (int64_t start : starts) micro_batches.push_back(batch.micro_batch(start, micro_batch_size));
   if (with_gradients) result.grads = ParamTensors::zeros_like(table);
+  const GlobalBatch& counted = counts_from != nullptr ? *counts_from : batch;
   const LossScaling scaling =
-      loss_scaling(batch, starts, micro_batch_size, result.num_loss_tokens, normalization);
+      loss_scaling(counted, starts, micro_batch_size, counted.loss_tokens(0, counted.windows), normalization);
   const PipelineResult run = run_pipeline(PipelineSchedule::kOneForwardOneBackward, model, params,
                                           micro_batches, scaling.loss_weights, scaling.backward_weights,
                                           single.context(), 0, with_gradients, result.grads, nullptr);

@@ -49,10 +49,13 @@ struct ObjectiveResult {
   std::vector<double> token_losses;  // [B*T] cross entropy per position, 0 where no loss
   ParamTensors grads;                // empty unless requested
 };
+// `counts_from` (optional): the batch whose loss-token counts the normalization divides by (the global
+// count, or each micro-batch's), in place of `batch`'s own: the token losses of `batch` normalised by
+// another batch's counts. num_loss_tokens stays `batch`'s.
 ObjectiveResult evaluate_objective(const Transformer& model, const ParamTable& table,
                                    const ParamTensors& params, const GlobalBatch& batch,
                                    int64_t micro_batch_size, LossNormalization normalization,
-                                   bool with_gradients);
+                                   bool with_gradients, const GlobalBatch* counts_from = nullptr);
 
 struct StepRecord {
   int64_t step = 0;                  // 1-based update number

@@ -6,7 +6,7 @@
 
 namespace touchstone {
 
-class CpuBackend final : public Backend {
+class CpuBackend : public Backend {
  public:
   explicit CpuBackend(const BackendOptions& options) : options_(options), rounding_{options.precision} {}
   std::string name() const override { return "cpu"; }

@@ -7,6 +7,7 @@
 #include "kernels/backend.h"
 #include "model/params.h"
 #include "model/transformer.h"
+#include "oracle/diff/added_mask.h"
 #include "oracle/diff/hf_names.h"
 #include "oracle/train_step.h"
 #include "parallel/comm/single_rank_group.h"
@@ -25,6 +26,11 @@ struct Rule {
   // With qkv_read_separate: the candidate reports the gradient regrouped per KV group again (the wrong
   // split happened only when converting to separate q/k/v projections, and the diff converted back).
   bool qkv_gradient_regrouped = false;
+  bool mask_added = false;  // a 0/1 mask added to the attention scores (added_mask.h)
+  // Position i trained on targets[i + 1], the last position of every window on nothing (Hugging Face's
+  // labels= shifting the already shifted golden targets once more).
+  bool targets_shifted = false;
+  bool golden_counts = false;  // with targets_shifted: normalised by the golden batch's loss-token counts
 };
 
 std::vector<Rule> rules_for(const Config& config) {
@@ -71,6 +77,27 @@ std::vector<Rule> rules_for(const Config& config) {
        "that way, its gradients converted back per KV group; split each KV group into [its query heads; "
        "key; value] instead",
        masking, golden_norm, false, true, true});
+  Rule mask_added{"attention_mask_added",
+                  "attention mask given as 0/1 or boolean and added to the scores: the candidate matches "
+                  "attention in which every query sees every key of its window (future ones too) and the "
+                  "allowed keys score +1; pass an additive mask: 0 where allowed, the dtype's minimum "
+                  "elsewhere (touchstone.masks.hf_attention_mask)",
+                  masking, golden_norm};
+  mask_added.mask_added = true;
+  rules.push_back(mask_added);
+  // Normalised by the shifted targets' own loss-token counts (labels= alone: Hugging Face's mean over
+  // its shifted tokens), or by the golden counts (num_items_in_batch, or the summed loss times the golden
+  // loss weight).
+  for (const bool golden_counts : {false, true}) {
+    Rule shifted{"targets_shifted_twice",
+                 "targets shifted twice: the candidate matches training position i on targets[i+1] (the last "
+                 "position of each window untrained): the golden targets are already shifted; compute the "
+                 "loss from the logits (touchstone.loss.micro_batch_loss) instead of passing labels=",
+                 masking, golden_norm};
+    shifted.targets_shifted = true;
+    shifted.golden_counts = golden_counts;
+    rules.push_back(shifted);
+  }
   return rules;
 }
 
@@ -80,6 +107,12 @@ ObjectiveResult evaluate_rule(const Rule& rule, const Config& config, const Para
                               const ParamTensors& params, const GlobalBatch& batch, Backend& backend,
                               const TensorParallelRegion& region) {
   GlobalBatch b = batch;
+  for (int64_t w = 0; rule.targets_shifted && w < b.windows; ++w) {
+    for (int64_t i = 0; i < b.seq; ++i) {
+      const auto at = static_cast<size_t>(w * b.seq + i);
+      b.targets[at] = i + 1 < b.seq ? batch.targets[at + 1] : -100;
+    }
+  }
   if (rule.positions_from_zero) {
     for (size_t i = 0; i < b.position_ids.size(); ++i) {
       b.position_ids[i] = static_cast<int32_t>(static_cast<int64_t>(i) % b.seq);
@@ -92,8 +125,8 @@ ObjectiveResult evaluate_rule(const Rule& rule, const Config& config, const Para
   }
   const Transformer model(config.model, rule.document_masking, config.train.seed, table, backend, region,
                           StageRange{0, config.model.num_layers, true, true});
-  ObjectiveResult r =
-      evaluate_objective(model, table, p, b, config.train.micro_batch_size, rule.normalization, true);
+  ObjectiveResult r = evaluate_objective(model, table, p, b, config.train.micro_batch_size,
+                                         rule.normalization, true, rule.golden_counts ? &batch : nullptr);
   for (int64_t l = 0; rule.qkv_read_separate && !rule.qkv_gradient_regrouped && l < config.model.num_layers;
        ++l) {
     r.grads[table.layer(l).qkv] = qkv_separate_from_grouped(config.model, r.grads[table.layer(l).qkv], H);
@@ -118,11 +151,18 @@ std::vector<Verdict> match_recomputed_rules(
 
   const GlobalBatch batch = golden.batch(step);
   std::unique_ptr<Backend> backend = make_cpu_backend();
+  AddedMaskBackend added_mask;
   SingleRankGroup group("tp");
-  const TensorParallelRegion region(group, false, *backend);
+  const TensorParallelRegion region(group, false, *backend), added_mask_region(group, false, added_mask);
   std::vector<Verdict> verdicts;
   for (const Rule& rule : rules_for(golden.config())) {
-    const ObjectiveResult r = evaluate_rule(rule, golden.config(), table, params, batch, *backend, region);
+    const bool named = std::any_of(verdicts.begin(), verdicts.end(),
+                                   [&](const Verdict& v) { return v.signature == rule.signature; });
+    if (named) continue;  // another variant of the rule matched already
+    const ObjectiveResult r =
+        rule.mask_added
+            ? evaluate_rule(rule, golden.config(), table, params, batch, added_mask, added_mask_region)
+            : evaluate_rule(rule, golden.config(), table, params, batch, *backend, region);
     const bool matches =
         compared.empty()
             ? update_matches(r.grads)

@@ -1,8 +1,10 @@
 // Signatures found by recomputation: the step's loss and gradients evaluated (in FP64, with
 // oracle/train_step.h's evaluate_objective on the whole model, at the parameters the step started from:
 // the candidate's own when re-anchored, else the golden ones) under rules a production run commonly
-// gets wrong, each compared with the candidate using the tolerance its entry was judged with. A
-// candidate that passes against one of them computed that rule instead of the golden one.
+// gets wrong (the other loss normalisation, the document mask missing or applied, positions not reset,
+// linear_qkv read as [q; k; v], a 0/1 attention mask added to the scores, the targets shifted once
+// more), each compared with the candidate using the tolerance its entry was judged with. A candidate
+// that passes against one of them computed that rule instead of the golden one.
 #pragma once
 
 #include <cstdint>

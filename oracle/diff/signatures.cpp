@@ -10,6 +10,7 @@
 #include <set>
 
 #include "model/params.h"
+#include "oracle/diff/float32_signature.h"
 #include "oracle/diff/hf_names.h"
 #include "oracle/diff/hypotheses.h"
 #include "oracle/golden/golden_writer.h"
@@ -394,6 +395,7 @@ std::vector<Verdict> find_signatures(const GoldenReader& golden, const Tolerance
   } else if (forward_fails) {
     result.notes.push_back("signatures that recompute the golden step were skipped (recomputation off)");
   }
+  if (verdicts.empty()) add(float32_in_fp64(golden, tolerances, result, step));  // no rule explains it
   add(token_count(golden, result, step));
   add(fp32_inside_fp64(golden, tolerances, judge, result, step));
   const Group group = first_failing_group(result, step);

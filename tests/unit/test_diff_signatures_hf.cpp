@@ -1,0 +1,362 @@
+// The diff's verdicts for three mistakes of Hugging Face candidates, each on a synthetic candidate built
+// with Touchstone's own trainer under the mistaken rule and diffed with run_analysis (as
+// test_diff_signatures.cpp does for the other recomputed rules):
+//   attention_mask_added   a 0/1 mask added to the attention scores: the trainer run with
+//                          oracle/diff/added_mask.h's backend, itself checked against the formula and
+//                          finite differences first;
+//   targets_shifted_twice  the golden targets shifted once more (position i trained on targets[i+1]),
+//                          normalised by the shifted targets' own counts (the trainer on the shifted
+//                          batch) or by the golden counts (the trainer on each shifted micro-batch alone,
+//                          its objective reweighted to the golden loss weights);
+//   float32_in_fp64        the golden tensors with every element multiplied by (1 + e), e ~ 1e-7
+//                          pseudo-random: named; e ~ 1e-2 (a wrong rule's size) and e = 0 not.
+// Each case asserts the exact set of verdicts, so every other signature stays silent on it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "oracle/diff/added_mask.h"
+#include "test_diff_signature_fixture.h"
+
+namespace touchstone::diff::testing {
+namespace {
+
+// Step `step` of `config` computed by the trainer on `backend` from `params` (trainer_step's twin).
+StepRecord trainer_step_on(Backend& backend, const Config& config, const ParamTensors& params, int64_t step,
+                           const GlobalBatch& batch) {
+  SingleProcessContext single;
+  Trainer trainer(config, params, backend, single.context());
+  const AdamWState zeros = AdamWState::zeros_like(params);
+  trainer.restore(step - 1, params, zeros.exp_avg, zeros.exp_avg_sq);
+  return trainer.step(batch, true);
+}
+
+// The golden targets as Hugging Face's labels= shifts them: position i gets targets[i + 1], the last
+// position of every window -100.
+GlobalBatch shifted_twice(GlobalBatch batch) {
+  const std::vector<int32_t> targets = batch.targets;
+  for (int64_t w = 0; w < batch.windows; ++w) {
+    for (int64_t i = 0; i < batch.seq; ++i) {
+      const auto at = static_cast<size_t>(w * batch.seq + i);
+      batch.targets[at] = i + 1 < batch.seq ? targets[at + 1] : -100;
+    }
+  }
+  return batch;
+}
+
+// Windows [first, first + count) of `batch` as a global batch of their own.
+GlobalBatch windows_of(const GlobalBatch& batch, int64_t first, int64_t count) {
+  GlobalBatch out;
+  out.windows = count;
+  out.seq = batch.seq;
+  auto slice = [&](const auto& v, int64_t per) {
+    return std::decay_t<decltype(v)>(v.begin() + first * per, v.begin() + (first + count) * per);
+  };
+  out.sample_indices = slice(batch.sample_indices, 1);
+  out.tokens = slice(batch.tokens, batch.seq);
+  out.targets = slice(batch.targets, batch.seq);
+  out.position_ids = slice(batch.position_ids, batch.seq);
+  out.document_ids = slice(batch.document_ids, batch.seq);
+  return out;
+}
+
+// Deterministic pseudo-random numbers in [-1, 1) (splitmix64).
+class Noise {
+ public:
+  double next() {
+    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    return static_cast<double>(z >> 11) * 0x1p-52 - 1.0;
+  }
+
+ private:
+  uint64_t state_ = 12345;
+};
+
+class HfSignatures : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    directory_ = std::make_unique<SuiteDirectory>("touchstone_signatures_hf");
+    const fs::path documents = directory_->path() / "documents.jsonl";
+    write_documents(documents);
+    Config config = signature_config(documents.string());
+    masked_ = std::make_unique<GoldenRun>(write_golden(directory_->path() / "golden.h5", config));
+    config.data.document_masking = false;
+    unmasked_ = std::make_unique<GoldenRun>(write_golden(directory_->path() / "golden_unmasked.h5", config));
+    config.data.document_masking = true;
+    config.train.loss_normalization = LossNormalization::kPerMicrobatchMean;
+    per_microbatch_ =
+        std::make_unique<GoldenRun>(write_golden(directory_->path() / "golden_per_microbatch.h5", config));
+  }
+  static void TearDownTestSuite() {
+    masked_.reset();
+    unmasked_.reset();
+    per_microbatch_.reset();
+    directory_.reset();
+  }
+
+  static TensorMap dump(const GoldenRun& golden, const StepRecord& record) {
+    return step_datasets(*golden.table, record, nullptr, golden.windows(), golden.seq());
+  }
+  static std::vector<const GoldenRun*> goldens() {
+    return {masked_.get(), unmasked_.get(), per_microbatch_.get()};
+  }
+
+  static std::unique_ptr<SuiteDirectory> directory_;
+  static std::unique_ptr<GoldenRun> masked_, unmasked_, per_microbatch_;
+};
+
+std::unique_ptr<SuiteDirectory> HfSignatures::directory_;
+std::unique_ptr<GoldenRun> HfSignatures::masked_, HfSignatures::unmasked_, HfSignatures::per_microbatch_;
+
+// The message of `signature` among the verdicts (empty when absent).
+std::string message_of(const DiffResult& result, const std::string& signature) {
+  for (const Verdict& v : result.verdicts) {
+    if (v.signature == signature) return v.message;
+  }
+  return "";
+}
+
+// The backend's attention against its formula, evaluated directly: out = softmax over every key of
+// (q k^T * scale + allowed) times v, with and without a dropout mask; and its backward against central
+// differences of sum(out * w).
+TEST(AddedMaskBackend, AttentionIsTheFormulaAndItsGradient) {
+  const AttentionShape s{2, 5, 4, 2, 3};
+  const int64_t T = s.seq, D = s.head_dim, NH = s.num_heads, NKV = s.num_kv_heads;
+  const std::vector<int32_t> docs = {0, 0, 1, 1, 1, 4, 4, 4, -1, -1};  // [b, T]
+  Noise noise;
+  auto random = [&](int64_t n) {
+    std::vector<double> v(static_cast<size_t>(n));
+    for (double& x : v) x = noise.next();
+    return v;
+  };
+  std::vector<double> q = random(s.windows * NH * T * D), k = random(s.windows * NKV * T * D),
+                      v = random(s.windows * NKV * T * D), w = random(s.windows * T * NH * D);
+  std::vector<double> keep(static_cast<size_t>(s.windows * NH * T * T));
+  for (double& x : keep) x = noise.next() > -0.6 ? 1.25 : 0.0;
+  AddedMaskBackend backend;
+  for (const bool masking : {false, true}) {
+    for (const double* keep_scale :
+         {static_cast<const double*>(nullptr), static_cast<const double*>(keep.data())}) {
+      SCOPED_TRACE(std::string("document masking ") + (masking ? "on" : "off") +
+                   (keep_scale ? ", dropout" : ", no dropout"));
+      auto forward = [&](const std::vector<double>& qq, const std::vector<double>& kk,
+                         const std::vector<double>& vv, std::vector<double>* probs) {
+        std::vector<double> out(w.size()), p(keep.size());
+        backend.attention_forward(qq.data(), kk.data(), vv.data(), docs.data(), masking, keep_scale, s,
+                                  out.data(), p.data());
+        if (probs) *probs = p;
+        return out;
+      };
+      std::vector<double> probs;
+      const std::vector<double> out = forward(q, k, v, &probs);
+      for (int64_t b = 0; b < s.windows; ++b) {
+        for (int64_t h = 0; h < NH; ++h) {
+          const int64_t g = h / (NH / NKV);
+          for (int64_t i = 0; i < T; ++i) {
+            std::vector<double> e(static_cast<size_t>(T));
+            double sum = 0;
+            for (int64_t j = 0; j < T; ++j) {
+              double score = 0;
+              for (int64_t d = 0; d < D; ++d) {
+                score += q[static_cast<size_t>(((b * NH + h) * T + i) * D + d)] *
+                         k[static_cast<size_t>(((b * NKV + g) * T + j) * D + d)];
+              }
+              const bool allowed = j <= i && (!masking || docs[static_cast<size_t>(b * T + j)] ==
+                                                              docs[static_cast<size_t>(b * T + i)]);
+              e[static_cast<size_t>(j)] =
+                  std::exp(score / std::sqrt(static_cast<double>(D)) + (allowed ? 1 : 0));
+              sum += e[static_cast<size_t>(j)];
+            }
+            for (int64_t d = 0; d < D; ++d) {
+              double expected = 0;
+              for (int64_t j = 0; j < T; ++j) {
+                const auto pj = static_cast<size_t>(((b * NH + h) * T + i) * T + j);
+                EXPECT_NEAR(probs[pj], e[static_cast<size_t>(j)] / sum, 1e-14);
+                expected += e[static_cast<size_t>(j)] / sum * (keep_scale ? keep_scale[pj] : 1.0) *
+                            v[static_cast<size_t>(((b * NKV + g) * T + j) * D + d)];
+              }
+              EXPECT_NEAR(out[static_cast<size_t>((b * T + i) * NH * D + h * D + d)], expected, 1e-13);
+            }
+          }
+        }
+      }
+      std::vector<double> dq(q.size()), dk(k.size()), dv(v.size());
+      backend.attention_backward(w.data(), q.data(), k.data(), v.data(), probs.data(), keep_scale, s,
+                                 dq.data(), dk.data(), dv.data());
+      auto objective = [&](const std::vector<double>& qq, const std::vector<double>& kk,
+                           const std::vector<double>& vv) {
+        const std::vector<double> o = forward(qq, kk, vv, nullptr);
+        double total = 0;
+        for (size_t i = 0; i < o.size(); ++i) total += o[i] * w[i];
+        return total;
+      };
+      constexpr double kStep = 1e-6;
+      auto check = [&](std::vector<double>& x, const std::vector<double>& analytic, const char* name) {
+        for (size_t i = 0; i < x.size(); ++i) {
+          const double saved = x[i];
+          x[i] = saved + kStep;
+          const double up = objective(q, k, v);
+          x[i] = saved - kStep;
+          const double down = objective(q, k, v);
+          x[i] = saved;
+          EXPECT_NEAR(analytic[i], (up - down) / (2 * kStep), 1e-8) << name << "[" << i << "]";
+        }
+      };
+      check(q, dq, "dq");
+      check(k, dk, "dk");
+      check(v, dv, "dv");
+    }
+  }
+}
+
+TEST_F(HfSignatures, ACandidateEqualToTheGoldenStepPassesWithoutVerdicts) {
+  for (const GoldenRun* golden : goldens()) {
+    const DiffResult result = analyse(*golden, golden->step_datasets(1), "correct");
+    EXPECT_EQ(result.exit_status(), 0) << describe(result);
+    EXPECT_TRUE(result.verdicts.empty()) << describe(result);
+  }
+}
+
+TEST_F(HfSignatures, AttentionMaskAdded) {
+  for (const GoldenRun* golden : goldens()) {
+    SCOPED_TRACE(golden->path);
+    AddedMaskBackend backend;
+    const StepRecord record = trainer_step_on(backend, golden->config, golden->init, 1, golden->batch(1));
+    const DiffResult result = analyse(*golden, dump(*golden, record), "mask_added");
+    expect_verdicts(result, {"attention_mask_added"});
+    EXPECT_NE(message_of(result, "attention_mask_added")
+                  .find("pass an additive mask: 0 where allowed, the dtype's minimum elsewhere "
+                        "(touchstone.masks.hf_attention_mask)"),
+              std::string::npos)
+        << describe(result);
+  }
+}
+
+// The data give the two normalisations of shifted targets different counts: each window's position 0
+// holds a target, which the shift drops.
+TEST_F(HfSignatures, TheShiftChangesEveryMicroBatchsCount) {
+  const int64_t mbs = masked_->config.train.micro_batch_size;
+  const GlobalBatch& batch = masked_->batch(1);
+  const GlobalBatch shifted = shifted_twice(batch);
+  for (int64_t start = 0; start < batch.windows; start += mbs) {
+    EXPECT_NE(shifted.loss_tokens(start, mbs), batch.loss_tokens(start, mbs)) << "micro-batch at " << start;
+  }
+}
+
+// labels=targets with Hugging Face's own mean: the golden normalisation on the shifted targets' counts.
+// The candidate records the golden count (it counted the targets it was given).
+TEST_F(HfSignatures, TargetsShiftedTwiceNormalisedByTheirOwnCounts) {
+  for (const GoldenRun* golden : goldens()) {
+    SCOPED_TRACE(golden->path);
+    StepRecord record = trainer_step(golden->config, golden->init, 1, shifted_twice(golden->batch(1)));
+    record.num_loss_tokens = golden->record(1).num_loss_tokens;
+    const DiffResult result = analyse(*golden, dump(*golden, record), "shifted_own");
+    expect_verdicts(result, {"targets_shifted_twice"});
+    EXPECT_NE(message_of(result, "targets_shifted_twice").find("touchstone.loss.micro_batch_loss"),
+              std::string::npos);
+  }
+  // Recording the shifted count as well: the count is named too.
+  StepRecord record = trainer_step(masked_->config, masked_->init, 1, shifted_twice(masked_->batch(1)));
+  expect_verdicts(analyse(*masked_, dump(*masked_, record), "shifted_own_count"),
+                  {"targets_shifted_twice", "token_count"});
+}
+
+// labels=targets with the golden counts: num_items_in_batch = the golden count, or the summed loss times
+// the golden loss weight (1/N for global_token_mean, 1/(N_j * B/mbs) for per_microbatch_mean). Built
+// from the trainer on each shifted micro-batch alone (its objective: the micro-batch's loss sum over its
+// own shifted count n_j), reweighted by n_j times the golden weight.
+TEST_F(HfSignatures, TargetsShiftedTwiceNormalisedByTheGoldenCounts) {
+  for (const GoldenRun* golden : {masked_.get(), per_microbatch_.get()}) {
+    SCOPED_TRACE(golden->path);
+    const int64_t mbs = golden->config.train.micro_batch_size, B = golden->windows();
+    const GlobalBatch& batch = golden->batch(1);
+    const GlobalBatch shifted = shifted_twice(batch);
+    Config one = golden->config;
+    one.train.global_batch_size = mbs;
+    StepRecord candidate;
+    candidate.step = 1;
+    candidate.num_loss_tokens = batch.loss_tokens(0, B);
+    candidate.grads = ParamTensors::zeros_like(*golden->table);
+    for (int64_t start = 0; start < B; start += mbs) {
+      const StepRecord part = trainer_step(one, golden->init, 1, windows_of(shifted, start, mbs));
+      const bool global = golden->config.train.loss_normalization == LossNormalization::kGlobalTokenMean;
+      const double golden_weight =
+          global ? 1.0 / static_cast<double>(candidate.num_loss_tokens)
+                 : 1.0 / (static_cast<double>(batch.loss_tokens(start, mbs)) * static_cast<double>(B / mbs));
+      const double weight = static_cast<double>(shifted.loss_tokens(start, mbs)) * golden_weight;
+      candidate.loss += weight * part.loss;
+      for (int id = 0; id < golden->table->size(); ++id) {
+        for (size_t i = 0; i < part.grads[id].size(); ++i)
+          candidate.grads[id][i] += weight * part.grads[id][i];
+      }
+      candidate.token_losses.insert(candidate.token_losses.end(), part.token_losses.begin(),
+                                    part.token_losses.end());
+    }
+    double squares = 0;
+    for (const auto& g : candidate.grads.tensors) {
+      for (double x : g) squares += x * x;
+    }
+    candidate.grad_norm = std::sqrt(squares);
+    expect_verdicts(analyse(*golden, dump(*golden, candidate), "shifted_golden"), {"targets_shifted_twice"});
+  }
+}
+
+// Every value of the golden step's datasets (the count kept) multiplied by (1 + size * u), u
+// pseudo-random in [-1, 1); the loss by (1 + loss_size * u) when loss_size is given.
+TensorMap multiplied(const GoldenRun& golden, double size, std::optional<double> loss_size = std::nullopt) {
+  TensorMap candidate = golden.step_datasets(1);
+  Noise noise;
+  for (auto& [path, t] : candidate) {
+    if (t.dtype == "int64") continue;
+    const double e = path == "steps/1/loss" && loss_size ? *loss_size : size;
+    for (double& x : t.values) x *= 1.0 + e * noise.next();
+  }
+  return candidate;
+}
+
+TEST_F(HfSignatures, Float32InsideFp64FromErrorsOfFp32RoundingsSize) {
+  for (const GoldenRun* golden : goldens()) {
+    SCOPED_TRACE(golden->path);
+    const DiffResult result = analyse(*golden, multiplied(*golden, 1e-7), "float32");
+    // fp32_in_fp64 names it as well: the gradients' errors lie within its factor 100 of Touchstone's
+    // FP32 mode.
+    expect_verdicts(result, {"float32_in_fp64", "fp32_in_fp64"});
+    EXPECT_NE(message_of(result, "float32_in_fp64").find("apply touchstone.hf.exact_fp64(model)"),
+              std::string::npos);
+  }
+}
+
+TEST_F(HfSignatures, Float32InsideFp64NotForErrorsOfAWrongRulesSize) {
+  for (const GoldenRun* golden : goldens()) {
+    SCOPED_TRACE(golden->path);
+    expect_verdicts(analyse(*golden, multiplied(*golden, 1e-2), "float32_large"), {});
+    // Each bound on its own: the loss exact and every other tensor ~6e-4 off (above 1e-4); every
+    // tensor of FP32 rounding's size but the loss 1e-4 off (above the loss's 1e-5).
+    const DiffResult tensors = analyse(*golden, multiplied(*golden, 1e-3, 0.0), "float32_tensors");
+    EXPECT_FALSE(signatures_of(tensors).count("float32_in_fp64")) << describe(tensors);
+    TensorMap loss_off = multiplied(*golden, 1e-7);
+    loss_off["steps/1/loss"].values[0] = golden->record(1).loss * (1 + 1e-4);
+    const DiffResult loss = analyse(*golden, loss_off, "float32_loss");
+    EXPECT_FALSE(signatures_of(loss).count("float32_in_fp64")) << describe(loss);
+    // A count off by one token is no rounding, however small the other errors (here its relative error,
+    // 1/446, also lies above the band; in a batch of 1e4 tokens or more it would not).
+    TensorMap count_off = multiplied(*golden, 1e-7);
+    count_off["steps/1/num_loss_tokens"].values[0] += 1;
+    const DiffResult count = analyse(*golden, count_off, "float32_count");
+    EXPECT_FALSE(signatures_of(count).count("float32_in_fp64")) << describe(count);
+    EXPECT_TRUE(signatures_of(count).count("token_count")) << describe(count);
+  }
+}
+
+}  // namespace
+}  // namespace touchstone::diff::testing
