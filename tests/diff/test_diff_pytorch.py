@@ -1,7 +1,9 @@
 """The PyTorch example against golden files: it passes in FP64 at <= 1e-10, and every planted bug is
 caught and named, by a verdict or by the first failing tensor.
 
-Usage: test_diff_pytorch.py PATH_TO_TOUCHSTONE PATH_TO_SOURCE_TREE
+Usage: PYTHONPATH=SOURCE_TREE/python test_diff_pytorch.py PATH_TO_TOUCHSTONE PATH_TO_SOURCE_TREE
+(the example imports the touchstone package; the CTest sets PYTHONPATH). The mistakes and what the
+diff says about each are tabulated in docs/frameworks/pytorch.md.
 
 Position ids: with the document mask on, a query sees only keys of its own document, whose positions
 are consecutive whether or not they restart at the document start, and RoPE depends only on the

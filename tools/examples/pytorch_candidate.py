@@ -1,21 +1,23 @@
 #!/usr/bin/env python3
 """Replay a golden file's steps in plain PyTorch and write a candidate for `touchstone diff`.
 
-This is the production recipe of docs/diffing.md in one runnable file. A run is comparable with a
-golden file when it
-  1. starts from the golden initial weights (/params/init), loaded into parameters that carry the
-     contract's names (so no name mapping is needed when dumping);
-  2. trains on the golden batches (/batch/tokens, targets, position_ids, document_ids), in the
-     golden sample order, micro-batch by micro-batch (train.micro_batch_size), with the golden loss
-     normalisation and the golden attention mask (data.document_masking);
-  3. dumps what the golden file records, in the golden schema: the objective, the loss-token count,
-     the gradients before clipping, the gradient norm, the learning rate and the parameters after
-     the update of every step.
+The plain-PyTorch recipe of docs/frameworks/pytorch.md in one runnable file, on the touchstone package
+(python/touchstone). A run is comparable with a golden file when it
+  1. starts from the golden initial weights (GoldenFile.init_param), loaded into parameters that carry
+     the contract's names, so that no name mapping is needed when dumping;
+  2. trains on the golden batches micro-batch by micro-batch in Megatron-LM's order
+     (GoldenFile.micro_batches), each micro-batch's token-loss sum multiplied by its loss_weight (the
+     golden loss normalisation), under the golden attention mask (touchstone.masks.attention_allowed);
+  3. dumps what the golden file records, with touchstone.CandidateWriter: the objective, the
+     loss-token count, the gradients before clipping, the gradient norm, the learning rate and the
+     parameters after the update of every step.
+The learning rate of every step is the one the golden file records (GoldenFile.expected(step).lr).
 Nothing here is random: no dropout, no sampling, the optimizer is torch.optim.AdamW and clipping is
 torch.nn.utils.clip_grad_norm_, exactly as a PyTorch training loop would use them.
 
-Usage:
-    pytorch_candidate.py GOLDEN.h5 --out CANDIDATE.h5 [--steps N] [--dtype float64|float32|bfloat16]
+Usage, from the repository root (or `pip install ./python` and leave out PYTHONPATH):
+    PYTHONPATH=python python3 tools/examples/pytorch_candidate.py GOLDEN.h5 --out CANDIDATE.h5 \
+        [--steps N] [--dtype float64|float32|bfloat16]
     touchstone diff GOLDEN.h5 CANDIDATE.h5
 
 --inject BUG (repeatable) plants a known mistake; the tests of `touchstone diff` use it to check that
@@ -37,15 +39,23 @@ Needs torch, numpy and h5py (Debian: python3-torch, python3-numpy, python3-h5py)
 """
 
 import argparse
-import json
 import math
-import os
+import sys
 
-import h5py
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+try:
+    from touchstone import CandidateWriter, GoldenFile
+    from touchstone.loss import token_losses
+    from touchstone.masks import attention_allowed
+except ModuleNotFoundError as error:
+    if error.name != "touchstone":
+        raise
+    sys.exit("pytorch_candidate.py: the touchstone package is not importable: run it with PYTHONPATH=python "
+             "from the repository root, or pip install ./python")
 
 BUGS = ("per_microbatch_mean", "no_document_mask", "positions_not_reset", "padding_in_loss",
         "eos_rule_flipped", "qkv_wrong_grouping", "drop_tp_shard", "dp_double_division")
@@ -168,18 +178,10 @@ class Llama(nn.Module):
 # Data rules applied to the golden batch (only the injected bugs change anything here).
 # ---------------------------------------------------------------------------------------------
 
-def attention_allowed(document_ids, document_masking):
-    """[B, T, T]: query i may attend key j iff j <= i (and, with masking, the same document)."""
-    T = document_ids.shape[1]
-    allowed = torch.ones(T, T, dtype=torch.bool).tril().expand(document_ids.shape[0], T, T)
-    if document_masking:
-        allowed = allowed & (document_ids[:, :, None] == document_ids[:, None, :])
-    return allowed
-
-
 def inject_targets(batch, data, bugs):
-    """The targets a buggy data pipeline would produce from the golden batch."""
-    tokens, targets, docs = batch["tokens"], batch["targets"].clone(), batch["document_ids"]
+    """The targets [B, T] a buggy data pipeline would produce from the golden batch (a touchstone.Batch)."""
+    tokens, docs = torch.from_numpy(batch.tokens), torch.from_numpy(batch.document_ids)
+    targets = torch.from_numpy(batch.targets).clone()
     next_tokens = torch.cat([tokens[:, 1:], torch.full_like(tokens[:, :1], data["pad_token"])], dim=1)
     next_docs = torch.cat([docs[:, 1:], docs[:, -1:]], dim=1)
     if "padding_in_loss" in bugs:  # padding (and the position before it) not masked out
@@ -196,19 +198,17 @@ def inject_targets(batch, data, bugs):
     return targets
 
 
+def loss_weight(normalization, count, total, num_micro):
+    """What a micro-batch's token-loss sum is multiplied by under `normalization` (the golden file's
+    MicroBatch.loss_weight rule), for targets that are not the golden ones."""
+    if normalization == "global_token_mean":
+        return 1.0 / max(total, 1)
+    return 1.0 / (max(count, 1) * num_micro)  # each micro-batch's own mean, averaged over the micro-batches
+
+
 # ---------------------------------------------------------------------------------------------
 # Training steps and the dump.
 # ---------------------------------------------------------------------------------------------
-
-def learning_rate(step, o):
-    """Warmup then cosine to min_lr (the contract's schedule), for update `step` (1-based)."""
-    if o["warmup_steps"] > 0 and step <= o["warmup_steps"]:
-        return o["lr"] * step / o["warmup_steps"]
-    if step <= o["decay_steps"]:
-        progress = (step - o["warmup_steps"]) / (o["decay_steps"] - o["warmup_steps"])
-        return o["min_lr"] + 0.5 * (o["lr"] - o["min_lr"]) * (1 + math.cos(math.pi * progress))
-    return o["min_lr"]
-
 
 def drop_tp_shard(grad, tp=2, rank=1):
     """Zero tp rank `rank`'s rows of a linear_fc1 gradient: its gate rows and its up rows."""
@@ -218,60 +218,63 @@ def drop_tp_shard(grad, tp=2, rank=1):
     grad[ffn + rank * local:ffn + (rank + 1) * local] = 0
 
 
-def train_step(model, optimizer, batch, step, config, bugs, dtype):
-    """Forward and backward micro-batch by micro-batch, then clip and step. Returns the record."""
-    data, train = config["data"], config["train"]
-    normalization = "per_microbatch_mean" if "per_microbatch_mean" in bugs else train["loss_normalization"]
-    masking = data["document_masking"] and "no_document_mask" not in bugs
+def forward_backward(model, golden, step, bugs, dtype):
+    """Step `step`'s forward and backward, micro-batch by micro-batch, gradients accumulated in the
+    parameters. Returns (objective, loss-token count, token losses [B, T])."""
+    data = golden.config["data"]
+    normalization = "per_microbatch_mean" if "per_microbatch_mean" in bugs else golden.loss_normalization
+    masking = golden.document_masking and "no_document_mask" not in bugs
+    batch = golden.batch(step)
     targets = inject_targets(batch, data, bugs)
-    B, T = targets.shape
-    positions = torch.arange(T).expand(B, T) if "positions_not_reset" in bugs else batch["position_ids"]
-    allowed = attention_allowed(batch["document_ids"], masking)
-    mbs = train["micro_batch_size"]
-    num_micro, total_tokens = B // mbs, int((targets != -100).sum())
+    # The golden weights whenever the objective is the golden one; recomputed for a planted mistake.
+    golden_objective = normalization == golden.loss_normalization and \
+        torch.equal(targets, torch.from_numpy(batch.targets))
+    micro_batches = golden.micro_batches(step)
+    total_tokens = int((targets != -100).sum())
 
-    optimizer.zero_grad(set_to_none=False)
-    loss, token_losses = 0.0, []
-    for j in range(num_micro):  # gradient accumulation, as a production loop does it
-        rows = slice(j * mbs, (j + 1) * mbs)
+    loss, losses = 0.0, []
+    for micro in micro_batches:  # gradient accumulation, as a production loop does it
+        rows = slice(micro.rows.start, micro.rows.stop)
+        mbs, T = micro.tokens.shape
+        positions = torch.arange(T).expand(mbs, T) if "positions_not_reset" in bugs else \
+            torch.from_numpy(micro.position_ids)
+        allowed = torch.from_numpy(attention_allowed(micro.document_ids, masking))
         # BF16 as mixed precision: FP32 master weights and gradients, BF16 matrix products (autocast),
         # the cross entropy on FP32 logits.
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-            logits = model(batch["tokens"][rows], positions[rows], allowed[rows])
-        per_token = F.cross_entropy(logits.float().flatten(0, 1) if dtype == torch.bfloat16 else logits.flatten(0, 1),
-                                    targets[rows].flatten(), ignore_index=-100, reduction="none")
-        count = int((targets[rows] != -100).sum())
-        if normalization == "global_token_mean":
-            scale = 1.0 / max(total_tokens, 1)
-        else:  # each micro-batch's own mean, averaged over the micro-batches
-            scale = 1.0 / (max(count, 1) * num_micro)
-        micro_loss = per_token.sum() * scale
+            logits = model(torch.from_numpy(micro.tokens), positions, allowed)
+        per_token = token_losses(logits.float() if dtype == torch.bfloat16 else logits, targets[rows])
+        weight = micro.loss_weight if golden_objective else \
+            loss_weight(normalization, int((targets[rows] != -100).sum()), total_tokens, len(micro_batches))
+        micro_loss = per_token.sum() * weight
         micro_loss.backward()
         loss += float(micro_loss)
-        token_losses.append(per_token.detach().double().view(mbs, T))
+        losses.append(per_token.detach().double())
+    return loss, total_tokens, torch.cat(losses)
 
+
+def run(golden, out, model, optimizer, steps, bugs, dtype):
+    """Trains `steps` and writes each to `out`: the gradients before clipping, then the update."""
     named = dict(model.named_parameters())
-    if "dp_double_division" in bugs:
-        for p in named.values():
-            p.grad /= 2
-    if "drop_tp_shard" in bugs:
-        drop_tp_shard(named[f"decoder.layers.{config['model']['num_layers'] - 1}.mlp.linear_fc1.weight"].grad)
-    grads = {name: p.grad.detach().clone() for name, p in named.items()}   # before clipping
-    clip = config["optim"]["clip_grad"]
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)) if clip > 0 else \
-        math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads.values()))
-    lr = learning_rate(step, config["optim"])
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    optimizer.step()
-    return {"loss": loss, "num_loss_tokens": total_tokens, "token_losses": torch.cat(token_losses),
-            "grads": grads, "grad_norm": grad_norm, "lr": lr,
-            "params": {name: p.detach().clone() for name, p in named.items()}}
-
-
-def write_tensors(out, group, tensors, store):
-    for name, tensor in tensors.items():
-        out.create_dataset(f"{group}/{name}", data=tensor.detach().to(store).numpy())
+    clip = golden.config["optim"]["clip_grad"]
+    for step in steps:
+        optimizer.zero_grad(set_to_none=False)
+        loss, num_loss_tokens, losses = forward_backward(model, golden, step, bugs, dtype)
+        if "dp_double_division" in bugs:
+            for p in named.values():
+                p.grad /= 2
+        if "drop_tp_shard" in bugs:
+            drop_tp_shard(named[f"decoder.layers.{golden.model['num_layers'] - 1}.mlp.linear_fc1.weight"].grad)
+        out.write_step(step, loss=loss, num_loss_tokens=num_loss_tokens, token_losses=losses,
+                       grads=((name, p.grad) for name, p in named.items()))   # before clipping
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)) if clip > 0 else \
+            math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in named.values()))
+        lr = golden.expected(step).lr  # the golden schedule's rate for update `step`
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.step()
+        out.write_step(step, grad_norm=grad_norm, lr=lr, params=model.named_parameters())
+        print(f"step {step}: loss {loss:.6f}, {num_loss_tokens} loss tokens, grad norm {grad_norm:.4e}")
 
 
 def main():
@@ -290,44 +293,33 @@ def main():
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
 
-    with h5py.File(args.golden, "r") as golden:
-        config = json.loads(golden.attrs["config"])
-        init = {name: torch.from_numpy(np.asarray(ds[()], dtype=np.float64))
-                for name, ds in golden["params/init"].items()}
-        recorded = len(golden["steps"])
-        steps = min(args.steps or recorded, recorded)
-        batches = [{key: torch.from_numpy(golden["batch"][key][s].astype(np.int64))
-                    for key in ("tokens", "targets", "position_ids", "document_ids")} for s in range(steps)]
-
-    model = Llama(config["model"], "separate" if "qkv_wrong_grouping" in args.inject else "grouped").to(store)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(init[name])  # a KeyError here means the model's names are not the contract's
-    o = config["optim"]
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"])
-
-    temporary = args.out + ".tmp"
-    with h5py.File(temporary, "w") as out:
-        out.attrs["generator"] = f"pytorch_candidate.py (torch {torch.__version__}, {args.dtype}" + \
+    try:
+        golden = GoldenFile(args.golden)
+    except ValueError as error:
+        sys.exit(f"pytorch_candidate.py: {error}")
+    with golden:
+        recorded = golden.steps
+        steps = recorded[:max(0, min(args.steps or len(recorded), len(recorded)))]
+        model = Llama(golden.model, "separate" if "qkv_wrong_grouping" in args.inject else "grouped").to(store)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(torch.from_numpy(golden.init_param(name)))  # a ValueError: not the contract's names
+        o = golden.config["optim"]
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in model.parameters() if p.dim() < 2]
+        optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
+                                       {"params": no_decay, "weight_decay": 0.0}],
+                                      lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"])
+        generator = f"pytorch_candidate.py (torch {torch.__version__}, {args.dtype}" + \
             (f", injected: {' '.join(args.inject)})" if args.inject else ")")
-        write_tensors(out, "params/init", dict(model.named_parameters()), store)
-        for step, batch in enumerate(batches, start=1):
-            r = train_step(model, optimizer, batch, step, config, args.inject, dtype)
-            group = f"steps/{step}"
-            out[f"{group}/loss"] = np.float64(r["loss"])
-            out[f"{group}/num_loss_tokens"] = np.int64(r["num_loss_tokens"])
-            out[f"{group}/token_losses"] = r["token_losses"].numpy()
-            out[f"{group}/grad_norm"] = np.float64(r["grad_norm"])
-            out[f"{group}/lr"] = np.float64(r["lr"])
-            write_tensors(out, f"{group}/grads", r["grads"], store)
-            write_tensors(out, f"{group}/params", r["params"], store)
-            print(f"step {step}: loss {r['loss']:.6f}, {r['num_loss_tokens']} loss tokens, "
-                  f"grad norm {r['grad_norm']:.4e}")
-    os.replace(temporary, args.out)
+        try:
+            out = CandidateWriter(args.out, golden=golden, generator=generator,
+                                  dtype=np.float64 if store == torch.float64 else np.float32)
+        except ValueError as error:  # a missing directory, or a path that is not a regular file
+            sys.exit(f"pytorch_candidate.py: {error}")
+        with out:
+            out.write_init(model.named_parameters())
+            run(golden, out, model, optimizer, steps, args.inject, dtype)
     print(f"wrote {args.out}")
 
 
