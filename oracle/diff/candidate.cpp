@@ -7,9 +7,9 @@
 #include <stdexcept>
 
 #include "common/errors.h"
-#include "oracle/diff/hf_names.h"
-#include "oracle/diff/safetensors.h"
 #include "oracle/diff/shards.h"
+#include "oracle/hf/hf_names.h"
+#include "oracle/hf/safetensors.h"
 
 namespace touchstone::diff {
 
@@ -115,7 +115,7 @@ Candidate load_safetensors(const std::string& path, const CandidateOptions& opti
   }
   std::map<std::string, Recorded> all;
   for (const fs::path& file : files) {
-    for (auto& [name, tensor] : read_safetensors(file.string())) {
+    for (auto& [name, tensor] : hf::read_safetensors(file.string())) {
       if (!all.emplace(name, std::move(tensor)).second) {
         throw InputError(file.string() + ": tensor " + name + " appears in more than one file");
       }
@@ -127,7 +127,7 @@ Candidate load_safetensors(const std::string& path, const CandidateOptions& opti
   candidate.format = "safetensors (" + kind + " of " +
                      (step == 0 ? "the initial state" : "step " + std::to_string(step)) + ")";
   std::vector<std::string> ignored;
-  candidate.tensors = hf_to_contract(all, golden.config().model, group, ignored);
+  candidate.tensors = hf::hf_to_contract(all, golden.config().model, group, ignored);
   for (const std::string& name : ignored) candidate.notes.push_back("ignored safetensors tensor " + name);
   if (candidate.tensors.empty()) throw InputError(path + ": no tensor with a known name");
   return candidate;

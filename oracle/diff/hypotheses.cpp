@@ -8,7 +8,7 @@
 #include "model/params.h"
 #include "model/transformer.h"
 #include "oracle/diff/added_mask.h"
-#include "oracle/diff/hf_names.h"
+#include "oracle/hf/hf_names.h"
 #include "oracle/train_step.h"
 #include "parallel/comm/single_rank_group.h"
 #include "parallel/tensor/regions.h"
@@ -121,7 +121,7 @@ ObjectiveResult evaluate_rule(const Rule& rule, const Config& config, const Para
   ParamTensors p = params;
   const int64_t H = config.model.hidden_size;
   for (int64_t l = 0; rule.qkv_read_separate && l < config.model.num_layers; ++l) {
-    p[table.layer(l).qkv] = qkv_grouped_from_separate(config.model, p[table.layer(l).qkv], H);
+    p[table.layer(l).qkv] = hf::qkv_grouped_from_separate(config.model, p[table.layer(l).qkv], H);
   }
   const Transformer model(config.model, rule.document_masking, config.train.seed, table, backend, region,
                           StageRange{0, config.model.num_layers, true, true});
@@ -129,7 +129,7 @@ ObjectiveResult evaluate_rule(const Rule& rule, const Config& config, const Para
                                          rule.normalization, true, rule.golden_counts ? &batch : nullptr);
   for (int64_t l = 0; rule.qkv_read_separate && !rule.qkv_gradient_regrouped && l < config.model.num_layers;
        ++l) {
-    r.grads[table.layer(l).qkv] = qkv_separate_from_grouped(config.model, r.grads[table.layer(l).qkv], H);
+    r.grads[table.layer(l).qkv] = hf::qkv_separate_from_grouped(config.model, r.grads[table.layer(l).qkv], H);
   }
   return r;
 }

@@ -11,9 +11,9 @@
 
 #include "model/params.h"
 #include "oracle/diff/float32_signature.h"
-#include "oracle/diff/hf_names.h"
 #include "oracle/diff/hypotheses.h"
 #include "oracle/golden/golden_writer.h"
+#include "oracle/hf/hf_names.h"
 #include "parallel/tensor/sharding.h"
 
 namespace touchstone::diff {
@@ -178,8 +178,8 @@ std::vector<Verdict> qkv_layout(const GoldenReader& golden, Judge& judge, const 
     // Stored as [q; k; v], or the [q; k; v] rows of a wrong split regrouped per KV group.
     for (const bool to_separate : {true, false}) {
       Recorded g = reference;
-      g.values = to_separate ? qkv_separate_from_grouped(golden.config().model, g.values, g.shape[1])
-                             : qkv_grouped_from_separate(golden.config().model, g.values, g.shape[1]);
+      g.values = to_separate ? hf::qkv_separate_from_grouped(golden.config().model, g.values, g.shape[1])
+                             : hf::qkv_grouped_from_separate(golden.config().model, g.values, g.shape[1]);
       if (passes(compare_values(g, candidate.at(e->path), e->tolerance), e->tolerance)) {
         verdicts.push_back(
             {"qkv_layout",

@@ -89,6 +89,7 @@ DIRECTORY_FLAGS = [
     ("train", "--checkpoint-dir", lambda p: ["train", *ONE_STEP, "--checkpoint-dir", p]),
     ("check parallel", "--workdir", lambda p: ["check", "parallel", *SMALL, "--workdir", p]),
     ("supervise", "--checkpoint-dir", lambda p: ["supervise", "--checkpoint-dir", p, "--", "true"]),
+    ("export hf", "--out", lambda p: ["export", "hf", "--golden", Shared.golden, "--out", p]),
 ]
 
 

@@ -12,8 +12,8 @@
 
 #include "common/errors.h"
 #include "common/h5_file.h"
-#include "oracle/diff/hf_names.h"
-#include "oracle/diff/safetensors.h"
+#include "oracle/hf/hf_names.h"
+#include "oracle/hf/safetensors.h"
 
 namespace touchstone::diff {
 namespace {
@@ -47,7 +47,7 @@ TEST(Safetensors, ReadsEveryFloatType) {
           "b": {"dtype": "F32", "shape": [1, 1], "data_offsets": [16, 20]},
           "c": {"dtype": "BF16", "shape": [2], "data_offsets": [20, 24]},
           "d": {"dtype": "F16", "shape": [2], "data_offsets": [24, 28]}})";
-  const auto tensors = read_safetensors(write_file("types.safetensors", header, data));
+  const auto tensors = hf::read_safetensors(write_file("types.safetensors", header, data));
   EXPECT_EQ(tensors.at("a").values, (std::vector<double>{1.5, -2}));
   EXPECT_EQ(tensors.at("b").shape, (std::vector<int64_t>{1, 1}));
   EXPECT_EQ(tensors.at("b").values, (std::vector<double>{0.25}));
@@ -58,11 +58,11 @@ TEST(Safetensors, ReadsEveryFloatType) {
 }
 
 TEST(Safetensors, HalfAndBfloat16SpecialValues) {
-  EXPECT_TRUE(std::isnan(float16_value(0x7E00)));
-  EXPECT_EQ(float16_value(0xFC00), -HUGE_VAL);
-  EXPECT_EQ(float16_value(0x7BFF), 65504.0);
-  EXPECT_EQ(bfloat16_value(0x7F80), HUGE_VAL);
-  EXPECT_EQ(bfloat16_value(0x0001), static_cast<double>(std::ldexp(1.0f, -133)));
+  EXPECT_TRUE(std::isnan(hf::float16_value(0x7E00)));
+  EXPECT_EQ(hf::float16_value(0xFC00), -HUGE_VAL);
+  EXPECT_EQ(hf::float16_value(0x7BFF), 65504.0);
+  EXPECT_EQ(hf::bfloat16_value(0x7F80), HUGE_VAL);
+  EXPECT_EQ(hf::bfloat16_value(0x0001), static_cast<double>(std::ldexp(1.0f, -133)));
 }
 
 TEST(Safetensors, MalformedFilesAreInputErrors) {
@@ -81,16 +81,16 @@ TEST(Safetensors, MalformedFilesAreInputErrors) {
   int i = 0;
   for (const auto& [header, data] : bad_headers) {
     const std::string path = write_file("bad" + std::to_string(i++) + ".safetensors", header, data);
-    EXPECT_THROW(read_safetensors(path), InputError) << header;
+    EXPECT_THROW(hf::read_safetensors(path), InputError) << header;
   }
   // Header length beyond the file, and a file shorter than the length field.
   const fs::path truncated =
       fs::temp_directory_path() / ("touchstone_diff_" + std::to_string(getpid()) + "_short");
   std::ofstream(truncated, std::ios::binary) << std::string("\xff\x00\x00\x00\x00\x00\x00\x00{}", 10);
-  EXPECT_THROW(read_safetensors(truncated.string()), InputError);
+  EXPECT_THROW(hf::read_safetensors(truncated.string()), InputError);
   std::ofstream(truncated, std::ios::binary) << "abc";
-  EXPECT_THROW(read_safetensors(truncated.string()), InputError);
-  EXPECT_THROW(read_safetensors("/nonexistent/file.safetensors"), InputError);
+  EXPECT_THROW(hf::read_safetensors(truncated.string()), InputError);
+  EXPECT_THROW(hf::read_safetensors("/nonexistent/file.safetensors"), InputError);
 }
 
 ModelConfig gqa_model() {
@@ -109,13 +109,13 @@ TEST(QkvLayout, GroupedRowsComeFromTheirHeads) {
   m.num_heads = 4;
   m.num_kv_heads = 2;
   m.hidden_size = 8;  // D = 2, G = 2: separate [q0 q1 q2 q3 | k0 k1 | v0 v1], 2 rows per head
-  const std::vector<int64_t> rows = qkv_separate_row_of_grouped(m);
+  const std::vector<int64_t> rows = hf::qkv_separate_row_of_grouped(m);
   // Group 0: q0, q1, k0, v0; group 1: q2, q3, k1, v1.
   const std::vector<int64_t> expected = {0, 1, 2, 3, 8, 9, 12, 13, 4, 5, 6, 7, 10, 11, 14, 15};
   EXPECT_EQ(rows, expected);
   std::vector<double> values(static_cast<size_t>(m.qkv_rows() * 3));
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<double>(i);
-  EXPECT_EQ(qkv_separate_from_grouped(m, qkv_grouped_from_separate(m, values, 3), 3), values);
+  EXPECT_EQ(hf::qkv_separate_from_grouped(m, hf::qkv_grouped_from_separate(m, values, 3), 3), values);
 }
 
 TEST(HfNames, ConvertsLlamaNamesAndLayouts) {
@@ -127,7 +127,7 @@ TEST(HfNames, ConvertsLlamaNamesAndLayouts) {
     }
     return r;
   };
-  std::map<std::string, Recorded> hf = {
+  std::map<std::string, Recorded> llama = {
       {"model.layers.0.self_attn.q_proj.weight", filled({4, 4}, 0)},
       {"model.layers.0.self_attn.k_proj.weight", filled({2, 4}, 100)},
       {"model.layers.0.self_attn.v_proj.weight", filled({2, 4}, 200)},
@@ -138,7 +138,7 @@ TEST(HfNames, ConvertsLlamaNamesAndLayouts) {
       {"model.rotary_emb.inv_freq", filled({1}, 0)},
   };
   std::vector<std::string> ignored;
-  const TensorMap out = hf_to_contract(hf, m, "steps/1/grads", ignored);
+  const TensorMap out = hf::hf_to_contract(llama, m, "steps/1/grads", ignored);
   EXPECT_EQ(ignored, (std::vector<std::string>{"model.rotary_emb.inv_freq"}));
   const Recorded& qkv = out.at("steps/1/grads/decoder.layers.0.self_attention.linear_qkv.weight");
   EXPECT_EQ(qkv.shape, (std::vector<int64_t>{8, 4}));
@@ -152,13 +152,13 @@ TEST(HfNames, ConvertsLlamaNamesAndLayouts) {
   EXPECT_TRUE(out.count("steps/1/grads/decoder.layers.0.pre_mlp_layernorm.weight"));
   EXPECT_TRUE(out.count("steps/1/grads/decoder.final_layernorm.weight"));
 
-  hf.erase("model.layers.0.self_attn.k_proj.weight");
-  EXPECT_THROW(hf_to_contract(hf, m, "g", ignored), InputError);
-  hf["model.layers.0.self_attn.k_proj.weight"] = filled({3, 4}, 0);  // wrong shape
-  EXPECT_THROW(hf_to_contract(hf, m, "g", ignored), InputError);
-  hf["model.layers.0.self_attn.k_proj.weight"] = filled({2, 4}, 0);
-  hf["model.layers.7.input_layernorm.weight"] = filled({4}, 0);  // beyond the model
-  EXPECT_THROW(hf_to_contract(hf, m, "g", ignored), InputError);
+  llama.erase("model.layers.0.self_attn.k_proj.weight");
+  EXPECT_THROW(hf::hf_to_contract(llama, m, "g", ignored), InputError);
+  llama["model.layers.0.self_attn.k_proj.weight"] = filled({3, 4}, 0);  // wrong shape
+  EXPECT_THROW(hf::hf_to_contract(llama, m, "g", ignored), InputError);
+  llama["model.layers.0.self_attn.k_proj.weight"] = filled({2, 4}, 0);
+  llama["model.layers.7.input_layernorm.weight"] = filled({4}, 0);  // beyond the model
+  EXPECT_THROW(hf::hf_to_contract(llama, m, "g", ignored), InputError);
 }
 
 TEST(H5Reader, StoredTypesAndOptionalAttributes) {

@@ -144,12 +144,12 @@ StepRecord qkv_read_separate(const GoldenRun& golden, bool regroup_gradient) {
   ParamTensors params = golden.init;
   for (int64_t l = 0; l < m.num_layers; ++l) {
     const int id = table.layer(l).qkv;
-    params[id] = qkv_grouped_from_separate(m, params[id], m.hidden_size);
+    params[id] = hf::qkv_grouped_from_separate(m, params[id], m.hidden_size);
   }
   StepRecord record = trainer_step(golden.config, params, 1, golden.batch(1));
   for (int64_t l = 0; regroup_gradient && l < m.num_layers; ++l) {
     const int id = table.layer(l).qkv;
-    record.grads[id] = qkv_separate_from_grouped(m, record.grads[id], m.hidden_size);
+    record.grads[id] = hf::qkv_separate_from_grouped(m, record.grads[id], m.hidden_size);
   }
   return record;
 }

@@ -163,8 +163,8 @@ TEST_F(TensorSignatures, QkvLayoutOfTheInitialParameters) {
     for (int id = 0; id < table().size(); ++id) {
       std::vector<double> values = golden_->init[id];
       if (table()[id].kind == ParamKind::kQkv) {
-        values = separate ? qkv_separate_from_grouped(m, values, m.hidden_size)
-                          : qkv_grouped_from_separate(m, values, m.hidden_size);
+        values = separate ? hf::qkv_separate_from_grouped(m, values, m.hidden_size)
+                          : hf::qkv_grouped_from_separate(m, values, m.hidden_size);
       }
       candidate["params/init/" + table()[id].name] = Recorded{table()[id].shape, values, "float64"};
     }
@@ -183,7 +183,7 @@ TEST_F(TensorSignatures, QkvLayoutOfTheGradients) {
   TensorMap candidate = golden_->step_datasets(1);
   for (int64_t l = 0; l < m.num_layers; ++l) {
     std::vector<double>& g = candidate[grad(table().layer(l).qkv)].values;
-    g = qkv_separate_from_grouped(m, g, m.hidden_size);
+    g = hf::qkv_separate_from_grouped(m, g, m.hidden_size);
   }
   expect_verdicts(analyse(*golden_, candidate, "qkv_grads"), {"qkv_layout"});
 }

@@ -20,6 +20,7 @@
 #include "tools/cli/run_flags.h"
 #include "tools/commbench/commbench.h"
 #include "tools/diff/diff_cli.h"
+#include "tools/export/export_cli.h"
 #include "tools/ledger/ledger_cli.h"
 #include "tools/plan/plan_cli.h"
 #include "tools/supervise/supervise_cli.h"
@@ -137,6 +138,14 @@ int main(int argc, char** argv) {
       "Compare another trainer's loss, gradients and parameters with a golden file, tensor by tensor");
   touchstone::add_diff_options(diff, diff_options);
 
+  CLI::App* export_command =
+      app.add_subcommand("export", "Write a golden file's parameters for another framework");
+  export_command->require_subcommand(1);
+  touchstone::ExportHfOptions export_hf_options;
+  CLI::App* export_hf = export_command->add_subcommand(
+      "hf", "Write config.json and model.safetensors that Hugging Face's LlamaForCausalLM loads");
+  touchstone::add_export_hf_options(export_hf, export_hf_options);
+
   const std::unique_ptr<touchstone::plan::PlanCommand> plan = touchstone::plan::add_plan_commands(app);
   const std::unique_ptr<touchstone::ledger::LedgerCommand> ledger =
       touchstone::ledger::add_ledger_command(app);
@@ -167,6 +176,8 @@ int main(int argc, char** argv) {
     if (check_parallel->parsed()) return touchstone::run_check_parallel(check_parallel_options);
     if (diff->parsed()) return touchstone::run_diff(diff_options);  // reads files only: no MPI
     if (ledger->parsed()) return ledger->run(std::cout);            // reads files only: no MPI
+    // Reads a golden file and writes a directory: no MPI.
+    if (export_hf->parsed()) return touchstone::run_export_hf(export_hf_options, std::cout);
     // Launches the job's MPI processes, so it must not be an MPI process itself.
     if (supervise->parsed()) return supervise->run();
   } catch (const InputError& e) {

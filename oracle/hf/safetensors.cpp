@@ -1,18 +1,29 @@
-// safetensors parsing: the whole file is read, the header validated entry by entry, then decoded.
-#include "oracle/diff/safetensors.h"
+// safetensors reading (the whole file is read, the header validated entry by entry, then decoded) and
+// streaming writing (the header from the shapes, then one tensor at a time).
+#include "oracle/hf/safetensors.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <stdexcept>
 #include <vector>
 
 #include "common/errors.h"
+#include "common/text_output.h"
 
-namespace touchstone::diff {
+namespace touchstone::hf {
 
 static_assert(std::endian::native == std::endian::little,
               "the tensor bytes are decoded in place (little endian)");
@@ -131,4 +142,120 @@ std::map<std::string, Recorded> read_safetensors(const std::string& path) {
   return tensors;
 }
 
-}  // namespace touchstone::diff
+namespace {
+
+int64_t element_size(const std::string& dtype) {
+  if (dtype == "F64") return 8;
+  if (dtype == "F32") return 4;
+  throw std::invalid_argument("safetensors writer: dtype " + dtype + " is not F64 or F32");
+}
+
+uint64_t entry_bytes(const SafetensorsEntry& entry) {
+  return static_cast<uint64_t>(checked_numel(entry.shape, entry.name) * element_size(entry.dtype));
+}
+
+}  // namespace
+
+std::string safetensors_header(const std::vector<SafetensorsEntry>& entries,
+                               const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header;
+  header["__metadata__"] = nlohmann::ordered_json::object();
+  for (const auto& [key, value] : metadata) header["__metadata__"][key] = value;
+  uint64_t offset = 0;
+  for (const SafetensorsEntry& entry : entries) {
+    if (entry.name == "__metadata__" || header.contains(entry.name)) {
+      throw std::invalid_argument("safetensors writer: tensor name " + entry.name + " given twice");
+    }
+    const uint64_t end = offset + entry_bytes(entry);
+    header[entry.name] = {{"dtype", entry.dtype}, {"shape", entry.shape}, {"data_offsets", {offset, end}}};
+    offset = end;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
+
+SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<SafetensorsEntry> entries,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(std::move(path)), entries_(std::move(entries)), temporary_(temporary_path_for(path_)) {
+  const std::string header = safetensors_header(entries_, metadata);
+  fd_ = ::open(temporary_.path().c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail("create " + temporary_.path());
+  const uint64_t length = header.size();
+  bytes_ = 8 + length;
+  for (const SafetensorsEntry& entry : entries_) bytes_ += entry_bytes(entry);
+  write_bytes(&length, sizeof length);
+  write_bytes(header.data(), header.size());
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_) ::unlink(temporary_.path().c_str());
+}
+
+void SafetensorsWriter::fail(const std::string& what) {
+  const std::string reason = std::strerror(errno);
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  ::unlink(temporary_.path().c_str());
+  throw InputError(path_ + ": cannot " + what + " (" + reason + ")");
+}
+
+void SafetensorsWriter::write_bytes(const void* data, size_t size) {
+  const auto* bytes = static_cast<const char*>(data);
+  size_t written = 0;
+  while (written < size) {
+    const ssize_t n = ::write(fd_, bytes + written, size - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail("write " + temporary_.path());
+    written += static_cast<size_t>(n);
+  }
+}
+
+void SafetensorsWriter::write(std::span<const double> values) {
+  if (next_ >= entries_.size()) throw std::invalid_argument(path_ + ": every tensor is already written");
+  const SafetensorsEntry& entry = entries_[next_];
+  if (static_cast<int64_t>(values.size()) != checked_numel(entry.shape, entry.name)) {
+    throw std::invalid_argument(path_ + ": tensor " + entry.name + " needs " +
+                                std::to_string(checked_numel(entry.shape, entry.name)) + " values, " +
+                                std::to_string(values.size()) + " given");
+  }
+  if (fd_ < 0) throw std::invalid_argument(path_ + ": the writer has failed or is committed");
+  if (entry.dtype == "F64") {
+    write_bytes(values.data(), values.size_bytes());
+  } else {
+    std::vector<float> chunk(std::min<size_t>(values.size(), size_t{1} << 16));
+    for (size_t first = 0; first < values.size(); first += chunk.size()) {
+      const size_t count = std::min(chunk.size(), values.size() - first);
+      for (size_t i = 0; i < count; ++i) chunk[i] = static_cast<float>(values[first + i]);
+      write_bytes(chunk.data(), count * sizeof(float));
+    }
+  }
+  ++next_;
+}
+
+void SafetensorsWriter::commit() {
+  if (next_ != entries_.size()) {
+    throw std::invalid_argument(path_ + ": " + std::to_string(entries_.size() - next_) +
+                                " tensors not written before commit");
+  }
+  if (fd_ < 0) throw std::invalid_argument(path_ + ": the writer has failed or is committed");
+  // Without the sync a crash just after the rename could leave an empty file under the final name.
+  if (::fsync(fd_) != 0) fail("sync " + temporary_.path());
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) fail("close " + temporary_.path());
+  try {
+    check_replaceable(path_);
+  } catch (const InputError&) {
+    ::unlink(temporary_.path().c_str());
+    throw;
+  }
+  if (std::rename(temporary_.path().c_str(), path_.c_str()) != 0) {
+    fail("rename " + temporary_.path() + " into place");
+  }
+  committed_ = true;
+  sync_directory(std::filesystem::absolute(path_).parent_path().string());
+}
+
+}  // namespace touchstone::hf

@@ -1,12 +1,13 @@
-// HF Llama -> contract names and layouts.
-#include "oracle/diff/hf_names.h"
+// HF Llama <-> contract names and layouts: the rename tables, the linear_qkv regrouping, and both
+// directions of the conversion.
+#include "oracle/hf/hf_names.h"
 
 #include <algorithm>
 #include <cctype>
 
 #include "common/errors.h"
 
-namespace touchstone::diff {
+namespace touchstone::hf {
 
 namespace {
 
@@ -28,14 +29,22 @@ const std::vector<std::string> kQkvParts = {"self_attn.q_proj.weight", "self_att
                                             "self_attn.v_proj.weight"};
 const std::vector<std::string> kFc1Parts = {"mlp.gate_proj.weight", "mlp.up_proj.weight"};
 
-// "model.layers.12.mlp.up_proj.weight" -> {12, "mlp.up_proj.weight"}; layer -1 when not a layer name.
-std::pair<int64_t, std::string> split_layer(const std::string& name) {
-  const std::string prefix = "model.layers.";
+// "model.layers.12.mlp.up_proj.weight" -> {12, "mlp.up_proj.weight"} (with the prefix "decoder.layers.",
+// the same for contract names); layer -1 when not a layer name.
+std::pair<int64_t, std::string> split_layer(const std::string& name,
+                                            const std::string& prefix = "model.layers.") {
   if (name.rfind(prefix, 0) != 0) return {-1, name};
   size_t i = prefix.size(), j = i;
   while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j]))) ++j;
   if (j == i || j >= name.size() || name[j] != '.' || j - i > 9) return {-1, name};
   return {std::stoll(name.substr(i, j - i)), name.substr(j + 1)};
+}
+
+// The contract name an HF name is renamed from, for the reverse direction.
+std::map<std::string, std::string> reversed(const std::map<std::string, std::string>& renames) {
+  std::map<std::string, std::string> out;
+  for (const auto& [hf, contract] : renames) out.emplace(contract, hf);
+  return out;
 }
 
 void expect_shape(const std::string& name, const Recorded& t, const std::vector<int64_t>& shape) {
@@ -153,4 +162,71 @@ TensorMap hf_to_contract(const std::map<std::string, Recorded>& tensors, const M
   return out;
 }
 
-}  // namespace touchstone::diff
+int64_t HfPart::numel() const { return checked_numel(shape, name); }
+
+std::vector<HfPart> hf_parts_of(const std::string& contract_name, const ModelConfig& m) {
+  static const std::map<std::string, std::string> kLayerFromContract = reversed(kLayerRenames);
+  static const std::map<std::string, std::string> kModelFromContract = reversed(kModelRenames);
+  const int64_t H = m.hidden_size, D = m.head_dim(), F = m.ffn_hidden_size;
+  const auto [layer, suffix] = split_layer(contract_name, "decoder.layers.");
+  if (layer >= m.num_layers) {
+    throw InputError(contract_name + " names layer " + std::to_string(layer) + ", the model has " +
+                     std::to_string(m.num_layers) + " layers");
+  }
+  if (layer >= 0) {
+    const std::string hf = "model.layers." + std::to_string(layer) + ".";
+    if (suffix == "self_attention.linear_qkv.weight") {
+      const int64_t q_rows = m.num_heads * D, kv_rows = m.num_kv_heads * D;
+      return {{hf + kQkvParts[0], {q_rows, H}, 0},
+              {hf + kQkvParts[1], {kv_rows, H}, q_rows * H},
+              {hf + kQkvParts[2], {kv_rows, H}, (q_rows + kv_rows) * H}};
+    }
+    if (suffix == "mlp.linear_fc1.weight")
+      return {{hf + kFc1Parts[0], {F, H}, 0}, {hf + kFc1Parts[1], {F, H}, F * H}};
+    if (suffix == "mlp.linear_fc2.weight") return {{hf + kLayerFromContract.at(suffix), {H, F}, 0}};
+    if (suffix == "self_attention.linear_proj.weight") {
+      return {{hf + kLayerFromContract.at(suffix), {H, m.num_heads * D}, 0}};
+    }
+    if (kLayerFromContract.count(suffix)) return {{hf + kLayerFromContract.at(suffix), {H}, 0}};
+  } else if (kModelFromContract.count(contract_name)) {
+    const std::string& hf = kModelFromContract.at(contract_name);
+    if (contract_name == "decoder.final_layernorm.weight") return {{hf, {H}, 0}};
+    if (contract_name == "output_layer.weight" && m.tie_embeddings) return {};  // embed_tokens holds it
+    return {{hf, {m.vocab_size, H}, 0}};
+  }
+  throw InputError(contract_name + " is not a parameter of the Llama model");
+}
+
+std::vector<double> hf_layout(const std::string& contract_name, const ModelConfig& m,
+                              std::vector<double> values) {
+  if (split_layer(contract_name, "decoder.layers.").second != "self_attention.linear_qkv.weight") {
+    return values;
+  }
+  return qkv_separate_from_grouped(m, values, m.hidden_size);
+}
+
+std::map<std::string, Recorded> contract_to_hf(const TensorMap& tensors, const ModelConfig& m,
+                                               const std::string& group) {
+  std::map<std::string, Recorded> out;
+  const std::string prefix = group + "/";
+  for (const auto& [path, tensor] : tensors) {
+    if (path.rfind(prefix, 0) != 0) continue;
+    const std::string name = path.substr(prefix.size());
+    const std::vector<HfPart> parts = hf_parts_of(name, m);
+    if (parts.empty()) continue;
+    std::vector<int64_t> shape = parts[0].shape;
+    for (size_t i = 1; i < parts.size(); ++i) shape[0] += parts[i].shape[0];  // stacked rows
+    if (tensor.shape != shape) {
+      throw InputError(path + " has shape " + shape_text(tensor.shape) + ", the model's is " +
+                       shape_text(shape));
+    }
+    const std::vector<double> values = hf_layout(name, m, tensor.values);
+    for (const HfPart& part : parts) {
+      const auto first = values.begin() + part.offset;
+      out[part.name] = Recorded{part.shape, std::vector<double>(first, first + part.numel()), tensor.dtype};
+    }
+  }
+  return out;
+}
+
+}  // namespace touchstone::hf
