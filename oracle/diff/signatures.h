@@ -7,9 +7,6 @@
 //                              once more (targets_shifted_twice);
 //   fp32_in_fp64               FP64 file; every gradient off by Touchstone's FP32 mode's error, within
 //                              a factor 100;
-//   float32_in_fp64            FP64 file, no recomputed rule matched; the loss or the gradients fail,
-//                              and every failing tensor is off by FP32 rounding's size
-//                              (float32_signature.h);
 //   token_count                the loss-token counts differ, explained by padding, EOS or document-
 //                              boundary targets where the count difference matches one of them;
 //   qkv_layout                 a linear_qkv tensor equals the golden one with its rows in [q; k; v] order;

@@ -19,9 +19,8 @@ from typing import Dict
 
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
+import torch  # noqa: E402
+import transformers  # noqa: E402  (tools/install-deps.sh installs it into build/python-deps; missing is a failure)
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaModel  # noqa: E402
 from transformers.models.llama import modeling_llama  # noqa: E402
 

@@ -49,7 +49,6 @@ inline const std::set<std::string>& all_signatures() {
                                               "fp32_in_fp64",
                                               "attention_mask_added",
                                               "targets_shifted_twice",
-                                              "float32_in_fp64",
                                               "optimizer_bias_correction",
                                               "optimizer_weight_decay",
                                               "optimizer_clipping",
