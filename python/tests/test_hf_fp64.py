@@ -19,10 +19,10 @@ from typing import Dict
 
 import pytest
 
-import torch  # noqa: E402
-import transformers  # noqa: E402  (tools/install-deps.sh installs it into build/python-deps; missing is a failure)
-from transformers import LlamaConfig, LlamaForCausalLM, LlamaModel  # noqa: E402
-from transformers.models.llama import modeling_llama  # noqa: E402
+import torch
+# transformers from build/python-deps (tools/install-deps.sh): its absence is a failure, never a skip.
+from transformers import LlamaConfig, LlamaForCausalLM, LlamaModel
+from transformers.models.llama import modeling_llama
 
 from touchstone import hf_fp64  # noqa: E402
 from touchstone.hf_fp64 import SITES, exact_fp64  # noqa: E402

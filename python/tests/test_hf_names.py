@@ -84,10 +84,10 @@ def test_config_refuses_what_llama_cannot_express(golden_files):
         config = json.loads(json.dumps(golden.config))
     assert hf_config_dict(config)["num_key_value_heads"] == 2
     config["model"]["hidden_dropout"] = 0.1
-    with pytest.raises(ValueError, match="model.hidden_dropout is 0.1: a Hugging Face Llama cannot express it"):
+    with pytest.raises(ValueError, match="model.hidden_dropout is 0.1, and Hugging Face's Llama has no hidden"):
         hf_config_dict(config)
     config["model"]["hidden_dropout"], config["model"]["attention_dropout"] = 0.0, 0.2
-    with pytest.raises(ValueError, match="model.attention_dropout is 0.2"):
+    with pytest.raises(ValueError, match="model.attention_dropout is 0.2: Touchstone's dropout masks"):
         hf_config_dict(config)
 
 
@@ -114,3 +114,34 @@ def read_safetensors(path):
     dtypes = {"F64": np.float64, "F32": np.float32}
     return {name: np.frombuffer(raw[8 + length + e["data_offsets"][0]:8 + length + e["data_offsets"][1]],
                                 dtype=dtypes[e["dtype"]]).reshape(e["shape"]) for name, e in header.items()}
+
+
+def test_python_and_command_line_refuse_with_the_same_words(touchstone, golden_dir):
+    """A config Llama cannot express: `touchstone export hf` (exit 2) and the package (ValueError) say
+    the same line."""
+    from conftest import make_golden
+
+    golden_path = make_golden(golden_dir, "hidden_dropout", ["model.hidden_dropout=0.1", "train.steps=1"])
+    result = subprocess.run([touchstone, "export", "hf", "--golden", str(golden_path), "--out",
+                             str(golden_dir / "refused")], capture_output=True, text=True)
+    assert result.returncode == 2 and not (golden_dir / "refused").exists()
+    with GoldenFile(golden_path) as golden, pytest.raises(ValueError) as info:
+        hf_config_of(golden)
+    assert result.stderr.strip() == f"touchstone: error: {info.value}"
+
+
+def test_another_format_version_is_refused_with_the_same_words(touchstone, golden_files, tmp_path):
+    import shutil
+
+    import h5py
+
+    newer = tmp_path / "v2.h5"
+    shutil.copy(golden_files["default"], newer)
+    with h5py.File(newer, "r+") as f:
+        f.attrs["format_version"] = 2
+    result = subprocess.run([touchstone, "export", "hf", "--golden", str(newer), "--out", str(tmp_path / "x")],
+                            capture_output=True, text=True)
+    assert result.returncode == 2
+    with pytest.raises(ValueError) as info:
+        GoldenFile(newer)
+    assert result.stderr.strip() == f"touchstone: error: {info.value}"

@@ -180,13 +180,12 @@ class GoldenFile:
         return value.decode() if isinstance(value, bytes) else value
 
     def _check_format(self) -> None:
-        kind = self._attr("format")
-        if kind != FORMAT:
-            raise ValueError(f"{self.path}: attribute format is {kind!r}, not {FORMAT!r}")
+        # The same words as the C++ reader (oracle/golden/golden_reader.cpp).
+        if self._file.attrs.get("format") not in (FORMAT, FORMAT.encode()):
+            raise ValueError(f'{self.path}: not a golden file (root attribute format is not "{FORMAT}")')
         version = int(self._attr("format_version"))
         if version != FORMAT_VERSION:
-            raise ValueError(f"{self.path}: format_version {version}; this package reads format_version "
-                             f"{FORMAT_VERSION}")
+            raise ValueError(f"{self.path}: golden format_version {version} is not supported ({FORMAT_VERSION} is)")
 
     def _read(self, key: str) -> h5py.Dataset:
         item = self._file.get(key)

@@ -63,11 +63,13 @@ def hf_config_dict(config: Mapping[str, Any], precision: str = "fp64") -> Dict[s
     (Touchstone's masks come from its own counter-based RNG, which no HF run reproduces).
     """
     model, data = config["model"], config["data"]
-    for key, reason in (("hidden_dropout", "Hugging Face's Llama has no hidden dropout"),
-                        ("attention_dropout", "its masks come from Touchstone's own RNG, which no Hugging "
-                                              "Face run reproduces")):
-        if float(model.get(key, 0.0)) > 0:
-            raise ValueError(f"model.{key} is {model[key]}: a Hugging Face Llama cannot express it ({reason})")
+    # The same words as `touchstone export hf` (oracle/hf/export.cpp).
+    if float(model.get("hidden_dropout", 0.0)) > 0:
+        raise ValueError(f"model.hidden_dropout is {model['hidden_dropout']}, and Hugging Face's Llama has no "
+                         "hidden dropout")
+    if float(model.get("attention_dropout", 0.0)) > 0:
+        raise ValueError(f"model.attention_dropout is {model['attention_dropout']}: Touchstone's dropout masks "
+                         "come from its own counter-based RNG, which no Hugging Face run reproduces")
     H, NH = int(model["hidden_size"]), int(model["num_heads"])
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -126,19 +128,20 @@ def iter_hf_tensors(params: Tensors, model: Mapping[str, Any]) -> Iterator[Tuple
         layer = _CONTRACT_LAYER.match(name)
         if layer is None:
             yield {v: k for k, v in _MODEL_RENAMES.items()}[name], tensor
-            continue
-        hf = f"model.layers.{layer.group(1)}."
-        suffix = layer.group(2)
-        if suffix == "self_attention.linear_qkv.weight":
+        elif layer.group(2) == "self_attention.linear_qkv.weight":
+            hf = f"model.layers.{layer.group(1)}."
             blocks = tensor.reshape(NKV, G + 2, D, H)
             yield hf + _QKV[0], blocks[:, :G].reshape(NH * D, H)
             yield hf + _QKV[1], blocks[:, G].reshape(NKV * D, H)
             yield hf + _QKV[2], blocks[:, G + 1].reshape(NKV * D, H)
-        elif suffix == "mlp.linear_fc1.weight":
+            del blocks
+        elif layer.group(2) == "mlp.linear_fc1.weight":
+            hf = f"model.layers.{layer.group(1)}."
             yield hf + _FC1[0], tensor[:F]
             yield hf + _FC1[1], tensor[F:]
         else:
-            yield hf + {v: k for k, v in _LAYER_RENAMES.items()}[suffix], tensor
+            yield f"model.layers.{layer.group(1)}." + {v: k for k, v in _LAYER_RENAMES.items()}[layer.group(2)], tensor
+        del tensor  # before the next one is read: one golden tensor alive at a time
 
 
 def to_hf_state_dict(params: Tensors, model: Mapping[str, Any]) -> Dict[str, Any]:
@@ -257,8 +260,11 @@ def exact_fp64(model: Any, **kwargs: Any) -> Any:
 
 
 def hf_config_of(golden: GoldenFile) -> Dict[str, Any]:
-    """hf_config_dict of a golden file."""
-    return hf_config_dict(golden.config, golden.precision)
+    """hf_config_dict of a golden file; a ValueError names the file and the key."""
+    try:
+        return hf_config_dict(golden.config, golden.precision)
+    except ValueError as e:
+        raise ValueError(f"{golden.path}: {e}") from None
 
 
 __all__ = ["hf_config_dict", "hf_config_of", "llama_config", "iter_hf_tensors", "to_hf_state_dict",

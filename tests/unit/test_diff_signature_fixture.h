@@ -213,6 +213,44 @@ class SuiteDirectory {
   fs::path path_;
 };
 
+// A suite's three golden files of signature_config, written once per test suite in its own directory
+// (Tag::kDirectory): document masking on (masked_), off (unmasked_), and per_microbatch_mean
+// (per_microbatch_).
+template <typename Tag>
+class ThreeGoldenFiles : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    directory_ = std::make_unique<SuiteDirectory>(Tag::kDirectory);
+    const fs::path documents = directory_->path() / "documents.jsonl";
+    write_documents(documents);
+    Config config = signature_config(documents.string());
+    masked_ = std::make_unique<GoldenRun>(write_golden(directory_->path() / "golden.h5", config));
+    config.data.document_masking = false;
+    unmasked_ = std::make_unique<GoldenRun>(write_golden(directory_->path() / "golden_unmasked.h5", config));
+    config.data.document_masking = true;
+    config.train.loss_normalization = LossNormalization::kPerMicrobatchMean;
+    per_microbatch_ =
+        std::make_unique<GoldenRun>(write_golden(directory_->path() / "golden_per_microbatch.h5", config));
+  }
+  static void TearDownTestSuite() {
+    masked_.reset();
+    unmasked_.reset();
+    per_microbatch_.reset();
+    directory_.reset();
+  }
+
+  // What a forward/backward dump of step 1 holds: loss, count, token losses, gradients and their norm.
+  static TensorMap dump(const GoldenRun& golden, const StepRecord& record) {
+    return step_datasets(*golden.table, record, nullptr, golden.windows(), golden.seq());
+  }
+  static std::vector<const GoldenRun*> goldens() {
+    return {masked_.get(), unmasked_.get(), per_microbatch_.get()};
+  }
+
+  static inline std::unique_ptr<SuiteDirectory> directory_;
+  static inline std::unique_ptr<GoldenRun> masked_, unmasked_, per_microbatch_;
+};
+
 // The candidate written next to the golden file and diffed with the default options.
 inline DiffResult analyse(const GoldenRun& golden, const TensorMap& candidate, const std::string& name) {
   const std::string path = (fs::path(golden.path).parent_path() / (name + ".h5")).string();

@@ -21,40 +21,10 @@
 namespace touchstone::diff::testing {
 namespace {
 
-class RecomputedRules : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    directory_ = std::make_unique<SuiteDirectory>("touchstone_signatures_recomputed");
-    const fs::path documents = directory_->path() / "documents.jsonl";
-    write_documents(documents);
-    Config config = signature_config(documents.string());
-    masked_ = std::make_unique<GoldenRun>(write_golden(directory_->path() / "golden.h5", config));
-    config.data.document_masking = false;
-    unmasked_ = std::make_unique<GoldenRun>(write_golden(directory_->path() / "golden_unmasked.h5", config));
-    config.data.document_masking = true;
-    config.train.loss_normalization = LossNormalization::kPerMicrobatchMean;
-    per_microbatch_ =
-        std::make_unique<GoldenRun>(write_golden(directory_->path() / "golden_per_microbatch.h5", config));
-  }
-  static void TearDownTestSuite() {
-    masked_.reset();
-    unmasked_.reset();
-    per_microbatch_.reset();
-    directory_.reset();
-  }
-
-  // What a forward/backward dump of step 1 holds: loss, count, token losses, gradients and their norm.
-  static TensorMap dump(const GoldenRun& golden, const StepRecord& record) {
-    return step_datasets(*golden.table, record, nullptr, golden.windows(), golden.seq());
-  }
-
-  static std::unique_ptr<SuiteDirectory> directory_;
-  static std::unique_ptr<GoldenRun> masked_, unmasked_, per_microbatch_;
+struct RecomputedRulesFiles {
+  static constexpr const char* kDirectory = "touchstone_signatures_recomputed";
 };
-
-std::unique_ptr<SuiteDirectory> RecomputedRules::directory_;
-std::unique_ptr<GoldenRun> RecomputedRules::masked_, RecomputedRules::unmasked_,
-    RecomputedRules::per_microbatch_;
+class RecomputedRules : public ThreeGoldenFiles<RecomputedRulesFiles> {};
 
 // The properties of the data every case relies on.
 TEST_F(RecomputedRules, TheDataSeparateTheRules) {

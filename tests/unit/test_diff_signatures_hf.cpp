@@ -80,41 +80,10 @@ class Noise {
   uint64_t state_ = 12345;
 };
 
-class HfSignatures : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    directory_ = std::make_unique<SuiteDirectory>("touchstone_signatures_hf");
-    const fs::path documents = directory_->path() / "documents.jsonl";
-    write_documents(documents);
-    Config config = signature_config(documents.string());
-    masked_ = std::make_unique<GoldenRun>(write_golden(directory_->path() / "golden.h5", config));
-    config.data.document_masking = false;
-    unmasked_ = std::make_unique<GoldenRun>(write_golden(directory_->path() / "golden_unmasked.h5", config));
-    config.data.document_masking = true;
-    config.train.loss_normalization = LossNormalization::kPerMicrobatchMean;
-    per_microbatch_ =
-        std::make_unique<GoldenRun>(write_golden(directory_->path() / "golden_per_microbatch.h5", config));
-  }
-  static void TearDownTestSuite() {
-    masked_.reset();
-    unmasked_.reset();
-    per_microbatch_.reset();
-    directory_.reset();
-  }
-
-  static TensorMap dump(const GoldenRun& golden, const StepRecord& record) {
-    return step_datasets(*golden.table, record, nullptr, golden.windows(), golden.seq());
-  }
-  static std::vector<const GoldenRun*> goldens() {
-    return {masked_.get(), unmasked_.get(), per_microbatch_.get()};
-  }
-
-  static std::unique_ptr<SuiteDirectory> directory_;
-  static std::unique_ptr<GoldenRun> masked_, unmasked_, per_microbatch_;
+struct HfSignaturesFiles {
+  static constexpr const char* kDirectory = "touchstone_signatures_hf";
 };
-
-std::unique_ptr<SuiteDirectory> HfSignatures::directory_;
-std::unique_ptr<GoldenRun> HfSignatures::masked_, HfSignatures::unmasked_, HfSignatures::per_microbatch_;
+class HfSignatures : public ThreeGoldenFiles<HfSignaturesFiles> {};
 
 // The message of `signature` among the verdicts (empty when absent).
 std::string message_of(const DiffResult& result, const std::string& signature) {
