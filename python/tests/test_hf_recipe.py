@@ -65,6 +65,9 @@ def test_bf16_recipe_passes_the_envelope(touchstone, bf16_envelope_golden, tmp_p
     candidate = run_recipe(bf16_envelope_golden, tmp_path / "candidate.h5", steps=3, bf16=True)
     result, report = diff(touchstone, bf16_envelope_golden, candidate, tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+    worst = max((t for t in report["tensors"] if t.get("metrics")), key=lambda t: t["metrics"]["tolerance_ratio"])
+    print(f"bf16: worst {worst['path']} at {worst['metrics']['tolerance_ratio']:.2f} of its tolerance "
+          f"(basis {worst['basis']})")
 
 
 # -- the traps ---------------------------------------------------------------------------------------
