@@ -1,17 +1,21 @@
 #!/usr/bin/python3
 """Convert a Megatron-LM gradient (or parameter) dump into per-rank shards for `touchstone diff`.
 
-Megatron-LM's --save-wgrads-interval N writes, after the data-parallel reduction and the loss
-scaling and before clipping, every parameter's main_grad to
+Megatron-LM's --save-wgrads-interval N (Megatron-Core core_v0.16.0 on) writes every parameter's
+main_grad after forward_backward_func (the data-parallel reduction, the embedding all-reduce and the
+per-token scaling of finalize_model_grads) and before optimizer.step() (which removes the loss scale
+and clips); --save-params-interval N (core_v0.18.0 on) writes the parameters after optimizer.step().
+Both go through save_grads (megatron/training/checkpointing.py) to
 
-    {save}/wgrads/iter_{N:07d}/mp_rank_{tp:02d}.pth            (pipeline size 1)
-    {save}/wgrads/iter_{N:07d}/mp_rank_{tp:02d}_{pp:03d}.pth   (pipeline size > 1)
+    {save}/wgrads/iter_{N:07d}/mp_rank_{tp:02d}.pth                    (pipeline and expert size 1)
+    {save}/wgrads/iter_{N:07d}/mp_rank_{tp:02d}_{pp:03d}.pth           (pipeline size > 1)
+    {save}/wgrads/iter_{N:07d}/mp_rank_{tp:02d}[_{pp:03d}]_{ep:03d}.pth  (expert-parallel size > 1)
 
-each a dict {"model_chunk0": {parameter name: tensor}} holding that rank's shards in Megatron's
-layouts with layer numbers local to the pipeline stage (--save-params-interval writes the
-parameters after the update the same way, under params/). This script renames the tensors to the
-contract's names (the table NAME_MAP below; a leading "module." is dropped) and writes the shard
-directory format that `touchstone diff` reads (docs/diffing.md):
+(params/ instead of wgrads/), each a torch.save of {"model_chunk0": {parameter name: tensor}} holding
+that rank's shards in Megatron's layouts, layer numbers local to the pipeline stage. This script
+renames the tensors to the contract's names (NAME_MAP below; a leading "module." is dropped), divides
+gradients by --loss-scale, and writes the shard directory format that `touchstone diff` reads
+(docs/diffing.md):
 
     OUT/shards.json               {"format": "touchstone-shards", "format_version": 1, "tp", "pp",
                                    "stage_layers", "tied_embedding_grads", ...}
@@ -20,18 +24,27 @@ directory format that `touchstone diff` reads (docs/diffing.md):
 The shards are put back together by touchstone itself, with the same layout rules its tensor
 parallelism uses (parallel/tensor/sharding.h), so that they are written down once.
 
+The loss scale. A gradient dump holds main_grad before optimizer.step() unscales it, so under a loss
+scale every gradient is the true one times the scale: the constant --loss-scale of the run, or under
+--fp16 without it the dynamic scale (2^32 at the start, halved after overflows). The dump does not
+record it. A dump with a float16 gradient comes from a --fp16 run (its gradient buffers are float16
+unless --accumulate-allreduce-grads-in-fp32) and is refused without --loss-scale.
+
 Usage:
-    import_megatron_dump.py SAVE/wgrads/iter_0000001 --out shards/ [--tie-embeddings true|false]
+    import_megatron_dump.py SAVE/wgrads/iter_0000001 --out shards/ [--loss-scale X]
     touchstone diff golden.h5 shards/
 
+Exit status 0, or 2 with one line saying why the dump was refused.
 Needs torch, numpy and h5py (Debian: python3-torch, python3-numpy, python3-h5py).
 """
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
+from typing import Dict, List, Optional, Tuple
 
 import h5py
 import numpy as np
@@ -49,21 +62,36 @@ CONTRACT_SUFFIXES = (
     "pre_mlp_layernorm.weight", "mlp.linear_fc1.weight", "mlp.linear_fc2.weight",
 )
 WHOLE_MODEL_NAMES = ("embedding.word_embeddings.weight", "decoder.final_layernorm.weight", "output_layer.weight")
-FILE_PATTERN = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?\.pth$")
+# Megatron-Core's MoELayer (megatron/core/transformer/moe/moe_layer.py) holds router, experts and
+# shared_experts where a dense layer holds its MLP.
+EXPERT_PREFIXES = ("mlp.router.", "mlp.experts.", "mlp.shared_experts.")
+# save_grads: mp_rank_{tp:02d}, then _{pp:03d} when the pipeline size is > 1, then _{ep:03d} when the
+# expert-parallel size is > 1. Two numbers are read as tp and pp (with pipeline size 1 and expert
+# size > 1 the second number is the expert rank, which only a mixture-of-experts model has: its
+# expert parameters are refused by name).
+FILE_PATTERN = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?\.pth$")
+EXPECTED_FILES = "mp_rank_TT.pth, mp_rank_TT_PPP.pth or mp_rank_TT_PPP_EEE.pth"
+WRITTEN_BY = ("written by Megatron-LM's --save-wgrads-interval (Megatron-Core core_v0.16.0 and later) and "
+              "--save-params-interval (core_v0.18.0 and later)")
 LAYER_PATTERN = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+DYNAMIC_INITIAL_SCALE = 2.0 ** 32  # OptimizerConfig.initial_loss_scale (megatron/core/optimizer/optimizer_config.py)
+
+RankKey = Tuple[int, int]  # (tp rank, pp rank)
 
 
 class DumpError(Exception):
     """Bad input: reported as one line, exit status 2."""
 
 
-def contract_name(name):
+def contract_name(name: str) -> str:
     """A Megatron parameter name -> the contract's (stage-local layer numbers are kept)."""
     while name.startswith("module."):
         name = name[len("module."):]
     match = LAYER_PATTERN.match(name)
     if match:
         layer, suffix = match.groups()
+        if suffix.startswith(EXPERT_PREFIXES):
+            raise DumpError(f"{name}: a mixture-of-experts parameter; Touchstone's model has no experts")
         suffix = NAME_MAP.get(suffix, suffix)
         if suffix not in CONTRACT_SUFFIXES:
             raise DumpError(f"{name}: not a parameter of the contract's model (no biases, RMSNorm, SwiGLU; "
@@ -74,15 +102,45 @@ def contract_name(name):
     raise DumpError(f"{name}: not a parameter of the contract's model")
 
 
-def find_rank_files(dump):
-    """{(tp, pp): path} of a dump directory, checked to form a complete tp x pp grid."""
-    files = {}
-    for entry in sorted(os.listdir(dump)):
+def describe_other_layout(dump: str, entries: List[str]) -> str:
+    """What the directory holds instead of dump files, as a hint for the refusal."""
+    if any(re.match(r"^iter_\d+$", e) and os.path.isdir(os.path.join(dump, e)) for e in entries):
+        return "; it holds iter_NNNNNNN directories: give one of them"
+    if (any(e.endswith(".distcp") for e in entries) or "metadata.json" in entries or "common.pt" in entries
+            or any(re.match(r"^mp_rank_\d+(_\d+)*$", e) and os.path.isdir(os.path.join(dump, e)) for e in entries)):
+        return "; it looks like a checkpoint written by --save, not a dump"
+    if not entries:
+        return "; it is empty"
+    shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+    return f"; it holds {shown}"
+
+
+def find_rank_files(dump: str) -> Tuple[Dict[RankKey, str], int, int]:
+    """{(tp, pp): path} of a dump directory, checked to form a complete tp x pp grid of one name form."""
+    try:
+        entries = sorted(os.listdir(dump))
+    except OSError as error:
+        raise DumpError(f"{dump}: cannot read the directory ({error.strerror or error})")
+    files: Dict[RankKey, str] = {}
+    forms = set()
+    for entry in entries:
         match = FILE_PATTERN.match(entry)
-        if match:
-            files[(int(match.group(1)), int(match.group(2) or 0))] = os.path.join(dump, entry)
+        if not match:
+            continue
+        tp_text, pp_text, ep_text = match.groups()
+        forms.add(sum(part is not None for part in match.groups()))
+        if ep_text is not None and int(ep_text) != 0:
+            raise DumpError(f"{os.path.join(dump, entry)}: expert-parallel rank {int(ep_text)}: a mixture-of-experts "
+                            "run (Megatron-Core allows --expert-model-parallel-size > 1 only with experts); "
+                            "Touchstone's model has no experts")
+        key = (int(tp_text), int(pp_text or 0))
+        if key in files:
+            raise DumpError(f"{dump}: {os.path.basename(files[key])} and {entry} are both tp {key[0]} pp {key[1]}")
+        files[key] = os.path.join(dump, entry)
     if not files:
-        raise DumpError(f"{dump}: no mp_rank_TT[_PPP].pth files")
+        raise DumpError(f"{dump}: no {EXPECTED_FILES} files, {WRITTEN_BY}{describe_other_layout(dump, entries)}")
+    if len(forms) > 1:
+        raise DumpError(f"{dump}: file names of different forms ({EXPECTED_FILES}) mixed in one dump")
     tp = 1 + max(t for t, _ in files)
     pp = 1 + max(p for _, p in files)
     missing = [f"tp {t} pp {p}" for t in range(tp) for p in range(pp) if (t, p) not in files]
@@ -91,8 +149,8 @@ def find_rank_files(dump):
     return files, tp, pp
 
 
-def load_rank(path):
-    """The renamed tensors of one rank file, as numpy arrays (bf16 widened to float32)."""
+def load_rank(path: str) -> Dict[str, torch.Tensor]:
+    """The renamed tensors of one rank file, as saved (dtype kept)."""
     try:
         state = torch.load(path, map_location="cpu")
     except Exception as error:  # torch reports truncated or foreign files in many ways
@@ -111,14 +169,20 @@ def load_rank(path):
         contract = contract_name(name)
         if contract in tensors:
             raise DumpError(f"{path}: {contract} appears twice")
-        tensor = tensor.detach().cpu()
-        if tensor.dtype in (torch.bfloat16, torch.float16):
-            tensor = tensor.float()
-        tensors[contract] = tensor.numpy()
+        tensors[contract] = tensor.detach().cpu()
     return tensors
 
 
-def stage_layers(rank_tensors, tp, pp):
+def to_array(tensor: torch.Tensor, loss_scale: Optional[float]) -> np.ndarray:
+    """A tensor as numpy (bf16 and fp16 widened to float32 first), divided by the loss scale."""
+    if tensor.dtype in (torch.bfloat16, torch.float16):
+        tensor = tensor.float()
+    if loss_scale is not None and tensor.is_floating_point():
+        tensor = tensor / loss_scale
+    return np.ascontiguousarray(tensor.numpy())
+
+
+def stage_layers(rank_tensors: Dict[RankKey, Dict[str, torch.Tensor]], tp: int, pp: int) -> List[int]:
     """Layers per stage, from the local layer numbers in tp rank 0's file of each stage."""
     layers = []
     for p in range(pp):
@@ -129,7 +193,7 @@ def stage_layers(rank_tensors, tp, pp):
     return layers
 
 
-def parse_dump_path(dump):
+def parse_dump_path(dump: str) -> Tuple[Optional[str], Optional[int]]:
     """('grads' or 'params', step) from .../wgrads/iter_0000001, when the path says so."""
     parent, leaf = os.path.split(os.path.normpath(dump))
     match = re.match(r"^iter_(\d+)$", leaf)
@@ -137,12 +201,42 @@ def parse_dump_path(dump):
     return kind, int(match.group(1)) if match else None
 
 
-def main():
+def check_loss_scale_option(kind: str, loss_scale: Optional[float]) -> None:
+    """Refuses a loss scale that is not a positive number, or one given for a parameter dump."""
+    if loss_scale is not None and not (math.isfinite(loss_scale) and loss_scale > 0):
+        raise DumpError(f"--loss-scale {loss_scale:g}: must be a finite number > 0")
+    if kind == "params" and loss_scale is not None:
+        raise DumpError("--loss-scale is for gradient dumps: parameters are dumped after optimizer.step() "
+                        "and carry no loss scale")
+
+
+def check_fp16_loss_scale(kind: str, loss_scale: Optional[float], rank_tensors: Dict[RankKey, Dict[str, torch.Tensor]],
+                          files: Dict[RankKey, str]) -> None:
+    """Refuses the gradients of an --fp16 run without --loss-scale. Megatron-Core's gradient buffers
+    (main_grad) are float32 with --accumulate-allreduce-grads-in-fp32 (which --bf16 sets unless
+    --grad-reduce-in-bf16) and of the parameter's dtype otherwise (group_params_for_buffers,
+    megatron/core/distributed/param_and_grad_buffer.py), so a float16 gradient is an --fp16 run's."""
+    if kind != "grads" or loss_scale is not None:
+        return
+    for key, tensors in sorted(rank_tensors.items()):
+        for name, tensor in tensors.items():
+            if tensor.dtype == torch.float16:
+                raise DumpError(
+                    f"{files[key]}: {name} is float16: a --fp16 run, whose gradients are dumped before "
+                    "optimizer.step() removes the loss scale; pass --loss-scale X (the run's --loss-scale, else "
+                    "the dynamic scale Megatron-LM logged as 'loss scale' at the iteration before; it starts at "
+                    f"{DYNAMIC_INITIAL_SCALE:.0f} = 2^32)")
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dump", help="a dump directory such as SAVE/wgrads/iter_0000001")
     parser.add_argument("--out", required=True, help="shard directory to write (created if missing)")
     parser.add_argument("--kind", choices=("grads", "params"), help="default: from the dump path (wgrads/params)")
     parser.add_argument("--step", type=int, help="golden step the dump belongs to (default: N of iter_N)")
+    parser.add_argument("--loss-scale", type=float, metavar="X",
+                        help="divide every gradient by X: the loss scale the run's backward pass used (its "
+                             "--loss-scale, or the dynamic scale of an --fp16 run); required for an fp16 dump")
     parser.add_argument("--tie-embeddings", choices=("true", "false"),
                         help="whether the run tied embeddings (default: as the golden file says)")
     parser.add_argument("--tied-embedding-grads", choices=("summed", "partial"), default="summed",
@@ -154,22 +248,36 @@ def main():
         kind, step = args.kind or path_kind, args.step if args.step is not None else path_step
         if kind is None or step is None:
             raise DumpError(f"{args.dump}: cannot tell the kind and step from the path; give --kind and --step")
+        check_loss_scale_option(kind, args.loss_scale)
         files, tp, pp = find_rank_files(args.dump)
         rank_tensors = {key: load_rank(path) for key, path in files.items()}
         layout = {"format": "touchstone-shards", "format_version": 1, "tp": tp, "pp": pp,
                   "stage_layers": stage_layers(rank_tensors, tp, pp),
                   "tied_embedding_grads": args.tied_embedding_grads, "source": os.path.abspath(args.dump)}
+        check_fp16_loss_scale(kind, args.loss_scale, rank_tensors, files)
+        if args.loss_scale is not None:
+            layout["loss_scale_removed"] = args.loss_scale
         if args.tie_embeddings:
             layout["tie_embeddings"] = args.tie_embeddings == "true"
         os.makedirs(args.out, exist_ok=True)
+        non_finite = set()
         for (t, p), tensors in rank_tensors.items():
             with h5py.File(os.path.join(args.out, f"rank_tp{t}_pp{p}.h5"), "w") as out:
                 out.attrs["generator"] = f"import_megatron_dump.py ({files[(t, p)]})"
-                for name, array in tensors.items():
-                    out.create_dataset(f"steps/{step}/{kind}/{name}", data=np.ascontiguousarray(array))
+                for name, tensor in tensors.items():
+                    array = to_array(tensor, args.loss_scale)
+                    if array.dtype.kind == "f" and not np.isfinite(array).all():
+                        non_finite.add(name)
+                    out.create_dataset(f"steps/{step}/{kind}/{name}", data=array)
         with open(os.path.join(args.out, "shards.json"), "w") as f:
             json.dump(layout, f, indent=2)
-        print(f"wrote {args.out}: tp {tp}, pp {pp}, stage layers {layout['stage_layers']}, {kind} of step {step}")
+        scaled = f", divided by loss scale {args.loss_scale:g}" if args.loss_scale is not None else ""
+        print(f"wrote {args.out}: tp {tp}, pp {pp}, stage layers {layout['stage_layers']}, {kind} of step {step}"
+              f"{scaled}")
+        if non_finite and kind == "grads":
+            print(f"note: {len(non_finite)} gradients hold inf or NaN ({sorted(non_finite)[0]}, ...): under a loss "
+                  "scale, an iteration that overflowed, whose update Megatron-LM's optimizer skips "
+                  "(MixedPrecisionOptimizer.prepare_grads); dump one that did not")
     except DumpError as error:
         print(f"import_megatron_dump.py: error: {error}", file=sys.stderr)
         return 2

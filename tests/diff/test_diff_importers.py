@@ -6,8 +6,10 @@ package is not a dependency), including malformed and truncated ones.
 Usage: test_diff_importers.py PATH_TO_TOUCHSTONE PATH_TO_SOURCE_TREE
 """
 
+import collections
 import json
 import os
+import shutil
 import struct
 import unittest
 
@@ -22,12 +24,27 @@ TE_NAMES = {"input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weig
             "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight"}
 
 
+def megatron_file_name(tp_rank, pp_rank, pp_size, ep_rank=0, ep_size=1):
+    """save_grads' file name (megatron/training/checkpointing.py): mp_rank_{tp:02d}, _{pp:03d} when the
+    pipeline size is > 1, _{ep:03d} when the expert-parallel size is > 1."""
+    name = f"mp_rank_{tp_rank:02d}"
+    if pp_size > 1:
+        name += f"_{pp_rank:03d}"
+    if ep_size > 1:
+        name += f"_{ep_rank:03d}"
+    return name + ".pth"
+
+
 def write_megatron_dump(golden, directory, tp, stage_layers, group="steps/1/grads", tied=False, dtype=torch.float64,
-                        te_names=True):
-    """mp_rank_TT[_PPP].pth files as Megatron-LM's --save-wgrads-interval writes them: per-rank shards,
-    stage-local layer numbers, a tied embedding's gradient summed on both stages."""
+                        te_names=True, module_prefix=False, expert_suffix=False, scale=1.0):
+    """mp_rank_TT[_PPP][_EEE].pth files as Megatron-LM's --save-wgrads-interval writes them (train_step's
+    _save_state_dict and save_grads): per-rank shards under the unwrapped model's parameter names,
+    stage-local layer numbers, a tied embedding's gradient summed on both stages, torch.save of
+    dict({"model_chunk0": {name: tensor}}). `scale` multiplies every value (a loss scale, applied in
+    float64 before the cast to `dtype`); `expert_suffix` names the files as expert-parallel rank 0's;
+    `module_prefix` prefixes the names of odd tp ranks with "module." (a wrapped model's names)."""
     pp = len(stage_layers)
-    states = {(t, p): {} for t in range(tp) for p in range(pp)}
+    states = {(t, p): collections.defaultdict(dict) for t in range(tp) for p in range(pp)}
     with h5py.File(golden, "r") as g:
         for name, dataset in g[group].items():
             for stage, local in megatron_layout.placements(name, stage_layers, tied):
@@ -35,12 +52,13 @@ def write_megatron_dump(golden, directory, tp, stage_layers, group="steps/1/grad
                 if te_names and match and match.group(2) in TE_NAMES:
                     local = f"decoder.layers.{match.group(1)}.{TE_NAMES[match.group(2)]}"
                 for t in range(tp):
-                    array = np.ascontiguousarray(megatron_layout.shard(name, dataset[()], tp, t))
-                    states[(t, stage)]["module." + local if t % 2 else local] = torch.from_numpy(array).to(dtype)
+                    array = np.ascontiguousarray(megatron_layout.shard(name, dataset[()] * scale, tp, t))
+                    key = "module." + local if module_prefix and t % 2 else local
+                    states[(t, stage)]["model_chunk0"][key] = torch.from_numpy(array).to(dtype)
     os.makedirs(directory, exist_ok=True)
     for (t, p), state in states.items():
-        name = f"mp_rank_{t:02d}.pth" if pp == 1 else f"mp_rank_{t:02d}_{p:03d}.pth"
-        torch.save({"model_chunk0": state}, os.path.join(directory, name))
+        name = megatron_file_name(t, p, pp, 0, 2 if expert_suffix else 1)
+        torch.save(dict(state), os.path.join(directory, name))
     return directory
 
 
@@ -120,17 +138,147 @@ class Importers(common.ShardableGoldens):
             self.assertEqual(max(t["metrics"]["relative_l2"] for t in common.compared(report)), 0.0, output)
         return report
 
+    def assert_refused(self, result):
+        """The importer's refusal: exit status 2 and one line; returns that line."""
+        self.assertEqual(result.returncode, 2, result.stderr + result.stdout)
+        self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
+        self.assertTrue(result.stderr.startswith("import_megatron_dump.py: error: "), result.stderr)
+        return result.stderr
+
     # ---- Megatron-LM dumps ----
     def test_megatron_gradient_dump(self):
-        for tp, stages in ((2, [1, 2]), (4, [3]), (1, [2, 1])):
-            with self.subTest(tp=tp, stage_layers=stages):
-                name = f"tp{tp}_{'_'.join(map(str, stages))}"
-                dump = write_megatron_dump(self.golden, self.path(name, "wgrads", "iter_0000001"), tp, stages)
+        cases = ((2, [1, 2], {}), (4, [3], {}), (1, [2, 1], {}), (2, [3], dict(expert_suffix=True)),
+                 (2, [2, 1], dict(te_names=False, module_prefix=True)))
+        for tp, stages, options in cases:
+            with self.subTest(tp=tp, stage_layers=stages, **options):
+                name = f"tp{tp}_{'_'.join(map(str, stages))}_{'_'.join(options)}"
+                dump = write_megatron_dump(self.golden, self.path(name, "wgrads", "iter_0000001"), tp, stages,
+                                           **options)
+                expected = {megatron_file_name(t, p, len(stages), 0, 2 if options.get("expert_suffix") else 1)
+                            for t in range(tp) for p in range(len(stages))}
+                self.assertEqual(set(os.listdir(dump)), expected)
                 result = self.import_dump(dump, self.path(name, "shards"))
                 self.assertEqual(result.returncode, 0, result.stderr)
                 report = self.assert_passes(self.golden, self.path(name, "shards"))
                 grads = [t for t in common.compared(report) if t["group"] == "grads"]
                 self.assertEqual(len(grads), 2 + 6 * 3 + 1)
+
+    def test_megatron_expert_parallel_files(self):
+        # The _EEE suffix of expert-parallel rank 0 is read; any other expert rank, or an expert
+        # parameter under the two-number name (pipeline size 1, expert size > 1), is a mixture of experts.
+        dump = write_megatron_dump(self.golden, self.path("ep", "wgrads", "iter_0000001"), 2, [1, 2],
+                                   expert_suffix=True)
+        self.assertIn("mp_rank_01_001_000.pth", os.listdir(dump))
+        self.assertEqual(self.import_dump(dump, self.path("ep", "shards")).returncode, 0)
+        self.assert_passes(self.golden, self.path("ep", "shards"))
+        for p in range(2):
+            shutil.copy(os.path.join(dump, megatron_file_name(0, p, 2, 0, 2)),
+                        os.path.join(dump, megatron_file_name(0, p, 2, 1, 2)))
+        line = self.assert_refused(self.import_dump(dump, self.path("ep", "moe_shards")))
+        self.assertIn("expert-parallel rank 1", line)
+        self.assertIn("no experts", line)
+        dump = write_megatron_dump(self.golden, self.path("ep2", "wgrads", "iter_0000001"), 1, [3])
+        path = os.path.join(dump, "mp_rank_00.pth")
+        state = torch.load(path)
+        state["model_chunk0"]["decoder.layers.1.mlp.experts.linear_fc1.weight0"] = torch.zeros(4, 4)
+        os.rename(path, os.path.join(dump, "mp_rank_00_000.pth"))
+        torch.save(state, os.path.join(dump, "mp_rank_00_001.pth"))
+        line = self.assert_refused(self.import_dump(dump, self.path("ep2", "shards")))
+        self.assertIn("mixture-of-experts parameter", line)
+
+    def test_megatron_loss_scale(self):
+        # A dump taken before optimizer.step() unscales: every gradient times the loss scale (2^16).
+        dump = write_megatron_dump(self.golden, self.path("scaled", "wgrads", "iter_0000001"), 2, [1, 2],
+                                   scale=2.0 ** 16)
+        self.assertEqual(self.import_dump(dump, self.path("scaled", "raw")).returncode, 0)
+        status, output, report = common.diff(self.golden, self.path("scaled", "raw"))
+        self.assertEqual(status, 1, output)
+        self.assertIn("gradient_scale", common.signatures(report), output)
+        message = next(v["message"] for v in report["verdicts"] if v["signature"] == "gradient_scale")
+        self.assertIn("candidate = 65536 x golden", message)
+        result = self.import_dump(dump, self.path("scaled", "unscaled"), "--loss-scale", "65536")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("divided by loss scale 65536", result.stdout)
+        self.assert_passes(self.golden, self.path("scaled", "unscaled"))
+        with open(self.path("scaled", "unscaled", "shards.json")) as f:
+            self.assertEqual(json.load(f)["loss_scale_removed"], 65536)
+        for bad in ("0", "-2", "nan", "inf"):
+            with self.subTest(loss_scale=bad):
+                line = self.assert_refused(self.import_dump(dump, self.path("scaled", "bad"), f"--loss-scale={bad}"))
+                self.assertIn("must be a finite number > 0", line)
+
+    def test_megatron_fp16_dump_needs_the_loss_scale(self):
+        # --fp16 without --accumulate-allreduce-grads-in-fp32: main_grad is float16 and scaled.
+        dump = write_megatron_dump(self.golden, self.path("fp16", "wgrads", "iter_0000001"), 2, [1, 2],
+                                   dtype=torch.float16, scale=2.0 ** 16)
+        line = self.assert_refused(self.import_dump(dump, self.path("fp16", "refused")))
+        self.assertIn("is float16: a --fp16 run", line)
+        self.assertIn("pass --loss-scale X", line)
+        self.assertIn("4294967296 = 2^32", line)
+        self.assertFalse(os.path.exists(self.path("fp16", "refused")), "nothing is written")
+        result = self.import_dump(dump, self.path("fp16", "shards"), "--loss-scale", "65536")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertNotIn("note:", result.stdout)
+        status, output, _ = common.diff(self.golden, self.path("fp16", "shards"))
+        self.assertEqual(status, 1, output)  # float16 rounding is far outside the FP64 tolerance
+        self.assert_passes(self.golden, self.path("fp16", "shards"), "--tolerance", "2e-3", exact=False)
+        # An iteration that overflowed holds inf: imported, with a note, and failed by the diff.
+        path = os.path.join(dump, "mp_rank_00_000.pth")
+        state = torch.load(path)
+        state["model_chunk0"]["embedding.word_embeddings.weight"][0, 0] = float("inf")
+        torch.save(state, path)
+        result = self.import_dump(dump, self.path("fp16", "overflow"), "--loss-scale", "65536")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("note: 1 gradients hold inf or NaN (embedding.word_embeddings.weight, ...)", result.stdout)
+        status, output, _ = common.diff(self.golden, self.path("fp16", "overflow"), "--tolerance", "2e-3")
+        self.assertEqual(status, 1, output)
+        # Parameters are dumped after optimizer.step(): float16 ones need no loss scale and take none.
+        params = write_megatron_dump(self.golden, self.path("fp16", "params", "iter_0000001"), 2, [1, 2],
+                                     group="steps/1/params", dtype=torch.float16)
+        self.assertEqual(self.import_dump(params, self.path("fp16", "params_shards")).returncode, 0)
+        self.assert_passes(self.golden, self.path("fp16", "params_shards"), "--tolerance", "2e-3", exact=False)
+        line = self.assert_refused(self.import_dump(params, self.path("fp16", "params_bad"), "--loss-scale", "8"))
+        self.assertIn("--loss-scale is for gradient dumps", line)
+
+    def test_megatron_not_a_dump(self):
+        versions = "--save-wgrads-interval (Megatron-Core core_v0.16.0 and later) and --save-params-interval " \
+                   "(core_v0.18.0 and later)"
+        expected = "no mp_rank_TT.pth, mp_rank_TT_PPP.pth or mp_rank_TT_PPP_EEE.pth files"
+
+        def refused(name, files=(), directories=()):
+            dump = self.path("not_a_dump", name, "wgrads", "iter_0000001")
+            os.makedirs(dump)
+            for entry in files:
+                with open(os.path.join(dump, entry), "wb") as f:
+                    f.write(b"x")
+            for entry in directories:
+                os.makedirs(os.path.join(dump, entry))
+            line = self.assert_refused(self.import_dump(dump, self.path("not_a_dump", name, "shards")))
+            self.assertIn(f"error: {dump}: {expected}", line)
+            self.assertIn(versions, line)
+            return line
+
+        self.assertIn("it is empty", refused("empty"))
+        self.assertIn("it holds grads_00.pt, mp_rank_0.pth, mp_rank_00.pt, mp_rank_00_00.pth",
+                      refused("wrong_names", ["grads_00.pt", "mp_rank_0.pth", "mp_rank_00.pt", "mp_rank_00_00.pth"]))
+        self.assertIn("checkpoint written by --save", refused("legacy_checkpoint", directories=["mp_rank_00_000"]))
+        self.assertIn("checkpoint written by --save", refused("dist_checkpoint", ["__0_0.distcp", "common.pt"]))
+        line = self.assert_refused(self.import_dump(self.path("not_a_dump", "absent", "wgrads", "iter_0000001"),
+                                                    self.path("not_a_dump", "absent", "shards")))
+        self.assertIn("cannot read the directory", line)
+        parent = self.path("not_a_dump", "parent", "wgrads")
+        os.makedirs(os.path.join(parent, "iter_0000001"))
+        line = self.assert_refused(self.import_dump(parent, self.path("not_a_dump", "parent", "shards"),
+                                                    "--kind", "grads", "--step", "1"))
+        self.assertIn("iter_NNNNNNN directories: give one of them", line)
+        # Two name forms in one directory would put two files in one place.
+        dump = write_megatron_dump(self.golden, self.path("not_a_dump", "mixed", "wgrads", "iter_0000001"), 1, [3])
+        shutil.copy(os.path.join(dump, "mp_rank_00.pth"), os.path.join(dump, "mp_rank_00_000.pth"))
+        line = self.assert_refused(self.import_dump(dump, self.path("not_a_dump", "mixed", "shards")))
+        self.assertIn("mp_rank_00.pth and mp_rank_00_000.pth are both tp 0 pp 0", line)
+        os.rename(os.path.join(dump, "mp_rank_00_000.pth"), os.path.join(dump, "mp_rank_01_000.pth"))
+        line = self.assert_refused(self.import_dump(dump, self.path("not_a_dump", "mixed", "shards")))
+        self.assertIn("file names of different forms", line)
 
     def test_megatron_tied_embedding_and_params_dump(self):
         dump = write_megatron_dump(self.tied, self.path("tied", "wgrads", "iter_0000001"), 2, [1, 2], tied=True)
