@@ -47,12 +47,14 @@ void masked_softmax(double* scores, const int32_t* document_ids, bool document_m
   }
 }
 
-// Softmax backward in place: dS = P * (dP - sum_j P dP); masked entries have P = 0, so dS = 0 there.
+// Softmax backward in place: dS = P * (dP - sum_j P dP), summed over every key of the row, so that it
+// holds for any saved P; masked entries have P = +0, whose products only add signed zeros to the sum (the
+// same bits as summing j <= i alone), and dS = 0 there.
 template <typename T>
 void softmax_backward(const double* p, double* ds, int64_t seq) {
   for (int64_t i = 0; i < seq; ++i) {
     T dot = 0;
-    for (int64_t j = 0; j <= i; ++j) dot += static_cast<T>(p[i * seq + j]) * static_cast<T>(ds[i * seq + j]);
+    for (int64_t j = 0; j < seq; ++j) dot += static_cast<T>(p[i * seq + j]) * static_cast<T>(ds[i * seq + j]);
     for (int64_t j = 0; j < seq; ++j) {
       ds[i * seq + j] =
           static_cast<double>(static_cast<T>(p[i * seq + j]) * (static_cast<T>(ds[i * seq + j]) - dot));
@@ -86,6 +88,15 @@ const double* gemm_input(const double* m, int64_t n, Precision p, std::vector<do
 
 }  // namespace
 
+void CpuBackend::attention_softmax(double* scores, const int32_t* document_ids, bool document_masking,
+                                   int64_t seq) {
+  if (precision() == Precision::kFp64) {
+    masked_softmax<double>(scores, document_ids, document_masking, seq);
+  } else {
+    masked_softmax<float>(scores, document_ids, document_masking, seq);
+  }
+}
+
 void CpuBackend::attention_forward(const double* q, const double* k, const double* v,
                                    const int32_t* document_ids, bool document_masking,
                                    const double* keep_scale, const AttentionShape& s, double* out,
@@ -103,11 +114,7 @@ void CpuBackend::attention_forward(const double* q, const double* k, const doubl
       double* p = probs + (b * s.num_heads + h) * T * T;        // [T,T]
       cpu::gemm(precision(), scores_format(precision()), false, true, T, T, D, s.scale(), qh, D, kg, D,
                 Store::kOverwrite, p, T);
-      if (precision() == Precision::kFp64) {
-        masked_softmax<double>(p, document_ids + b * T, document_masking, T);
-      } else {
-        masked_softmax<float>(p, document_ids + b * T, document_masking, T);
-      }
+      attention_softmax(p, document_ids + b * T, document_masking, T);
       const double* p_used = p;  // P', what multiplies V
       if (keep_scale) {
         apply_mask(precision(), p, keep_scale + (b * s.num_heads + h) * T * T, T * T, dropped.data());

@@ -67,6 +67,13 @@ class CpuBackend : public Backend {
   void adamw_update(double* param, const double* grad, double* exp_avg, double* exp_avg_sq, int64_t n,
                     const AdamWStep& step) override;
 
+ protected:
+  // kernels/cpu/attention.cpp: the row softmax of one head's scores[T,T] in place, in attention_forward,
+  // over the keys query i may attend to. A backend that attends otherwise (oracle/diff/added_mask.h)
+  // overrides this alone: attention_backward works from the saved probabilities, whatever rows they hold.
+  virtual void attention_softmax(double* scores, const int32_t* document_ids, bool document_masking,
+                                 int64_t seq);
+
  private:
   Precision precision() const { return options_.precision; }
   BackendOptions options_;
