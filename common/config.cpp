@@ -19,8 +19,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DataConfig, source, eos_token, pad_token, eos
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TrainConfig, global_batch_size, micro_batch_size, steps, seed,
                                    loss_normalization, grad_accumulation_fusion)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(EnvelopeConfig, k, floor)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OptimConfig, lr, min_lr, warmup_steps, decay_steps, beta1, beta2, eps,
-                                   weight_decay, clip_grad)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OptimConfig, lr, min_lr, warmup_steps, decay_steps, warmup_init,
+                                   schedule_convention, beta1, beta2, eps, weight_decay, clip_grad)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ParallelConfig, tp, pp, dp, schedule, sequence_parallel,
                                    distributed_optimizer, stage_layers)
 
@@ -288,6 +288,13 @@ void validate_config(const Config& c, int world_size) {
   require(o.lr >= 0, "optim.lr", "must be >= 0");
   require(o.min_lr >= 0, "optim.min_lr", "must be >= 0");
   require(o.decay_steps >= o.warmup_steps, "optim.decay_steps", "must be >= optim.warmup_steps");
+  require(o.warmup_init >= 0 && o.warmup_init <= o.lr, "optim.warmup_init",
+          "must be in [0, optim.lr] (got " + str(o.warmup_init) + ")");
+  // OptimizerParamScheduler asserts lr_warmup_steps < lr_decay_steps (so lr_decay_steps > 0).
+  require(o.schedule_convention != ScheduleConvention::kMegatron || o.decay_steps > o.warmup_steps,
+          "optim.decay_steps",
+          "must be > optim.warmup_steps under optim.schedule_convention \"megatron\" (Megatron-LM requires "
+          "--lr-decay-iters > --lr-warmup-iters)");
   require(o.beta1 >= 0 && o.beta1 < 1, "optim.beta1", "must be in [0, 1)");
   require(o.beta2 >= 0 && o.beta2 < 1, "optim.beta2", "must be in [0, 1)");
   require(o.eps > 0, "optim.eps", "must be > 0");

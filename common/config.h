@@ -57,6 +57,8 @@ struct OptimConfig {
   double min_lr = 1e-4;
   int64_t warmup_steps = 1;
   int64_t decay_steps = 4;
+  double warmup_init = 0.0;  // the rate the linear warm-up starts from (Megatron-LM's --lr-warmup-init)
+  ScheduleConvention schedule_convention = ScheduleConvention::kTouchstone;
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;

@@ -36,6 +36,13 @@ enum class PipelineSchedule {
   kAllForwardAllBackward,  // AFAB (GPipe)
 };
 
+// `optim.schedule_convention`: which learning rate update s uses (optim/optimizer.h).
+enum class ScheduleConvention {
+  kTouchstone,  // update s uses the schedule at s (docs/contract.md)
+  kMegatron,    // update s uses the schedule after s - 1 scheduler steps (Megatron-LM's
+                // OptimizerParamScheduler, stepped after optimizer.step())
+};
+
 template <typename Option>
 struct OptionName {
   Option value;
@@ -67,6 +74,13 @@ struct OptionTable<PipelineSchedule> {
   static constexpr std::array<OptionName<PipelineSchedule>, 2> names{
       {{PipelineSchedule::kOneForwardOneBackward, "1f1b"},
        {PipelineSchedule::kAllForwardAllBackward, "afab"}}};
+};
+
+template <>
+struct OptionTable<ScheduleConvention> {
+  static constexpr std::string_view key = "optim.schedule_convention";
+  static constexpr std::array<OptionName<ScheduleConvention>, 2> names{
+      {{ScheduleConvention::kTouchstone, "touchstone"}, {ScheduleConvention::kMegatron, "megatron"}}};
 };
 
 // The value's name, as configs, golden files and reports spell it.
@@ -113,9 +127,11 @@ Option parse_option(std::string_view name) {
 void to_json(nlohmann::json& json, Precision value);
 void to_json(nlohmann::json& json, LossNormalization value);
 void to_json(nlohmann::json& json, PipelineSchedule value);
+void to_json(nlohmann::json& json, ScheduleConvention value);
 // A JSON string naming a value; throws InputError as parse_option does.
 void from_json(const nlohmann::json& json, Precision& value);
 void from_json(const nlohmann::json& json, LossNormalization& value);
 void from_json(const nlohmann::json& json, PipelineSchedule& value);
+void from_json(const nlohmann::json& json, ScheduleConvention& value);
 
 }  // namespace touchstone

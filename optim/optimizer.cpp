@@ -6,14 +6,49 @@
 
 namespace touchstone {
 
-double learning_rate(const OptimConfig& o, int64_t update) {
+namespace {
+
+// Update s at the schedule's point s: warm-up to lr over updates 1..W, cosine to min_lr at D.
+double touchstone_rate(const OptimConfig& o, int64_t update) {
   if (update <= o.warmup_steps) {
-    return o.lr * static_cast<double>(update) / static_cast<double>(o.warmup_steps);
+    if (o.warmup_steps == 0) return o.lr;  // update 0 without warm-up: the cosine's start
+    return o.warmup_init +
+           (o.lr - o.warmup_init) * static_cast<double>(update) / static_cast<double>(o.warmup_steps);
   }
   if (update > o.decay_steps) return o.min_lr;
   const double progress =
       static_cast<double>(update - o.warmup_steps) / static_cast<double>(o.decay_steps - o.warmup_steps);
   return o.min_lr + 0.5 * (o.lr - o.min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
+}
+
+// Megatron-LM's OptimizerParamScheduler.get_lr (megatron/core/optimizer_param_scheduler.py, decay
+// style cosine) at num_steps = n: the scheduler is stepped once (by the global batch) after each
+// optimizer.step(), so update s runs at n = s - 1. Megatron counts samples (n, W and D times the
+// global batch); every ratio below is the same, and the operations are Megatron's, in its order.
+double megatron_rate(const OptimConfig& o, int64_t update) {
+  const int64_t n = update - 1;
+  if (n < 0) return 0.0;  // no scheduler state before the first update
+  const auto steps = static_cast<double>(n);
+  if (o.warmup_steps > 0 && n <= o.warmup_steps) {
+    return o.warmup_init + (o.lr - o.warmup_init) * steps / static_cast<double>(o.warmup_steps);
+  }
+  if (n > o.decay_steps) return o.min_lr;
+  const double decay_ratio =
+      static_cast<double>(n - o.warmup_steps) / static_cast<double>(o.decay_steps - o.warmup_steps);
+  const double coeff = 0.5 * (std::cos(std::numbers::pi * decay_ratio) + 1.0);
+  return o.min_lr + coeff * (o.lr - o.min_lr);
+}
+
+}  // namespace
+
+double learning_rate(const OptimConfig& o, int64_t update) {
+  switch (o.schedule_convention) {
+    case ScheduleConvention::kMegatron:
+      return megatron_rate(o, update);
+    case ScheduleConvention::kTouchstone:
+      break;
+  }
+  return touchstone_rate(o, update);
 }
 
 double clip_coefficient(double grad_norm, double clip_grad) {
@@ -35,9 +70,10 @@ void adamw_step(Backend& backend, const ParamTable& table, const OptimConfig& o,
     if (params[id].empty()) continue;  // a tensor this rank does not hold
     std::vector<double> scaled = grads[id];
     for (double& g : scaled) g *= grad_scale;
-    const AdamWStep step{lr, o.beta1, o.beta2, o.eps, table[id].weight_decay ? o.weight_decay : 0.0, state.step};
-    backend.adamw_update(params[id].data(), scaled.data(), state.exp_avg[id].data(), state.exp_avg_sq[id].data(),
-                         static_cast<int64_t>(scaled.size()), step);
+    const AdamWStep step{lr,        o.beta1, o.beta2, o.eps, table[id].weight_decay ? o.weight_decay : 0.0,
+                         state.step};
+    backend.adamw_update(params[id].data(), scaled.data(), state.exp_avg[id].data(),
+                         state.exp_avg_sq[id].data(), static_cast<int64_t>(scaled.size()), step);
   }
 }
 

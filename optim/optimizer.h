@@ -10,8 +10,13 @@
 
 namespace touchstone {
 
-// LR for update s (1-based): lr * s / W while s <= W, then cosine from lr to min_lr over updates
-// W..decay_steps, min_lr after decay_steps.
+// LR for update s (1-based), W = warmup_steps, D = decay_steps, i = warmup_init:
+//   touchstone  the schedule at s: i + (lr - i) s / W while s <= W, then cosine from lr to min_lr over
+//               updates W..D, min_lr after D (docs/contract.md);
+//   megatron    the schedule at s - 1 (Megatron-LM's scheduler, stepped after each update): update 1
+//               runs at i (0 by default, so its parameters do not move), update W + 1 at lr.
+// Update 0 is the rate one step before update 1, for the optimizer check's "one step behind" rule:
+// i with warm-up (lr without) under touchstone, 0 under megatron.
 double learning_rate(const OptimConfig& optim, int64_t update);
 
 // The factor all gradients are scaled by before the update: min(1, clip / (norm + 1e-6)); 1 when

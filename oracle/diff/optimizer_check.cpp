@@ -22,11 +22,16 @@ std::vector<OptimizerRule> mistaken_optimizer_rules() {
        "optimizer step)",
        true, false, true, 0},
       {"learning_rate_behind",
-       "learning rate one step behind: update s used the rate of update s-1 (a scheduler stepped after the "
-       "optimizer, starting from 0)",
+       "learning rate one step behind: update s used the rate of update s-1, so update 1 ran at the "
+       "warm-up's start (0: its parameters did not move); Megatron-LM's scheduler does this against "
+       "optim.schedule_convention = touchstone: make the golden file with optim.schedule_convention = "
+       "megatron (docs/frameworks/megatron.md)",
        true, false, false, -1},
-      {"learning_rate_ahead", "learning rate one step ahead: update s used the rate of update s+1", true,
-       false, false, 1}};
+      {"learning_rate_ahead",
+       "learning rate one step ahead: update s used the rate of update s+1; a scheduler stepped before "
+       "the optimizer (PyTorch's LambdaLR called first, or Touchstone's own convention) does this "
+       "against optim.schedule_convention = megatron",
+       true, false, false, 1}};
 }
 
 MasterFormat master_format(Precision precision) {
@@ -92,7 +97,7 @@ ExpectedUpdate expected_update(const ParamTable& table, const OptimConfig& o, co
   const int64_t s = moments.step;
   const int64_t lr_update = s + rule.lr_offset;
   ExpectedUpdate out;
-  out.lr = lr_update >= 1 ? learning_rate(o, lr_update) : 0.0;
+  out.lr = learning_rate(o, lr_update);
   const auto t = static_cast<double>(s);
   const double bc1 = rule.bias_correction ? 1 - std::pow(o.beta1, t) : 1.0;
   const double bc2 = rule.bias_correction ? 1 - std::pow(o.beta2, t) : 1.0;

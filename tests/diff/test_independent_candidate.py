@@ -5,7 +5,7 @@ that names it.
 
 Usage: test_independent_candidate.py PATH_TO_TOUCHSTONE PATH_TO_SOURCE_TREE [unittest options]
 
-Golden files: four configs of the default model (H 64, 2 layers, T 64, 8 windows per step in
+Golden files: five configs of the default model (H 64, 2 layers, T 64, 8 windows per step in
 micro-batches of 2, 3 steps), each written twice with --save-optimizer-state: FP64 (tolerance 1e-10)
 and `--set precision=bf16 --envelope` (FP64 values, per-tensor BF16 tolerances).
 
@@ -15,6 +15,8 @@ and `--set precision=bf16 --envelope` (FP64 values, per-tensor BF16 tolerances).
   default_clip  the same with optim.clip_grad = 0.5: clipping acts in every step
   tied_pmm      tied embeddings and per_microbatch_mean
   gqa8x2        8 query heads, 2 KV heads (head size 8)
+  megatron      optim.schedule_convention = megatron: update s at the rate after s-1 scheduler
+                steps (so update 1 at 0: the step-1 parameters are the initial ones)
 
 Every case is one row of ROWS below and one test method, test_<row name>. A row with no expected
 signature is a correct candidate: exit status 0, and every step's gradients and updated parameters
@@ -47,6 +49,7 @@ CONFIGS = {
     "default_clip": {"optim.clip_grad": 0.5},
     "tied_pmm": {"model.tie_embeddings": True, "train.loss_normalization": "per_microbatch_mean"},
     "gqa8x2": {"model.num_heads": 8, "model.num_kv_heads": 2},
+    "megatron": {"optim.schedule_convention": "megatron"},
 }
 
 # The verdict signature that names each bug.
@@ -63,6 +66,8 @@ SIGNATURE = {
     "no_bias_correction": "optimizer_bias_correction",
     "wd_on_norms": "optimizer_weight_decay",
     "clip_after_moments": "optimizer_clipping",
+    "schedule_megatron": "learning_rate_behind",
+    "schedule_touchstone": "learning_rate_ahead",
 }
 
 # Text the verdict's message must hold, where the signature alone does not say it.
@@ -89,12 +94,12 @@ class Row:
 def _rows():
     rows = [Row("correct_fp64_default", "default", "fp64", cli=True),
             Row("correct_bf16_default", "default", "bf16", cli=True)]
-    for config in ("default_clip", "tied_pmm", "gqa8x2"):
+    for config in ("default_clip", "tied_pmm", "gqa8x2", "megatron"):
         rows += [Row(f"correct_fp64_{config}", config, "fp64"), Row(f"correct_bf16_{config}", config, "bf16")]
     # Every bug from step 1 on the default config, FP64 and BF16 (clip_after_moments where clipping acts).
     for bug in SIGNATURE:
-        if bug in ("global_token_mean", "qkv_split_in_conversion"):
-            continue  # the default config already uses it: see tied_pmm; the conversion: below
+        if bug in ("global_token_mean", "qkv_split_in_conversion", "schedule_touchstone"):
+            continue  # the default config already uses it: see tied_pmm and megatron; the conversion: below
         config = "default_clip" if bug == "clip_after_moments" else "default"
         for precision in ("fp64", "bf16"):
             if bug == "fp32_sites" and precision == "bf16":
@@ -103,7 +108,7 @@ def _rows():
     # Bugs switched on in a later step: the first failure must be at that step.
     for bug, step in (("per_microbatch_mean", 2), ("grad_half", 2), ("qkv_wrong_grouping", 2),
                       ("no_document_mask", 3), ("padding_in_loss_strict", 2), ("fp32_sites", 2),
-                      ("no_bias_correction", 2), ("wd_on_norms", 3)):
+                      ("no_bias_correction", 2), ("wd_on_norms", 3), ("schedule_megatron", 2)):
         rows.append(Row(f"{bug}_from_step{step}_fp64_default", "default", "fp64", bug, step))
     rows.append(Row("clip_after_moments_from_step2_fp64_default_clip", "default_clip", "fp64",
                     "clip_after_moments", 2))
@@ -136,7 +141,10 @@ def _rows():
              Row("no_document_mask_fp64_tied_pmm", "tied_pmm", "fp64", "no_document_mask"),
              Row("no_document_mask_bf16_tied_pmm", "tied_pmm", "bf16", "no_document_mask"),
              Row("no_document_mask_fp64_gqa8x2", "gqa8x2", "fp64", "no_document_mask"),
-             Row("no_bias_correction_bf16_gqa8x2", "gqa8x2", "bf16", "no_bias_correction")]
+             Row("no_bias_correction_bf16_gqa8x2", "gqa8x2", "bf16", "no_bias_correction"),
+             # Touchstone's own convention against a golden file of Megatron-LM's.
+             Row("schedule_touchstone_fp64_megatron", "megatron", "fp64", "schedule_touchstone"),
+             Row("schedule_touchstone_bf16_megatron", "megatron", "bf16", "schedule_touchstone")]
     return rows
 
 

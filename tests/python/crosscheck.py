@@ -64,9 +64,11 @@ CONFIGS = [
       "train.loss_normalization": "global_token_mean",
       "optim.lr": 0.01, "optim.min_lr": 0.001, "optim.warmup_steps": 1, "optim.decay_steps": 3},
      ["other_normalization", "flip_masking"]),
+    # Megatron-LM's scheduler convention, warm-up from a non-zero rate (megatron_scheduler.py).
     ("tied_mha",
      {"model.tie_embeddings": True, "model.num_kv_heads": 4,
-      "optim.lr": 0.01, "optim.warmup_steps": 2, "optim.decay_steps": 10, "optim.clip_grad": 0.0},
+      "optim.lr": 0.01, "optim.warmup_steps": 2, "optim.decay_steps": 10, "optim.clip_grad": 0.0,
+      "optim.schedule_convention": "megatron", "optim.warmup_init": 0.002},
      ["flip_masking"]),
     ("per_microbatch_mean",
      {"train.loss_normalization": "per_microbatch_mean",
@@ -95,8 +97,8 @@ CONFIG_SECTIONS = {
               "init_std", "attention_dropout", "hidden_dropout"],
     "data": ["source", "eos_token", "pad_token", "eos_loss", "document_masking"],
     "train": ["global_batch_size", "micro_batch_size", "steps", "seed", "loss_normalization"],
-    "optim": ["lr", "min_lr", "warmup_steps", "decay_steps", "beta1", "beta2", "eps",
-              "weight_decay", "clip_grad"],
+    "optim": ["lr", "min_lr", "warmup_steps", "decay_steps", "warmup_init", "schedule_convention",
+              "beta1", "beta2", "eps", "weight_decay", "clip_grad"],
     "parallel": ["tp", "pp", "dp", "schedule"],
 }
 BATCH_KEYS = ["tokens", "targets", "position_ids", "document_ids"]

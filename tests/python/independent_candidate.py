@@ -67,6 +67,11 @@ bug), so an optimizer bug leaves the gradients right and only the parameters wro
     wd_on_norms           weight decay on every tensor, norm weights included
     clip_after_moments    the moments accumulate the unclipped gradients; the clip coefficient
                           scales the update instead (visible only in steps where clipping is active)
+    schedule_megatron, schedule_touchstone
+                          the learning rates of the named optim.schedule_convention, which must be
+                          the other one than the golden file's: schedule_megatron is a Megatron-LM
+                          run with the golden schedule's values as its flags (update s at the
+                          rate after s-1 scheduler steps, megatron_scheduler.py)
 
 Usage:
     independent_candidate.py GOLDEN.h5 --out CANDIDATE.h5 [--precision fp64|bf16] [--steps N]
@@ -87,13 +92,15 @@ import h5py
 import numpy as np
 import torch
 
+import megatron_scheduler
+
 IGNORE = -100
 BF16, FP32, FP64 = torch.bfloat16, torch.float32, torch.float64
 
 BUGS = ("per_microbatch_mean", "global_token_mean", "grad_half", "qkv_wrong_grouping", "qkv_split_in_conversion",
         "no_document_mask",
         "padding_in_loss", "padding_in_loss_strict", "fp32_sites", "no_bias_correction", "wd_on_norms",
-        "clip_after_moments")
+        "clip_after_moments", "schedule_megatron", "schedule_touchstone")
 GENERATOR = "independent_candidate.py"
 
 
@@ -354,10 +361,15 @@ def buggy_targets(batch, data, bugs):
 # The update (docs/contract.md, "Update")
 # ---------------------------------------------------------------------------------------------------
 
-def learning_rate(step, o):
+def learning_rate(step, o, convention, global_batch):
+    """The rate of update `step` under `convention` (docs/contract.md "Update"): touchstone, the
+    schedule at `step`; megatron, Megatron-LM's scheduler counting samples as it does."""
+    if convention == "megatron":
+        return megatron_scheduler.rate(step, o, global_batch)
     lr, min_lr, W, decay = float(o["lr"]), float(o["min_lr"]), int(o["warmup_steps"]), int(o["decay_steps"])
-    if W > 0 and step <= W:
-        return lr * step / W
+    init = float(o.get("warmup_init", 0.0))
+    if step <= W:
+        return init + (lr - init) * step / W
     if step <= decay:
         return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * (step - W) / (decay - W)))
     return min_lr
@@ -431,6 +443,11 @@ class Trainer:
             if norm in self.bugs and norm == golden_norm:
                 raise SystemExit(f"independent_candidate.py: the golden file already uses {norm}; "
                                  "inject the other normalisation")
+        golden_convention = self.o.get("schedule_convention", "touchstone")
+        for convention in ("megatron", "touchstone"):
+            if f"schedule_{convention}" in self.bugs and convention == golden_convention:
+                raise SystemExit(f"independent_candidate.py: the golden file already uses the {convention} "
+                                 "schedule convention; inject the other one")
         shapes = parameter_shapes(self.m)
         if set(shapes) != set(init):
             raise SystemExit("independent_candidate.py: /params/init holds "
@@ -496,7 +513,11 @@ class Trainer:
             if "clip_after_moments" not in bugs:
                 for g in grads.values():
                     g.mul_(coef)
-        lr = learning_rate(step, self.o)
+        convention = self.o.get("schedule_convention", "touchstone")
+        for other in ("megatron", "touchstone"):
+            if f"schedule_{other}" in bugs:
+                convention = other
+        lr = learning_rate(step, self.o, convention, B)
         with torch.no_grad():
             adamw_(self.params, grads, self.state, step, lr, self.o,
                    decay_all="wd_on_norms" in bugs,

@@ -164,6 +164,13 @@ class ObjectiveAndOptimizerTest(unittest.TestCase):
         no_warmup = dict(optim, warmup_steps=0)
         self.assertAlmostEqual(ref.learning_rate(1, no_warmup),
                                0.1 + 0.45 * (1 + math.cos(math.pi / 6)), delta=1e-15)
+        # Megatron-LM's scheduler: update s at n = s - 1 scheduler steps (warm-up from warmup_init).
+        megatron = dict(optim, schedule_convention="megatron", warmup_init=0.2)
+        expected = {1: 0.2, 2: 0.6, 3: 1.0, 5: 0.1 + 0.45 * (1 + math.cos(math.pi * 2 / 4)), 7: 0.1, 8: 0.1}
+        for step, lr in expected.items():
+            self.assertAlmostEqual(ref.learning_rate(step, megatron), lr, delta=1e-15)
+        for global_batch in (1, 3, 8):  # samples or iterations: the same ratios
+            self.assertAlmostEqual(ref.megatron_scheduler.rate(5, megatron, global_batch), expected[5], delta=1e-15)
 
     def test_per_microbatch_mean(self):
         token_losses = torch.tensor([[1.0, 2.0], [3.0, 0.0], [0.0, 0.0], [0.0, 0.0]],

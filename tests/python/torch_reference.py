@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 import dropout_masks
+import megatron_scheduler
 
 DTYPE = torch.float64
 IGNORE_INDEX = -100
@@ -275,11 +276,15 @@ def objective(token_losses, targets, normalization, micro_batch_size):
 # ----------------------------------------------------------------------------------------------
 
 def learning_rate(step, optim):
-    """LR of update `step` (1-based): linear warmup, then cosine from lr to min_lr, then min_lr."""
-    lr, min_lr = float(optim["lr"]), float(optim["min_lr"])
+    """LR of update `step` (1-based) under optim.schedule_convention (docs/contract.md "Update"):
+    touchstone: linear warmup from warmup_init, then cosine from lr to min_lr, then min_lr;
+    megatron: Megatron-LM's scheduler, stepped after each update (megatron_scheduler.py)."""
+    if optim.get("schedule_convention", "touchstone") == "megatron":
+        return megatron_scheduler.rate(step, optim)
+    lr, min_lr, init = float(optim["lr"]), float(optim["min_lr"]), float(optim.get("warmup_init", 0.0))
     warmup, decay = int(optim["warmup_steps"]), int(optim["decay_steps"])
     if warmup > 0 and step <= warmup:
-        return lr * step / warmup
+        return init + (lr - init) * step / warmup
     if step <= decay:  # here warmup < step <= decay
         progress = (step - warmup) / (decay - warmup)
         return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))

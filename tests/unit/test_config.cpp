@@ -88,6 +88,19 @@ TEST(Config, ImpossibleShapesAreRefused) {
   EXPECT_NE(invalid("optim.decay_steps=0").find("optim.decay_steps must be >= optim.warmup_steps"),
             std::string::npos);
   EXPECT_NE(invalid("parallel.schedule=gpipe").find("parallel.schedule"), std::string::npos);
+  EXPECT_EQ(invalid("optim.warmup_init=0.5"), "config: optim.warmup_init must be in [0, optim.lr] (got 0.5)");
+  EXPECT_EQ(invalid("optim.warmup_init=-1e-9"),
+            "config: optim.warmup_init must be in [0, optim.lr] (got -1e-09)");
+  EXPECT_EQ(invalid("optim.warmup_init=0.0005"), "");
+  EXPECT_EQ(invalid("optim.schedule_convention=megatron"), "");
+  EXPECT_EQ(invalid("optim.decay_steps=1"), "");  // touchstone: a jump to min_lr after the warm-up
+  EXPECT_EQ(
+      error_of([] {
+        validate_config(
+            resolve_config(nullptr, {"optim.schedule_convention=megatron", "optim.decay_steps=1"}, "c"), 1);
+      }),
+      "config: optim.decay_steps must be > optim.warmup_steps under optim.schedule_convention \"megatron\" "
+      "(Megatron-LM requires --lr-decay-iters > --lr-warmup-iters)");
   EXPECT_NE(invalid("parallel.tp=2").find("tp x pp x dp = 2 but the run has 1 process"), std::string::npos);
   EXPECT_NE(invalid("parallel.pp=3").find("parallel.pp (3) must divide model.num_layers (2)"),
             std::string::npos);
@@ -130,6 +143,9 @@ TEST(ConfigOptions, EveryValueRoundTripsNameToEnumToName) {
   expect_every_value_round_trips<LossNormalization>(
       [](const Config& c) { return c.train.loss_normalization; });
   expect_every_value_round_trips<PipelineSchedule>([](const Config& c) { return c.parallel.schedule; });
+  expect_every_value_round_trips<ScheduleConvention>(
+      [](const Config& c) { return c.optim.schedule_convention; });
+  EXPECT_EQ(option_choices<ScheduleConvention>(), "\"touchstone\" or \"megatron\"");
   EXPECT_EQ(option_choices<Precision>(), "\"fp64\", \"fp32\" or \"bf16\"");
   EXPECT_EQ(option_choices<PipelineSchedule>(), "\"1f1b\" or \"afab\"");
 }

@@ -41,7 +41,7 @@ const std::vector<Mistake>& mistakes() {
       {"optimizer_bias_correction", false, false, false, 0},  // m and v not divided by 1 - beta^t
       {"optimizer_weight_decay", true, true, false, 0},       // the 1-D norm weights decayed too
       {"optimizer_clipping", true, false, true, 0},      // moments of unclipped gradients, update clipped
-      {"learning_rate_behind", true, false, false, -1},  // update s at the rate of update s - 1 (0 at 1)
+      {"learning_rate_behind", true, false, false, -1},  // update s at the rate of update s - 1
       {"learning_rate_ahead", true, false, false, 1},    // update s at the rate of update s + 1
   };
   return all;
@@ -68,7 +68,7 @@ ParamTensors mistaken_update(const GoldenRun& golden, int64_t step, const Mistak
       }
     }
   }
-  lr = step + mistake.lr_offset >= 1 ? learning_rate(o, step + mistake.lr_offset) : 0.0;
+  lr = learning_rate(o, step + mistake.lr_offset);  // update 0: the warm-up's start (0 by default)
   const auto t = static_cast<double>(step);
   const double bc1 = mistake.bias_correction ? 1 - std::pow(o.beta1, t) : 1.0;
   const double bc2 = mistake.bias_correction ? 1 - std::pow(o.beta2, t) : 1.0;
