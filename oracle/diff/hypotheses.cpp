@@ -55,7 +55,9 @@ std::vector<Rule> rules_for(const Config& config) {
     rules.push_back(
         {"document_mask_missing_positions_not_reset",
          "document mask missing and position ids not reset: the candidate matches causal attention "
-         "across documents with positions 0..T-1 in every window",
+         "across documents with positions 0..T-1 in every window (a Megatron-LM run over SBHD does this "
+         "whatever --reset-attention-mask and --reset-position-ids say: pack the documents, "
+         "--dataloader-inter-document-masking or THD)",
          false, golden_norm, true});
   } else {
     rules.push_back(

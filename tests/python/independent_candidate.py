@@ -67,6 +67,12 @@ bug), so an optimizer bug leaves the gradients right and only the parameters wro
     wd_on_norms           weight decay on every tensor, norm weights included
     clip_after_moments    the moments accumulate the unclipped gradients; the clip coefficient
                           scales the update instead (visible only in steps where clipping is active)
+    cp2_default_normalization
+                          Megatron-LM's default normalisation under context parallelism 2: each
+                          CP rank (rank 0: chunks 0 and 3 of the window cut in 4, rank 1: chunks 1
+                          and 2) divides its token-loss sum by its own loss-token count (clamped at
+                          1) and the number of micro-batches, the gradients averaged over the 2
+                          ranks (forward_step_calc_loss, megatron/core/pipeline_parallel/schedules.py)
     schedule_megatron, schedule_touchstone
                           the learning rates of the named optim.schedule_convention, which must be
                           the other one than the golden file's: schedule_megatron is a Megatron-LM
@@ -100,7 +106,7 @@ BF16, FP32, FP64 = torch.bfloat16, torch.float32, torch.float64
 BUGS = ("per_microbatch_mean", "global_token_mean", "grad_half", "qkv_wrong_grouping", "qkv_split_in_conversion",
         "no_document_mask",
         "padding_in_loss", "padding_in_loss_strict", "fp32_sites", "no_bias_correction", "wd_on_norms",
-        "clip_after_moments", "schedule_megatron", "schedule_touchstone")
+        "clip_after_moments", "schedule_megatron", "schedule_touchstone", "cp2_default_normalization")
 GENERATOR = "independent_candidate.py"
 
 
@@ -493,7 +499,10 @@ class Trainer:
                 weight = 1.0 / max(total, 1)
             else:
                 weight = 1.0 / (num_micro * max(int((targets[rows] != IGNORE).sum()), 1))
-            micro_loss = losses.sum() * weight
+            if "cp2_default_normalization" in bugs:
+                micro_loss = (losses * cp2_rank_weights(targets[rows], num_micro).to(losses.dtype)).sum()
+            else:
+                micro_loss = losses.sum() * weight
             micro_loss.backward()
             loss += float(micro_loss)
             token_losses.append(losses.detach().to(FP64))
@@ -528,6 +537,23 @@ class Trainer:
                 "params": {n: self.params[n].clone() for n in self.names},
                 "exp_avg": {n: self.state[n][0].clone() for n in self.names},
                 "exp_avg_sq": {n: self.state[n][1].clone() for n in self.names}}
+
+
+def cp2_rank_weights(targets, num_micro):
+    """[mbs, T] weights of Megatron-LM's default normalisation under cp = 2: the window in 4 chunks,
+    CP rank 0 holding chunks 0 and 3 and rank 1 chunks 1 and 2 (load balancing); each position
+    weighted by 1 / (micro-batches x 2 ranks x its rank's loss tokens in the micro-batch, >= 1)."""
+    T = targets.shape[1]
+    if T % 4:
+        raise SystemExit("independent_candidate.py: cp2_default_normalization needs seq_length divisible by 4")
+    chunk = torch.arange(T) // (T // 4)
+    rank = torch.where((chunk == 0) | (chunk == 3), 0, 1)
+    labelled = targets != IGNORE
+    weights = torch.zeros(targets.shape, dtype=FP64)
+    for r in (0, 1):
+        count = int(labelled[:, rank == r].sum())
+        weights[:, rank == r] = 1.0 / (num_micro * 2 * max(count, 1))
+    return weights
 
 
 def parse_bugs(values):
