@@ -51,4 +51,21 @@ TOUCHSTONE_HOST_DEVICE inline double round_to_fp32(double value) {
   return static_cast<double>(static_cast<float>(value));
 }
 
+// double -> FP16 (IEEE binary16) in one rounding, to nearest, ties to even: 11 significand bits for
+// |x| >= 2^-14, subnormals with spacing 2^-24 below, infinity from 65520 on (the midpoint between the
+// largest value 65504 and 2^16, which ties to the even 2^16); NaN stays NaN, the sign of zero is kept.
+// Host-only (CUDA device code has no FP16 storage path).
+inline double round_to_fp16(double value) {
+  const double magnitude = std::fabs(value);
+  if (!(magnitude < 65520.0)) return magnitude >= 65520.0 ? std::copysign(HUGE_VAL, value) : value;
+  int exponent = 0;
+  (void)std::frexp(magnitude, &exponent);                         // magnitude = f 2^exponent, f in [0.5, 1)
+  const int spacing = exponent - 11 > -24 ? exponent - 11 : -24;  // log2 of the ulp at this magnitude
+  const double scaled = std::ldexp(magnitude, -spacing);          // exact: below 2^11
+  double rounded = std::floor(scaled);
+  const double rest = scaled - rounded;  // exact
+  if (rest > 0.5 || (rest == 0.5 && std::fmod(rounded, 2.0) != 0.0)) rounded += 1.0;
+  return std::copysign(std::ldexp(rounded, spacing), value);
+}
+
 }  // namespace touchstone

@@ -24,6 +24,21 @@ gradients by --loss-scale, and writes the shard directory format that `touchston
 The shards are put back together by touchstone itself, with the same layout rules its tensor
 parallelism uses (parallel/tensor/sharding.h), so that they are written down once.
 
+16-bit parameter copies. Under --bf16 or --fp16 a params dump holds param.data, the model's bfloat16 or
+float16 copy of the float32 master weights. Such tensors are written as float32 datasets (exact) with
+the string attribute stored_dtype = "bfloat16" or "float16", and `touchstone diff` compares them with
+the reference rounded to that type (docs/diffing.md "16-bit parameter copies"). Gradients are no
+copies: 16-bit gradients are widened to float32 without the attribute.
+
+Two dumps in one directory. Megatron-LM writes wgrads/ and params/ of one iteration as two
+directories; the optimizer check needs both in one candidate. When OUT already holds shards.json, the
+dump is added to it: its tp, pp and stage_layers must equal those of shards.json and none of its
+datasets may already be in the rank files (else exit 2). shards.json then lists every import under
+"imports" ({"source", "kind", "step", "loss_scale_removed" when one was given}). The new rank files are
+built as temporaries next to the old ones and renamed into place only when all of them and shards.json
+are written, so a refused or failed import leaves OUT as it was; a symbolic link, directory or other
+non-regular file at a rank file's or shards.json's path is refused, never replaced.
+
 The loss scale. A gradient dump holds main_grad before optimizer.step() unscales it, so under a loss
 scale every gradient is the true one times the scale: the constant --loss-scale of the run, or under
 --fp16 without it the dynamic scale (2^32 at the start, halved after overflows). The dump does not
@@ -32,6 +47,7 @@ unless --accumulate-allreduce-grads-in-fp32) and is refused without --loss-scale
 
 Usage:
     import_megatron_dump.py SAVE/wgrads/iter_0000001 --out shards/ [--loss-scale X]
+    import_megatron_dump.py SAVE/params/iter_0000001 --out shards/      (adds the parameters)
     touchstone diff golden.h5 shards/
 
 Exit status 0, or 2 with one line saying why the dump was refused.
@@ -43,6 +59,8 @@ import json
 import math
 import os
 import re
+import shutil
+import stat
 import sys
 from typing import Dict, List, Optional, Tuple
 
@@ -173,9 +191,12 @@ def load_rank(path: str) -> Dict[str, torch.Tensor]:
     return tensors
 
 
+STORED_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
 def to_array(tensor: torch.Tensor, loss_scale: Optional[float]) -> np.ndarray:
-    """A tensor as numpy (bf16 and fp16 widened to float32 first), divided by the loss scale."""
-    if tensor.dtype in (torch.bfloat16, torch.float16):
+    """A tensor as numpy (bf16 and fp16 widened to float32 first, exactly), divided by the loss scale."""
+    if tensor.dtype in STORED_DTYPES:
         tensor = tensor.float()
     if loss_scale is not None and tensor.is_floating_point():
         tensor = tensor / loss_scale
@@ -228,10 +249,83 @@ def check_fp16_loss_scale(kind: str, loss_scale: Optional[float], rank_tensors: 
                     f"{DYNAMIC_INITIAL_SCALE:.0f} = 2^32)")
 
 
+def regular_or_absent(path: str) -> bool:
+    """True when a regular file is at `path`, False when nothing is; refuses anything else."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as error:
+        raise DumpError(f"{path}: cannot be read ({error.strerror or error})")
+    if not stat.S_ISREG(mode):
+        raise DumpError(f"{path}: exists and is not a regular file (a link, directory or other file is never "
+                        "replaced)")
+    return True
+
+
+def existing_layout(out: str, layout: dict) -> Optional[dict]:
+    """shards.json of OUT when there is one, checked to describe the same layout as `layout`."""
+    path = os.path.join(out, "shards.json")
+    if not regular_or_absent(path):
+        return None
+    try:
+        with open(path) as f:
+            existing = json.load(f)
+    except (OSError, ValueError) as error:
+        raise DumpError(f"{path}: cannot be read as JSON ({error}); remove it or write to another --out")
+    if not isinstance(existing, dict) or existing.get("format") != "touchstone-shards":
+        raise DumpError(f"{path}: not a touchstone-shards file")
+    for key in ("tp", "pp", "stage_layers"):
+        if existing.get(key) != layout[key]:
+            raise DumpError(f"{path}: {key} {json.dumps(existing.get(key))}, but the dump has {key} "
+                            f"{json.dumps(layout[key])}: it is another layout than the shards already there")
+    for key in ("tied_embedding_grads", "tie_embeddings"):
+        if key in existing and key in layout and existing[key] != layout[key]:
+            raise DumpError(f"{path}: {key} {json.dumps(existing[key])}, but this import has {key} "
+                            f"{json.dumps(layout[key])}")
+    return existing
+
+
+def write_rank_files(out: str, rank_tensors, files, kind: str, step: int, loss_scale: Optional[float],
+                     appending: bool, temporaries: List[Tuple[str, str]]) -> set:
+    """Writes every rank file as a temporary next to its final path (a copy of the existing file with the
+    new datasets added when appending); returns the names of tensors holding inf or NaN."""
+    non_finite = set()
+    for (t, p), tensors in sorted(rank_tensors.items()):
+        final = os.path.join(out, f"rank_tp{t}_pp{p}.h5")
+        present = regular_or_absent(final)
+        if appending and not present:
+            raise DumpError(f"{final}: missing, though {os.path.join(out, 'shards.json')} lists tp x pp ranks")
+        temporary = os.path.join(out, f".rank_tp{t}_pp{p}.h5.tmp.{os.getpid()}")
+        temporaries.append((temporary, final))
+        if appending:
+            shutil.copyfile(final, temporary)
+        try:
+            with h5py.File(temporary, "a" if appending else "w") as h5:
+                if not appending:
+                    h5.attrs["generator"] = f"import_megatron_dump.py ({files[(t, p)]})"
+                for name, tensor in sorted(tensors.items()):
+                    dataset = f"steps/{step}/{kind}/{name}"
+                    if dataset in h5:
+                        raise DumpError(f"{final}: {dataset} is already there (imported before?); nothing was "
+                                        "added")
+                    array = to_array(tensor, loss_scale)
+                    if array.dtype.kind == "f" and not np.isfinite(array).all():
+                        non_finite.add(name)
+                    written = h5.create_dataset(dataset, data=array)
+                    if kind == "params" and tensor.dtype in STORED_DTYPES:
+                        written.attrs["stored_dtype"] = STORED_DTYPES[tensor.dtype]
+        except OSError as error:
+            raise DumpError(f"{final}: cannot be {'extended' if appending else 'written'} ({error})")
+    return non_finite
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dump", help="a dump directory such as SAVE/wgrads/iter_0000001")
-    parser.add_argument("--out", required=True, help="shard directory to write (created if missing)")
+    parser.add_argument("--out", required=True,
+                        help="shard directory to write (created if missing); one holding shards.json already "
+                             "gets this dump added (the same tp, pp and stage layers, no dataset twice)")
     parser.add_argument("--kind", choices=("grads", "params"), help="default: from the dump path (wgrads/params)")
     parser.add_argument("--step", type=int, help="golden step the dump belongs to (default: N of iter_N)")
     parser.add_argument("--loss-scale", type=float, metavar="X",
@@ -243,6 +337,8 @@ def main() -> int:
                         help="summed: both stages' copies already hold the sum (Megatron-LM dumps after the "
                              "embedding all-reduce); partial: each holds its own part")
     args = parser.parse_args()
+    temporaries: List[Tuple[str, str]] = []
+    created = succeeded = False
     try:
         path_kind, path_step = parse_dump_path(args.dump)
         kind, step = args.kind or path_kind, args.step if args.step is not None else path_step
@@ -253,34 +349,63 @@ def main() -> int:
         rank_tensors = {key: load_rank(path) for key, path in files.items()}
         layout = {"format": "touchstone-shards", "format_version": 1, "tp": tp, "pp": pp,
                   "stage_layers": stage_layers(rank_tensors, tp, pp),
-                  "tied_embedding_grads": args.tied_embedding_grads, "source": os.path.abspath(args.dump)}
+                  "tied_embedding_grads": args.tied_embedding_grads}
         check_fp16_loss_scale(kind, args.loss_scale, rank_tensors, files)
-        if args.loss_scale is not None:
-            layout["loss_scale_removed"] = args.loss_scale
         if args.tie_embeddings:
             layout["tie_embeddings"] = args.tie_embeddings == "true"
-        os.makedirs(args.out, exist_ok=True)
-        non_finite = set()
-        for (t, p), tensors in rank_tensors.items():
-            with h5py.File(os.path.join(args.out, f"rank_tp{t}_pp{p}.h5"), "w") as out:
-                out.attrs["generator"] = f"import_megatron_dump.py ({files[(t, p)]})"
-                for name, tensor in tensors.items():
-                    array = to_array(tensor, args.loss_scale)
-                    if array.dtype.kind == "f" and not np.isfinite(array).all():
-                        non_finite.add(name)
-                    out.create_dataset(f"steps/{step}/{kind}/{name}", data=array)
-        with open(os.path.join(args.out, "shards.json"), "w") as f:
+        this_import = {"source": os.path.abspath(args.dump), "kind": kind, "step": step}
+        if args.loss_scale is not None:
+            this_import["loss_scale_removed"] = args.loss_scale  # of these gradients only
+        if os.path.lexists(args.out) and not (os.path.isdir(args.out) and not os.path.islink(args.out)):
+            raise DumpError(f"{args.out}: exists and is not a directory")
+        existing = existing_layout(args.out, layout) if os.path.isdir(args.out) else None
+        if existing is not None:
+            if "imports" not in existing and "source" in existing:  # written before imports were listed
+                first = {"source": existing.pop("source")}
+                if "loss_scale_removed" in existing:
+                    first.update(kind="grads", loss_scale_removed=existing.pop("loss_scale_removed"))
+                existing["imports"] = [first]
+            layout = dict(existing, **{k: v for k, v in layout.items() if k not in existing})
+        layout["imports"] = list(existing.get("imports", []) if existing else []) + [this_import]
+        if not os.path.isdir(args.out):
+            os.makedirs(args.out)
+            created = True
+        non_finite = write_rank_files(args.out, rank_tensors, files, kind, step, args.loss_scale,
+                                      existing is not None, temporaries)
+        layout_path = os.path.join(args.out, "shards.json")
+        regular_or_absent(layout_path)
+        temporary = os.path.join(args.out, f".shards.json.tmp.{os.getpid()}")
+        temporaries.append((temporary, layout_path))
+        with open(temporary, "w") as f:
             json.dump(layout, f, indent=2)
+        for temporary, final in temporaries:  # everything is written: into place
+            regular_or_absent(final)
+            os.replace(temporary, final)
+        temporaries.clear()
+        succeeded = True
         scaled = f", divided by loss scale {args.loss_scale:g}" if args.loss_scale is not None else ""
-        print(f"wrote {args.out}: tp {tp}, pp {pp}, stage layers {layout['stage_layers']}, {kind} of step {step}"
-              f"{scaled}")
+        copies = sorted({STORED_DTYPES[t.dtype] for ts in rank_tensors.values() for t in ts.values()
+                         if kind == "params" and t.dtype in STORED_DTYPES})
+        stored = f" ({' and '.join(copies)} copies, stored_dtype set)" if copies else ""
+        print(f"{'added to' if existing is not None else 'wrote'} {args.out}: tp {tp}, pp {pp}, stage layers "
+              f"{layout['stage_layers']}, {kind} of step {step}{scaled}{stored}")
         if non_finite and kind == "grads":
             print(f"note: {len(non_finite)} gradients hold inf or NaN ({sorted(non_finite)[0]}, ...): under a loss "
                   "scale, an iteration that overflowed, whose update Megatron-LM's optimizer skips "
                   "(MixedPrecisionOptimizer.prepare_grads); dump one that did not")
-    except DumpError as error:
-        print(f"import_megatron_dump.py: error: {error}", file=sys.stderr)
+    except (DumpError, OSError) as error:
+        message = str(error) if isinstance(error, DumpError) else f"{args.out}: cannot be written ({error})"
+        print(f"import_megatron_dump.py: error: {message}", file=sys.stderr)
         return 2
+    finally:  # a refused or failed import leaves OUT as it was
+        for temporary, _ in temporaries:
+            if os.path.lexists(temporary):
+                os.remove(temporary)
+        if created and not succeeded:
+            try:
+                os.rmdir(args.out)
+            except OSError:
+                pass
     return 0
 
 

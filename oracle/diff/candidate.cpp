@@ -2,12 +2,16 @@
 #include "oracle/diff/candidate.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
 
 #include "common/errors.h"
+#include "oracle/diff/metrics.h"
 #include "oracle/diff/shards.h"
+#include "oracle/diff/stored_copy.h"
 #include "oracle/hf/hf_names.h"
 #include "oracle/hf/safetensors.h"
 
@@ -35,7 +39,30 @@ std::string candidate_kind_name(CandidateKind kind) {
 
 Recorded read_recorded(const h5::H5Reader& file, const std::string& path) {
   const std::string object = "/" + path;
-  return Recorded{file.shape(object), file.read_f64(object), file.element_type(object)};
+  Recorded recorded{file.shape(object), file.read_f64(object), file.element_type(object)};
+  // HDF5 has no bfloat16: a 16-bit copy is stored widened, its type in the attribute stored_dtype.
+  if (!file.has_attribute(object, "stored_dtype")) return recorded;
+  const std::string where = file.path() + ": " + path + ": stored_dtype";
+  const std::string type = file.string_attribute(object, "stored_dtype");
+  if (type != "bfloat16" && type != "float16") {
+    throw InputError(where + " " + type + " is not bfloat16 or float16");
+  }
+  if (recorded.dtype != "float32" && recorded.dtype != "float64" && recorded.dtype != type) {
+    throw InputError(where + " " + type + " on a " + recorded.dtype +
+                     " dataset (float32 or float64 expected)");
+  }
+  for (size_t i = 0; i < recorded.values.size(); ++i) {
+    const double x = recorded.values[i];
+    if (std::isfinite(x) && round_to_copy(x, type) != x) {
+      char value[32];
+      std::snprintf(value, sizeof value, recorded.dtype == "float64" ? "%.17g" : "%.9g", x);
+      throw InputError(where + " " + type + ", but element " +
+                       shape_text(unravel(static_cast<int64_t>(i), recorded.shape)) + " = " + value +
+                       " is not a " + type + " number");
+    }
+  }
+  recorded.dtype = type;
+  return recorded;
 }
 
 namespace {

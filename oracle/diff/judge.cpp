@@ -43,6 +43,42 @@ const ParamTensors* Judge::anchor(int64_t step) {
 }
 
 Judgment Judge::trajectory(const std::string& path, const std::string& group, int param, int64_t step) {
+  return as_stored_copy(trajectory_unrounded(path, group, param, step), path, group, param, step);
+}
+
+Judgment Judge::judge(const std::string& path, const std::string& group, int param, int64_t step) {
+  return as_stored_copy(judge_unrounded(path, group, param, step), path, group, param, step);
+}
+
+Judgment Judge::as_stored_copy(Judgment j, const std::string& path, const std::string& group, int param,
+                               int64_t step) {
+  const auto found = candidate_.find(path);
+  if (!j.tolerance || found == candidate_.end()) return j;
+  std::optional<StoredCopy> copy = stored_copy_of(group, found->second.dtype);
+  if (!copy) return j;
+  // An update from the candidate's parameters after step - 1 (the optimizer check, a re-anchored
+  // update): when those are a 16-bit copy too, their rounding enters the bound.
+  if (group == "params" && j.basis != Basis::kTrajectory && step >= 1) {
+    const std::string before = step == 1 ? "params/init/" : "steps/" + std::to_string(step - 1) + "/params/";
+    const auto start = candidate_.find(before + golden_.table()[param].name);
+    const ParamTensors* params = anchors_.params_after(step - 1);
+    if (start != candidate_.end() && params != nullptr && copy_unit_roundoff(start->second.dtype) > 0) {
+      copy->start = &(*params)[param];
+      copy->start_unit_roundoff = copy_unit_roundoff(start->second.dtype);
+      copy->start_subnormal_error = copy_subnormal_error(start->second.dtype);
+    }
+  }
+  j.unwidened_tolerance = j.tolerance;
+  j.unwidened_bounds = j.bounds;
+  judge_as_copy(*copy, j.reference, *j.tolerance, j.bounds);
+  j.copy = std::move(copy);
+  const std::string line = copy_note(path.substr(0, path.rfind('/')), j.copy->type);
+  if (noted_.insert(line).second) notes_.push_back(line);
+  return j;
+}
+
+Judgment Judge::trajectory_unrounded(const std::string& path, const std::string& group, int param,
+                                     int64_t step) {
   Judgment j;
   j.reference = golden_.read(path);
   const bool integer = j.reference.dtype.rfind("int", 0) == 0 || j.reference.dtype.rfind("uint", 0) == 0;
@@ -63,13 +99,13 @@ std::optional<Tolerance> Judge::anchored_tolerance(const std::vector<double>& lo
   return tolerances_.for_path(path, false);
 }
 
-Judgment Judge::judge(const std::string& path, const std::string& group, int param, int64_t step) {
+Judgment Judge::judge_unrounded(const std::string& path, const std::string& group, int param, int64_t step) {
   static const std::set<std::string> anchored_groups = {"loss", "num_loss_tokens", "token_losses", "grads",
                                                         "grad_norm"};
   if (group == "params") {
     const UpdatedParams& updated = updated_params(step);
     if (updated.basis == Basis::kTrajectory) {
-      Judgment j = trajectory(path, group, param, step);
+      Judgment j = trajectory_unrounded(path, group, param, step);
       if (updated.golden_anchors) j.basis = Basis::kReanchored;  // the golden update is the re-anchored one
       return j;
     }
@@ -81,7 +117,7 @@ Judgment Judge::judge(const std::string& path, const std::string& group, int par
     j.bounds = updated.bounds[static_cast<size_t>(param)];
     return j;
   }
-  if (!anchored_groups.count(group) || step < 1) return trajectory(path, group, param, step);
+  if (!anchored_groups.count(group) || step < 1) return trajectory_unrounded(path, group, param, step);
   const AnchoredStep* anchored = recompute_ ? anchors_.step(step) : nullptr;
   if (anchored == nullptr) {
     if (recompute_) {
@@ -90,11 +126,11 @@ Judgment Judge::judge(const std::string& path, const std::string& group, int par
           "judged against the golden trajectory: the candidate recorded no complete parameters after step " +
               std::to_string(step - 1) + ", which re-anchoring starts from");
     }
-    return trajectory(path, group, param, step);
+    return trajectory_unrounded(path, group, param, step);
   }
   Judgment j;
   if (anchored->golden) {  // the golden file's own step starts from the candidate's parameters
-    j = trajectory(path, group, param, step);
+    j = trajectory_unrounded(path, group, param, step);
     j.basis = Basis::kReanchored;
     return j;
   }

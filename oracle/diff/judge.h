@@ -16,6 +16,10 @@
 // Under the trajectory with a precision envelope, a parameter element whose golden gradient lies
 // within the envelope's noise of zero at some step k <= s is bounded by 2 sum_k lr_k R(k) instead
 // (R: adam_step_bound), since Adam's update of such an element may flip sign (docs/precision.md).
+//
+// A candidate's parameters stored as a 16-bit copy (bfloat16, float16) are judged, whatever the basis,
+// against the reference rounded to that type with the tolerance widened by one such rounding on each
+// side (stored_copy.h); the report says so in a note per group.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +32,7 @@
 #include "oracle/diff/metrics.h"
 #include "oracle/diff/optimizer_check.h"
 #include "oracle/diff/reanchor.h"
+#include "oracle/diff/stored_copy.h"
 #include "oracle/diff/tolerance.h"
 #include "oracle/golden/golden_reader.h"
 
@@ -41,6 +46,12 @@ struct Judgment {
   Recorded reference;
   std::optional<Tolerance> tolerance;  // none: the dataset is not compared
   ElementBounds bounds;                // empty: the tensor-wide rule for every element
+  // A 16-bit copy: `reference`, `tolerance` and `bounds` above are already rounded and widened; a
+  // signature judging the candidate against a reference of its own applies judge_as_copy(*copy, ...)
+  // to it with the tolerance and bounds as they were before the widening.
+  std::optional<StoredCopy> copy;
+  std::optional<Tolerance> unwidened_tolerance;
+  ElementBounds unwidened_bounds;
 };
 
 class Judge {
@@ -67,7 +78,7 @@ class Judge {
   const ParamTensors* anchor(int64_t step);
   Anchors& anchors() { return anchors_; }
 
-  // Why steps fell back to the trajectory, one line each.
+  // Why steps fell back to the trajectory, and which groups were judged as 16-bit copies, one line each.
   const std::vector<std::string>& notes() const { return notes_; }
 
  private:
@@ -79,6 +90,11 @@ class Judge {
     std::vector<std::optional<Tolerance>> tolerances;
   };
   const UpdatedParams& updated_params(int64_t step);
+  Judgment judge_unrounded(const std::string& path, const std::string& group, int param, int64_t step);
+  Judgment trajectory_unrounded(const std::string& path, const std::string& group, int param, int64_t step);
+  // Rounds and widens `j` when the candidate's `path` is a 16-bit copy (a no-op otherwise).
+  Judgment as_stored_copy(Judgment j, const std::string& path, const std::string& group, int param,
+                          int64_t step);
   bool all_golden_before(int64_t step);  // steps 1..step all start from bitwise golden parameters
   std::optional<UpdatedParams> optimizer_check(int64_t step);
   std::optional<UpdatedParams> reanchored_update(int64_t step);

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "common/errors.h"
+#include "kernels/precision.h"
 #include "oracle/golden/golden_reader.h"
 
 namespace touchstone::diff {
@@ -34,10 +35,38 @@ uint64_t ulp_between(Float a, Float b) {
   return ma + mb;  // across zero: both magnitudes are below 2^63, so this cannot overflow
 }
 
+// The sign-magnitude encoding of a value of a 16-bit format, from its exponent and significand (the
+// value rounded to the format first, so that a value stored in it maps to its own encoding): `digits`
+// significand bits, normal exponents from `min_exponent` on.
+uint16_t bits16(double value, int digits, int min_exponent) {
+  const uint16_t sign = std::signbit(value) ? 0x8000u : 0u;
+  const double magnitude = std::fabs(value);
+  if (std::isnan(magnitude)) return static_cast<uint16_t>(0x7fffu);
+  const int fraction = digits - 1;
+  const int exponent_field = (1 << (15 - fraction)) - 1;  // all ones: infinity
+  if (std::isinf(magnitude)) return static_cast<uint16_t>(sign | (exponent_field << fraction));
+  if (magnitude < std::ldexp(1.0, min_exponent)) {  // subnormal: multiples of 2^(min_exponent - fraction)
+    return static_cast<uint16_t>(sign |
+                                 static_cast<uint16_t>(std::ldexp(magnitude, fraction - min_exponent)));
+  }
+  const int e = std::ilogb(magnitude);
+  const auto significand = static_cast<uint32_t>(std::ldexp(magnitude, fraction - e)) - (1u << fraction);
+  return static_cast<uint16_t>(sign | ((e - min_exponent + 1) << fraction) | significand);
+}
+
 }  // namespace
 
 uint64_t ulp_distance(double a, double b, const std::string& type) {
   if (type == "float32") return ulp_between<uint32_t>(static_cast<float>(a), static_cast<float>(b));
+  if (type == "bfloat16" || type == "float16") {
+    const bool bf16 = type == "bfloat16";
+    const int digits = bf16 ? 8 : 11, min_exponent = bf16 ? -126 : -14;
+    auto bits = [&](double x) {
+      const double stored = bf16 ? round_to_bf16(x) : round_to_fp16(x);
+      return bits16(stored, digits, min_exponent);
+    };
+    return ulp_between<uint16_t>(bits(a), bits(b));
+  }
   return ulp_between<uint64_t>(a, b);
 }
 
@@ -46,7 +75,8 @@ TensorMetrics compare_values(const Recorded& golden, const Recorded& candidate, 
   TensorMetrics m;
   m.numel = golden.numel();
   const bool float_types =
-      golden.dtype == candidate.dtype && (golden.dtype == "float64" || golden.dtype == "float32");
+      golden.dtype == candidate.dtype && (golden.dtype == "float64" || golden.dtype == "float32" ||
+                                          golden.dtype == "bfloat16" || golden.dtype == "float16");
   m.has_ulp = float_types;
   auto bound_of = [&](int64_t i) { return bounds ? (*bounds)[static_cast<size_t>(i)] : kNoElementBound; };
   double diff2 = 0.0, gold2 = 0.0, cand2 = 0.0, dot = 0.0;

@@ -30,7 +30,7 @@ struct TensorMetrics {
   int64_t over_tolerance = 0;        // elements with |c - g| > tol.max_abs_normalized * max |g|
   std::vector<int64_t> worst_index;  // multi-index of the largest |c - g| (empty for a scalar)
   double worst_golden = 0.0, worst_candidate = 0.0;
-  bool has_ulp = false;    // both sides stored in the same floating-point type (float64 or float32)
+  bool has_ulp = false;    // both sides in the same floating-point type (float64, float32, bfloat16, float16)
   uint64_t max_ulp = 0;    // the largest distance in units in the last place of that type
   int64_t non_finite = 0;  // NaN or infinite candidate elements (they fail the tensor)
   std::vector<int64_t> first_non_finite;
@@ -58,7 +58,8 @@ TensorMetrics compare_values(const Recorded& golden, const Recorded& candidate, 
 // `tol` must be the tolerance the metrics were computed with (it sets over_tolerance).
 bool passes(const TensorMetrics& metrics, const Tolerance& tol);
 
-// Distance in representable values of `type` ("float64" or "float32") between two values stored in it.
+// Distance in representable values of `type` ("float64", "float32", "bfloat16" or "float16") between
+// two values stored in it (a 16-bit copy and the reference rounded to its type, stored_copy.h).
 uint64_t ulp_distance(double a, double b, const std::string& type);
 
 // Two Touchstone golden files of the same run compared dataset by dataset over every recorded step

@@ -179,6 +179,14 @@ Recorded place_all(const std::string& directory, const std::string& group, const
                        (tied_copy ? " (the last stage's tied copy)" : "") + ", which other tp ranks hold");
     }
   }
+  // Every shard of a tensor in one stored type (a 16-bit copy's type comes from stored_dtype).
+  for (int t = 1; t < tp; ++t) {
+    if (ranks.at(t).dtype != ranks.at(0).dtype) {
+      throw InputError(directory + ": " + group + "/" + spec.name +
+                       (tied_copy ? " (the last stage's tied copy)" : "") + " is " + ranks.at(0).dtype +
+                       " on tp rank 0 and " + ranks.at(t).dtype + " on tp rank " + std::to_string(t));
+    }
+  }
   Recorded full{spec.shape, std::vector<double>(static_cast<size_t>(spec.numel())), ranks.at(0).dtype};
   for (int t = 0; t < tp; ++t) {
     // A replicated tensor is whole on every tp rank; rank 0's copy is the one counted.

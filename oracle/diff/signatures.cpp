@@ -328,9 +328,16 @@ std::vector<Verdict> optimizer_rules(const GoldenReader& golden, Judge& judge, c
         expected_update(golden.table(), golden.config().optim, *inputs, rule, judge.master());
     const bool matches = std::all_of(group.compared.begin(), group.compared.end(), [&](const Entry* e) {
       if (!e->reason.empty()) return false;
-      const Recorded reference{golden.table()[e->param].shape, expected.params[e->param], "float64"};
-      const ElementBounds& bounds = expected.bounds[e->param];
-      return passes(compare_values(reference, candidate.at(e->path), e->tolerance, &bounds), e->tolerance);
+      Recorded reference{golden.table()[e->param].shape, expected.params[e->param], "float64"};
+      ElementBounds bounds = expected.bounds[e->param];
+      Tolerance tolerance = e->tolerance;
+      // A 16-bit copy: the rule's reference rounded and its bounds widened as the judged ones were.
+      const Judgment judged = judge.judge(e->path, e->group, e->param, e->step);
+      if (judged.copy) {
+        tolerance = *judged.unwidened_tolerance;
+        judge_as_copy(*judged.copy, reference, tolerance, bounds);
+      }
+      return passes(compare_values(reference, candidate.at(e->path), tolerance, &bounds), tolerance);
     });
     if (matches) verdicts.push_back({rule.signature, rule.message});
   }
@@ -374,10 +381,17 @@ std::vector<Verdict> find_signatures(const GoldenReader& golden, const Tolerance
       return std::all_of(result.entries.begin(), result.entries.end(), [&](const Entry& e) {
         if (e.step != step || e.group != "params" || e.status == Status::kNotCompared) return true;
         const Judgment judged = judge.judge(e.path, e.group, e.param, e.step);
-        const Recorded reference{golden.table()[e.param].shape, expected.params[e.param], "float64"};
-        return e.reason.empty() && passes(compare_values(reference, candidate.at(e.path), e.tolerance,
-                                                         judged.bounds.empty() ? nullptr : &judged.bounds),
-                                          e.tolerance);
+        Recorded reference{golden.table()[e.param].shape, expected.params[e.param], "float64"};
+        ElementBounds bounds = judged.bounds;
+        Tolerance tolerance = e.tolerance;
+        if (judged.copy) {  // a 16-bit copy: the rule's reference rounded, the bounds widened from it
+          bounds = judged.unwidened_bounds;
+          tolerance = *judged.unwidened_tolerance;
+          judge_as_copy(*judged.copy, reference, tolerance, bounds);
+        }
+        return e.reason.empty() && passes(compare_values(reference, candidate.at(e.path), tolerance,
+                                                         bounds.empty() ? nullptr : &bounds),
+                                          tolerance);
       });
     };
   }

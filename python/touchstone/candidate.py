@@ -10,7 +10,11 @@ after the update and, optionally, the AdamW moments. Everything left out is repo
         out.write_step(1, loss=loss, num_loss_tokens=n, grad_norm=norm, lr=lr, grads=grads, params=params)
 
 Tensors may be numpy arrays or torch tensors (bfloat16 ones are widened to float32) given as a mapping or
-as an iterable of (name, tensor) pairs; each is written as it comes, so nothing is held twice. Names are
+as an iterable of (name, tensor) pairs; each is written as it comes, so nothing is held twice. A torch
+bfloat16 or float16 tensor of parameters (write_init, or params= of write_step) is a 16-bit copy of the
+master weights (Megatron-LM's param.data under --bf16): it is written widened, with the attribute
+stored_dtype = "bfloat16" or "float16", and `touchstone diff` compares it with the reference rounded to
+that type (docs/diffing.md "16-bit parameter copies"). Names are
 the contract's (convert Hugging Face names with `touchstone.hf.from_hf_state_dict`). With `golden`, every
 name and shape is checked against the golden model as it is written: a name that matches no parameter
 is a ValueError naming it.
@@ -33,6 +37,8 @@ import numpy as np
 from touchstone.golden import GoldenFile, parameter_names, parameter_shape
 
 Tensors = Union[Mapping[str, Any], Iterable[Tuple[str, Any]]]
+# torch's 16-bit float types -> the stored_dtype attribute of a parameter copy in that type.
+STORED_DTYPES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16"}
 
 
 def to_numpy(tensor: Any) -> np.ndarray:
@@ -116,7 +122,9 @@ class CandidateWriter:
     # -- writing --------------------------------------------------------------------------------------
 
     def _write_tensors(self, group: str, tensors: Tensors) -> None:
+        parameters = group == "params/init" or group.endswith("/params")
         for name, tensor in named_items(tensors):
+            stored = STORED_DTYPES.get(str(getattr(tensor, "dtype", ""))) if hasattr(tensor, "detach") else None
             array = to_numpy(tensor)
             if self._model is not None:
                 if name not in parameter_names(self._model):
@@ -128,15 +136,17 @@ class CandidateWriter:
                 if tuple(array.shape) != shape:
                     raise ValueError(f"{self.path}: candidate tensor {group}/{name} has shape "
                                      f"{list(array.shape)}, the golden tensor is {list(shape)}")
-            self._write(f"{group}/{name}", array.astype(self._dtype, copy=False))
+            dataset = self._write(f"{group}/{name}", array.astype(self._dtype, copy=False))
+            if parameters and stored:
+                dataset.attrs["stored_dtype"] = stored
 
-    def _write(self, key: str, value: Any) -> None:
+    def _write(self, key: str, value: Any) -> h5py.Dataset:
         if self._file is None:
             raise ValueError(f"{self.path}: the candidate is already closed")
         if key in self._written:
             raise ValueError(f"{self.path}: {key} is written twice")
         self._written.add(key)
-        self._file.create_dataset(key, data=value)
+        return self._file.create_dataset(key, data=value)
 
     def close(self) -> None:
         """Finishes the file and moves it to `path` (re-checking that nothing non-regular appeared)."""

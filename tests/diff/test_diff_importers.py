@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import struct
+import sys
 import unittest
 
 import h5py
@@ -201,7 +202,7 @@ class Importers(common.ShardableGoldens):
         self.assertIn("divided by loss scale 65536", result.stdout)
         self.assert_passes(self.golden, self.path("scaled", "unscaled"))
         with open(self.path("scaled", "unscaled", "shards.json")) as f:
-            self.assertEqual(json.load(f)["loss_scale_removed"], 65536)
+            self.assertEqual(json.load(f)["imports"][0]["loss_scale_removed"], 65536)
         for bad in ("0", "-2", "nan", "inf"):
             with self.subTest(loss_scale=bad):
                 line = self.assert_refused(self.import_dump(dump, self.path("scaled", "bad"), f"--loss-scale={bad}"))
@@ -232,13 +233,209 @@ class Importers(common.ShardableGoldens):
         self.assertIn("note: 1 gradients hold inf or NaN (embedding.word_embeddings.weight, ...)", result.stdout)
         status, output, _ = common.diff(self.golden, self.path("fp16", "overflow"), "--tolerance", "2e-3")
         self.assertEqual(status, 1, output)
-        # Parameters are dumped after optimizer.step(): float16 ones need no loss scale and take none.
+        # Parameters are dumped after optimizer.step(): float16 ones need no loss scale and take none. They
+        # are the model's float16 copy, compared with the golden parameters rounded to float16. torch
+        # rounds float64 to float16 through float32 (two roundings) and the diff once, so the two differ
+        # by one float16 ulp where the float32 step lands on a float16 midpoint (about 1 element in 15000).
         params = write_megatron_dump(self.golden, self.path("fp16", "params", "iter_0000001"), 2, [1, 2],
                                      group="steps/1/params", dtype=torch.float16)
         self.assertEqual(self.import_dump(params, self.path("fp16", "params_shards")).returncode, 0)
-        self.assert_passes(self.golden, self.path("fp16", "params_shards"), "--tolerance", "2e-3", exact=False)
+        with h5py.File(self.path("fp16", "params_shards", "rank_tp0_pp0.h5"), "r") as f:
+            dataset = f["steps/1/params/embedding.word_embeddings.weight"]
+            self.assertEqual((dataset.dtype, dataset.attrs["stored_dtype"]), (np.float32, "float16"))
+        report = self.assert_passes(self.golden, self.path("fp16", "params_shards"), exact=False)
+        tensors = common.compared(report)
+        self.assertEqual({t["group"] for t in tensors}, {"params"})
+        self.assertLessEqual(max(t["metrics"]["max_ulp"] for t in tensors), 1)
+        self.assertLess(max(t["metrics"]["relative_l2"] for t in tensors), 2.0 ** -11 / 10)
         line = self.assert_refused(self.import_dump(params, self.path("fp16", "params_bad"), "--loss-scale", "8"))
         self.assertIn("--loss-scale is for gradient dumps", line)
+
+    # ---- 16-bit parameter copies and two dumps in one directory ----
+    @classmethod
+    def bf16_envelope(cls):
+        """A BF16-envelope golden file of the SHARDABLE model (FP64 values, per-dataset BF16 tolerances)."""
+        path = os.path.join(cls.scratch.name, "golden_bf16.h5")
+        if not os.path.exists(path):
+            command = [common.TOUCHSTONE, "golden", "--out", path, "--set", "precision=bf16", "--envelope"]
+            for key, value in common.SMALL.items():
+                command += ["--set", f"{key}={value}"]
+            for key, value in common.SHARDABLE.items():
+                command += ["--set", f"{key.replace('__', '.')}={value}"]
+            result = common.run(command)
+            assert result.returncode == 0, result.stderr + result.stdout
+        return path
+
+    def independent(self, golden, name, *bugs):
+        """tests/python/independent_candidate.py in its BF16 mode (FP32 master weights, FP32 gradients)."""
+        out = self.path(f"{name}.h5")
+        result = common.run([common.PYTHON, os.path.join(common.SOURCE, "tests", "python", "independent_candidate.py"),
+                             golden, "--out", out, "--precision", "bf16", "--steps", "1",
+                             *(["--inject", ",".join(bugs)] if bugs else [])])
+        self.assertEqual(result.returncode, 0, result.stderr + result.stdout)
+        return out
+
+    def bf16_params_file(self, source, name, replace=None):
+        """steps/1/params of `source` rounded to bfloat16 with torch (a golden-schema file; `replace`:
+        {tensor: values} put in first)."""
+        out = self.path(f"{name}.h5")
+        with h5py.File(source, "r") as f, h5py.File(out, "w") as g:
+            for tensor, dataset in f["steps/1/params"].items():
+                values = (replace or {}).get(tensor, dataset[()])
+                rounded = torch.from_numpy(np.asarray(values)).to(torch.bfloat16).float().numpy()
+                g.create_dataset(f"steps/1/params/{tensor}", data=rounded)
+        return out
+
+    def test_megatron_bf16_params_dump_of_the_golden_parameters(self):
+        # (a) --bf16's param.data of the golden step-1 parameters: compared with the golden ones rounded to
+        # bfloat16 (through float32, as torch rounds float64 here), exactly, without --tolerance.
+        dump = write_megatron_dump(self.golden, self.path("bf16", "params", "iter_0000001"), 2, [1, 2],
+                                   group="steps/1/params", dtype=torch.bfloat16)
+        result = self.import_dump(dump, self.path("bf16", "shards"))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("(bfloat16 copies, stored_dtype set)", result.stdout)
+        with h5py.File(self.path("bf16", "shards", "rank_tp1_pp1.h5"), "r") as f:
+            dataset = f["steps/1/params/output_layer.weight"]
+            self.assertEqual((dataset.dtype, dataset.attrs["stored_dtype"]), (np.float32, "bfloat16"))
+        report = self.assert_passes(self.golden, self.path("bf16", "shards"))
+        tensors = common.compared(report)
+        self.assertEqual(len(tensors), 2 + 6 * 3 + 1)
+        self.assertTrue(all(t["metrics"]["max_ulp"] == 0 for t in tensors))
+        self.assertIn("steps/1/params: bfloat16 copies, compared with the reference rounded to bfloat16 "
+                      "(tolerance + one bfloat16 rounding on each side)", report["notes"])
+        # Without the attribute the same numbers are float32 values and fail the FP64 tolerance.
+        for t in range(2):
+            for p in range(2):
+                with h5py.File(self.path("bf16", "shards", f"rank_tp{t}_pp{p}.h5"), "a") as f:
+                    for dataset in f["steps/1/params"].values():
+                        del dataset.attrs["stored_dtype"]
+        status, output, _ = common.diff(self.golden, self.path("bf16", "shards"))
+        self.assertEqual(status, 1, output)
+
+    def test_megatron_bf16_params_of_an_independent_bf16_run(self):
+        # (b) the independent candidate's FP32 master parameters after update 1 rounded to bfloat16, as a
+        # --bf16 run dumps them, against a BF16-envelope golden file.
+        golden = self.bf16_envelope()
+        source = self.bf16_params_file(self.independent(golden, "independent_correct"), "independent_bf16")
+        dump = write_megatron_dump(source, self.path("ind", "params", "iter_0000001"), 2, [1, 2],
+                                   group="steps/1/params", dtype=torch.bfloat16)
+        self.assertEqual(self.import_dump(dump, self.path("ind", "shards")).returncode, 0)
+        report = self.assert_passes(golden, self.path("ind", "shards"), exact=False)
+        tensors = common.compared(report)
+        self.assertEqual(len(tensors), 2 + 6 * 3 + 1)
+        worst = max(tensors, key=lambda t: t["metrics"]["tolerance_ratio"])
+        print(f"\n(b) BF16 params of the independent BF16 run: worst relative L2 "
+              f"{max(t['metrics']['relative_l2'] for t in tensors):.3g}, worst max ulp "
+              f"{max(t['metrics']['max_ulp'] for t in tensors)}, worst tolerance ratio "
+              f"{worst['metrics']['tolerance_ratio']:.3g} ({worst['name']})", file=sys.stderr)
+
+    def test_megatron_bf16_params_with_one_update_wrong(self):
+        # (c) one tensor's parameters left at their initial values: that tensor fails, and only it.
+        wrong = "decoder.layers.1.mlp.linear_fc1.weight"
+        with h5py.File(self.golden, "r") as f:
+            init = f[f"params/init/{wrong}"][()]
+        source = self.bf16_params_file(self.golden, "one_wrong", {wrong: init})
+        dump = write_megatron_dump(source, self.path("wrong", "params", "iter_0000001"), 2, [1, 2],
+                                   group="steps/1/params", dtype=torch.bfloat16)
+        self.assertEqual(self.import_dump(dump, self.path("wrong", "shards")).returncode, 0)
+        status, output, report = common.diff(self.golden, self.path("wrong", "shards"))
+        self.assertEqual(status, 1, output)
+        self.assertEqual([t["path"] for t in report["tensors"] if t["status"] == "fail"], [f"steps/1/params/{wrong}"])
+        self.assertEqual(report["first_failure"], f"steps/1/params/{wrong}")
+
+    def two_dumps(self, golden, candidate, name):
+        """wgrads/ (float32) and params/ (bfloat16) of iteration 1 imported into one shard directory."""
+        grads = write_megatron_dump(candidate, self.path(name, "wgrads", "iter_0000001"), 2, [1, 2],
+                                    dtype=torch.float32)
+        params = write_megatron_dump(candidate, self.path(name, "params", "iter_0000001"), 2, [1, 2],
+                                     group="steps/1/params", dtype=torch.bfloat16)
+        out = self.path(name, "shards")
+        result = self.import_dump(grads, out, "--loss-scale", "1")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        result = self.import_dump(params, out)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertTrue(result.stdout.startswith(f"added to {out}: "), result.stdout)
+        with open(os.path.join(out, "shards.json")) as f:
+            imports = json.load(f)["imports"]
+        self.assertEqual([(i["kind"], i["step"], i.get("loss_scale_removed")) for i in imports],
+                         [("grads", 1, 1), ("params", 1, None)])
+        return out
+
+    def test_megatron_gradients_and_bf16_params_in_one_directory(self):
+        # (d) the optimizer check on the candidate's own FP32 gradients and its BF16 copy of the update.
+        golden = self.bf16_envelope()
+        out = self.two_dumps(golden, self.independent(golden, "independent_two"), "two")
+        status, output, report = common.diff(golden, out)
+        self.assertEqual(status, 0, output)
+        self.assertEqual(report["judgment"], "re-anchored at the candidate's parameters: steps 1; updated "
+                         "parameters by the optimizer check: steps 1")
+        groups = {(t["group"], t["basis"]) for t in common.compared(report)}
+        self.assertEqual(groups, {("grads", "re-anchored"), ("params", "optimizer")})
+        # A Megatron-LM schedule in a run whose golden file has Touchstone's: update 1 at the rate of
+        # update 0 (the independent candidate's schedule_megatron), named through the BF16 copy.
+        out = self.two_dumps(golden, self.independent(golden, "independent_behind", "schedule_megatron"), "behind")
+        status, output, report = common.diff(golden, out)
+        self.assertEqual(status, 1, output)
+        self.assertIn("learning_rate_behind", common.signatures(report), output)
+        self.assertTrue(report["first_failure"].startswith("steps/1/params/"), output)
+
+    def test_megatron_append_refusals_leave_out_unchanged(self):
+        # (e) a second dump added to OUT: refused with one line, every byte of OUT as it was.
+        def snapshot(directory):
+            state = {}
+            for entry in sorted(os.listdir(directory)):
+                path = os.path.join(directory, entry)
+                if os.path.islink(path):
+                    state[entry] = ("link", os.readlink(path))
+                elif os.path.isfile(path):
+                    with open(path, "rb") as f:
+                        state[entry] = ("file", f.read())
+                else:
+                    state[entry] = ("other", os.stat(path).st_mode)
+            return state
+
+        grads = write_megatron_dump(self.golden, self.path("append", "wgrads", "iter_0000001"), 2, [1, 2])
+        params = write_megatron_dump(self.golden, self.path("append", "params", "iter_0000001"), 2, [1, 2],
+                                     group="steps/1/params", dtype=torch.bfloat16)
+        other = write_megatron_dump(self.golden, self.path("append", "other", "params", "iter_0000001"), 1, [3],
+                                    group="steps/1/params", dtype=torch.bfloat16)
+        out = self.path("append", "shards")
+        self.assertEqual(self.import_dump(grads, out).returncode, 0)
+        before = snapshot(out)
+        line = self.assert_refused(self.import_dump(other, out))
+        self.assertIn("tp 2, but the dump has tp 1", line)
+        self.assertEqual(snapshot(out), before)
+        line = self.assert_refused(self.import_dump(grads, out))
+        self.assertIn("steps/1/grads/", line)
+        self.assertIn("is already there", line)
+        self.assertEqual(snapshot(out), before)
+        line = self.assert_refused(self.import_dump(grads, out, "--tied-embedding-grads", "partial"))
+        self.assertIn("tied_embedding_grads", line)
+        self.assertEqual(snapshot(out), before)
+        # A symbolic link where a rank file was: refused, never replaced or written through.
+        target = self.path("append", "elsewhere.h5")
+        os.rename(os.path.join(out, "rank_tp1_pp0.h5"), target)
+        os.symlink(target, os.path.join(out, "rank_tp1_pp0.h5"))
+        def read(path):
+            with open(path, "rb") as f:
+                return f.read()
+        before, target_bytes = snapshot(out), read(target)
+        line = self.assert_refused(self.import_dump(params, out))
+        self.assertIn("rank_tp1_pp0.h5: exists and is not a regular file", line)
+        self.assertEqual(snapshot(out), before)
+        self.assertEqual(read(target), target_bytes)
+        # A FIFO at shards.json of a fresh directory, and the append that finally succeeds.
+        fresh = self.path("append", "fifo")
+        os.makedirs(fresh)
+        os.mkfifo(os.path.join(fresh, "shards.json"))
+        line = self.assert_refused(self.import_dump(grads, fresh))
+        self.assertIn("shards.json: exists and is not a regular file", line)
+        self.assertEqual(sorted(os.listdir(fresh)), ["shards.json"])
+        os.remove(os.path.join(out, "rank_tp1_pp0.h5"))
+        os.rename(target, os.path.join(out, "rank_tp1_pp0.h5"))
+        self.assertEqual(self.import_dump(params, out).returncode, 0)
+        report = self.assert_passes(self.golden, out, exact=False)
+        self.assertEqual({t["group"] for t in common.compared(report)}, {"grads", "params"})
 
     def test_megatron_not_a_dump(self):
         versions = "--save-wgrads-interval (Megatron-Core core_v0.16.0 and later) and --save-params-interval " \
@@ -355,13 +552,24 @@ class Importers(common.ShardableGoldens):
         self.assertEqual(status, 0, output)
 
     def test_safetensors_low_precision_initial_weights(self):
-        for dtype, tolerance in (("BF16", "1e-2"), ("F16", "1e-3")):
+        # BF16 through float32 (bfloat16_bytes) and F16 in one rounding (numpy), as the diff rounds its
+        # reference: exactly equal, in ulps of the 16-bit type, without a --tolerance.
+        for dtype, name in (("BF16", "bfloat16"), ("F16", "float16")):
             with self.subTest(dtype=dtype):
                 init = write_safetensors(self.path(f"init_{dtype}.safetensors"),
                                          hf_tensors(self.golden, "params/init"), dtype)
-                report = self.assert_passes(self.golden, init, "--candidate-kind", "params", "--step", "0",
-                                            "--tolerance", tolerance, exact=False)
-                self.assertTrue(all(t["metrics"]["max_ulp"] is None for t in common.compared(report)))
+                report = self.assert_passes(self.golden, init, "--candidate-kind", "params", "--step", "0")
+                self.assertTrue(all(t["metrics"]["max_ulp"] == 0 for t in common.compared(report)))
+                self.assertIn(f"params/init: {name} copies, compared with the reference rounded to {name} "
+                              f"(tolerance + one {name} rounding on each side)", report["notes"])
+                # One element one ulp off is seen, in those ulps.
+                tensors = hf_tensors(self.golden, "params/init")
+                tensors["model.norm.weight"] = tensors["model.norm.weight"].copy()
+                tensors["model.norm.weight"][3] = 1.0 + 2.0 ** (-7 if dtype == "BF16" else -10)  # golden: 1
+                off = write_safetensors(self.path(f"init_{dtype}_off.safetensors"), tensors, dtype)
+                status, output, report = common.diff(self.golden, off, "--candidate-kind", "params", "--step", "0")
+                norm = next(t for t in report["tensors"] if t["name"] == "decoder.final_layernorm.weight")
+                self.assertEqual(norm["metrics"]["max_ulp"], 1, output)
 
     def test_safetensors_sharded_checkpoint_and_tied_head(self):
         tensors = hf_tensors(self.tied, "steps/1/grads", tied=True)
