@@ -291,10 +291,11 @@ void validate_config(const Config& c, int world_size) {
   require(o.warmup_init >= 0 && o.warmup_init <= o.lr, "optim.warmup_init",
           "must be in [0, optim.lr] (got " + str(o.warmup_init) + ")");
   // OptimizerParamScheduler asserts lr_warmup_steps < lr_decay_steps (so lr_decay_steps > 0).
-  require(o.schedule_convention != ScheduleConvention::kMegatron || o.decay_steps > o.warmup_steps,
-          "optim.decay_steps",
-          "must be > optim.warmup_steps under optim.schedule_convention \"megatron\" (Megatron-LM requires "
-          "--lr-decay-iters > --lr-warmup-iters)");
+  require(
+      o.schedule_convention != ScheduleConvention::kMegatron || o.decay_steps > o.warmup_steps,
+      "optim.decay_steps",
+      "must be > optim.warmup_steps under optim.schedule_convention \"megatron\" (Megatron-LM requires its "
+      "lr-decay-iters > lr-warmup-iters)");
   require(o.beta1 >= 0 && o.beta1 < 1, "optim.beta1", "must be in [0, 1)");
   require(o.beta2 >= 0 && o.beta2 < 1, "optim.beta2", "must be in [0, 1)");
   require(o.eps > 0, "optim.eps", "must be > 0");

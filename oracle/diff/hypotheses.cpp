@@ -56,8 +56,8 @@ std::vector<Rule> rules_for(const Config& config) {
         {"document_mask_missing_positions_not_reset",
          "document mask missing and position ids not reset: the candidate matches causal attention "
          "across documents with positions 0..T-1 in every window (a Megatron-LM run over SBHD does this "
-         "whatever --reset-attention-mask and --reset-position-ids say: pack the documents, "
-         "--dataloader-inter-document-masking or THD)",
+         "whatever its reset-attention-mask and reset-position-ids flags say: pack the documents, "
+         "docs/frameworks/megatron.md)",
          false, golden_norm, true});
   } else {
     rules.push_back(

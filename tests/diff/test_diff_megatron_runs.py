@@ -2,7 +2,10 @@
 optim.schedule_convention = megatron against a transcription of Megatron-LM's scheduler
 (tests/python/megatron_scheduler.py) over warm-up, decay and the constant tail, the flags that
 reproduce the default convention, the first update that does not move, and the default
-normalisation under context parallelism, which no Touchstone normalisation matches.
+normalisation under context parallelism, which no Touchstone normalisation matches; and Megatron-LM
+dumps (wgrads and params of each iteration, laid out as save_grads writes them) of the independent
+candidate's runs: a correct one, one with Megatron-LM's scheduler against a default-convention golden
+file, one with a loss scale of 2^16, each imported and diffed.
 
 Usage: test_diff_megatron_runs.py PATH_TO_TOUCHSTONE PATH_TO_SOURCE_TREE
 """
@@ -115,6 +118,65 @@ class MegatronRuns(unittest.TestCase):
                 self.assertIn(expected, result.stderr)
                 self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
                 self.assertFalse(os.path.exists(self.path("refused.h5")))
+
+    def candidate(self, golden, name, bugs=(), precision="fp64"):
+        import importlib
+        out = self.path(f"{name}.h5")
+        importlib.import_module("independent_candidate").run(golden, out, precision, list(bugs))
+        return out
+
+    def import_run(self, candidate, name, steps, scale=1.0, loss_scale=None, params_dtype=None):
+        """Megatron-LM's wgrads/ and params/ dumps of `steps` iterations of `candidate` (tp 2, stages
+        [1, 2]), imported into one shard directory; returns it."""
+        import test_diff_importers as importers
+        import torch
+        shards = self.path(f"{name}_shards")
+        script = os.path.join(common.SOURCE, "tools", "import_megatron_dump.py")
+        for step in range(1, steps + 1):
+            for kind, group in (("wgrads", "grads"), ("params", "params")):
+                dump = importers.write_megatron_dump(
+                    candidate, self.path(f"{name}/{kind}/iter_{step:07d}"), 2, [1, 2], group=f"steps/{step}/{group}",
+                    scale=scale if group == "grads" else 1.0,
+                    dtype=params_dtype if group == "params" and params_dtype else torch.float64)
+                extra = ["--loss-scale", str(loss_scale)] if loss_scale and group == "grads" else []
+                result = common.run([common.PYTHON, script, dump, "--out", shards, *extra])
+                self.assertEqual(result.returncode, 0, result.stderr + result.stdout)
+        return shards
+
+    def test_megatron_dumps_of_independent_runs(self):
+        golden = common.make_golden(self.path("dumps_golden.h5"), **{**common.SHARDABLE, "train__steps": 2})
+        correct = self.candidate(golden, "dumps_correct")
+        behind = self.candidate(golden, "dumps_behind", ["schedule_megatron"])
+        import torch
+        # A BF16 params dump of an FP64 run is judged at one step only: from step 2 on Touchstone
+        # re-anchors at the BF16 copies, where this candidate did not compute its gradients.
+        bf16 = dict(params_dtype=torch.bfloat16, steps=1)
+        cases = (  # name, candidate, options, expected exit status, expected verdict
+            ("correct", correct, {}, 0, None),
+            ("behind", behind, {}, 1, "learning_rate_behind"),
+            ("scaled_and_unscaled", correct, dict(scale=2.0 ** 16, loss_scale=65536), 0, None),
+            ("scaled", correct, dict(scale=2.0 ** 16), 1, "gradient_scale"),
+            ("correct_bf16_params", correct, bf16, 0, None),
+            ("behind_bf16_params", behind, bf16, 1, "learning_rate_behind"))
+        for name, candidate, options, status_expected, verdict in cases:
+            with self.subTest(name):
+                options = dict(options)
+                steps = options.pop("steps", 2)
+                shards = self.import_run(candidate, name, steps, **options)
+                status, output, report = common.diff(golden, shards)
+                self.assertEqual(status, status_expected, output)
+                checked = ", ".join(str(s) for s in range(1, steps + 1))
+                self.assertIn(f"by the optimizer check: steps {checked}", report["judgment"], output)
+                if verdict:
+                    self.assertIn(verdict, common.signatures(report), output)
+                    first = next(t for t in report["tensors"] if t["status"] == "fail")
+                    self.assertEqual(first["step"], 1, output)
+                else:
+                    self.assertEqual({t["group"] for t in common.compared(report)}, {"grads", "params"}, output)
+        # The run one step behind did not move in iteration 1: its params dump is the initial weights.
+        with h5py.File(behind, "r") as f, h5py.File(golden, "r") as g:
+            for name in g["params/init"]:
+                np.testing.assert_array_equal(f[f"steps/1/params/{name}"][()], g[f"params/init/{name}"][()])
 
     def test_context_parallel_default_normalization_is_neither(self):
         # Megatron-LM without --calculate-per-token-loss under cp = 2: the mean of the CP ranks'

@@ -100,7 +100,7 @@ TEST(Config, ImpossibleShapesAreRefused) {
             resolve_config(nullptr, {"optim.schedule_convention=megatron", "optim.decay_steps=1"}, "c"), 1);
       }),
       "config: optim.decay_steps must be > optim.warmup_steps under optim.schedule_convention \"megatron\" "
-      "(Megatron-LM requires --lr-decay-iters > --lr-warmup-iters)");
+      "(Megatron-LM requires its lr-decay-iters > lr-warmup-iters)");
   EXPECT_NE(invalid("parallel.tp=2").find("tp x pp x dp = 2 but the run has 1 process"), std::string::npos);
   EXPECT_NE(invalid("parallel.pp=3").find("parallel.pp (3) must divide model.num_layers (2)"),
             std::string::npos);
