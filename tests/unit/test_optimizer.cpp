@@ -16,12 +16,18 @@
 namespace touchstone {
 namespace {
 
-TEST(LearningRate, WarmupThenCosineThenFloor) {
+// lr 1 to min_lr 0.1: warm-up over updates 1..4, cosine until update 8.
+OptimConfig warmup_4_decay_8() {
   OptimConfig o;
   o.lr = 1.0;
   o.min_lr = 0.1;
   o.warmup_steps = 4;
   o.decay_steps = 8;
+  return o;
+}
+
+TEST(LearningRate, WarmupThenCosineThenFloor) {
+  OptimConfig o = warmup_4_decay_8();
   EXPECT_DOUBLE_EQ(learning_rate(o, 1), 0.25);
   EXPECT_DOUBLE_EQ(learning_rate(o, 4), 1.0);
   EXPECT_DOUBLE_EQ(learning_rate(o, 6), 0.1 + 0.5 * 0.9 * (1.0 + std::cos(std::numbers::pi * 0.5)));
@@ -32,11 +38,7 @@ TEST(LearningRate, WarmupThenCosineThenFloor) {
 }
 
 TEST(LearningRate, WarmupStartsFromWarmupInit) {
-  OptimConfig o;
-  o.lr = 1.0;
-  o.min_lr = 0.1;
-  o.warmup_steps = 4;
-  o.decay_steps = 8;
+  OptimConfig o = warmup_4_decay_8();
   const double default_rate = learning_rate(o, 1);
   o.warmup_init = 0.0;
   EXPECT_EQ(learning_rate(o, 1), default_rate);  // 0 + (lr - 0) s / W: the same bits as lr s / W
