@@ -34,7 +34,7 @@ class RowReader {
             const std::vector<std::string>& fields)
       : where_(where), names_(names), fields_(fields) {}
 
-  int64_t integer(size_t column, int64_t minimum) const {
+  int64_t integer(size_t column, int64_t minimum, int64_t maximum) const {
     const std::string& text = fields_[column];
     size_t used = 0;
     int64_t value = 0;
@@ -45,6 +45,7 @@ class RowReader {
     }
     if (used == 0 || used != text.size()) fail(column, "\"" + text + "\" is not an integer");
     if (value < minimum) fail(column, text + " must be >= " + std::to_string(minimum));
+    if (value > maximum) fail(column, text + " must be <= " + std::to_string(maximum));
     return value;
   }
 
@@ -90,15 +91,19 @@ ScalingRun parse_row(const std::string& where, int64_t line, const std::vector<s
   const RowReader r(where, names, fields);
   ScalingRun run;
   run.line = line;
-  run.gpus = r.integer(0, 1);
-  run.tp = r.integer(1, 1);
-  run.pp = r.integer(2, 1);
-  run.dp = r.integer(3, 1);
-  run.global_batch = r.integer(4, 1);
-  run.micro_batch = r.integer(5, 1);
+  // Upper bounds far past any cluster keep the checks below (tp x pp x dp, dp x micro_batch) inside
+  // int64: 2^20 per grid dimension gives products < 2^60, and 2^40 samples per batch < 2^60 with dp.
+  constexpr int64_t kMaxGridSize = int64_t{1} << 20;
+  constexpr int64_t kMaxCount = int64_t{1} << 40;
+  run.gpus = r.integer(0, 1, kMaxGridSize);
+  run.tp = r.integer(1, 1, kMaxGridSize);
+  run.pp = r.integer(2, 1, kMaxGridSize);
+  run.dp = r.integer(3, 1, kMaxGridSize);
+  run.global_batch = r.integer(4, 1, kMaxCount);
+  run.micro_batch = r.integer(5, 1, kMaxCount);
   run.window_start_s = r.number(6);
   run.window_end_s = r.number(7);
-  run.updates = r.integer(8, 1);
+  run.updates = r.integer(8, 1, kMaxCount);
   run.tokens = r.number(9);
   run.checkpoint_in_window = r.flag(10);
   run.warmup_excluded = r.flag(11);

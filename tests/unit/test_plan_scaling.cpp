@@ -117,6 +117,17 @@ TEST(PlanScaling, MalformedRowsNameTheLine) {
   EXPECT_EQ(error_of(kHeader), "runs.csv: no runs after the header");
 }
 
+// Sizes past any cluster are refused before tp x pp x dp or dp x micro_batch is formed, so the
+// products the checks print cannot overflow int64.
+TEST(PlanScaling, RefusesSizesWhoseProductsWouldOverflow) {
+  EXPECT_EQ(error_of(kHeader + "1,4194304,4194304,4194304,1920,1,1800,3512,20,308160000,0,1\n"),
+            "runs.csv:2: column tp: 4194304 must be <= 1048576");
+  EXPECT_EQ(error_of(kHeader + "512,8,8,8,1920,2199023255553,1800,3512,20,308160000,0,1\n"),
+            "runs.csv:2: column micro_batch: 2199023255553 must be <= 1099511627776");
+  EXPECT_EQ(error_of(kHeader + "512,8,8,8,1920,1,1800,3512,9223372036854775807,308160000,0,1\n"),
+            "runs.csv:2: column updates: 9223372036854775807 must be <= 1099511627776");
+}
+
 TEST(PlanFormat, RoundsHalfAwayFromZeroAndPrintsCompactly) {
   EXPECT_EQ(fixed(140.625, 2), "140.63");  // printf's round-half-even would print 140.62
   EXPECT_EQ(fixed(58.59375, 2), "58.59");
