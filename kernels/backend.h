@@ -37,6 +37,23 @@ struct DropoutSite {
   const int64_t* sample_indices = nullptr;  // [b] global sample index of each window
 };
 
+// The attention dropout of one call. Local element (w, h, i, j) of the mask is element
+// ((first_head + h) * T + i) * T + j of sample site.sample_indices[w] (attention_dropout_element):
+// tensor parallelism gives a rank the global heads [first_head, first_head + NHl). Probability 0 (the
+// default) is no dropout.
+struct AttentionDropout {
+  DropoutSite site{};
+  int64_t first_head = 0;
+  bool active() const { return site.probability > 0.0; }
+};
+
+// (query tile, key tile) pairs of attention: computed, or skipped because causality or document masking
+// hides every entry of the pair. The work grows with `computed`.
+struct AttentionTileCount {
+  int64_t computed = 0;
+  int64_t skipped = 0;
+};
+
 struct AdamWStep {
   double lr, beta1, beta2, eps, weight_decay;
   int64_t step;  // 1-based update number, for bias correction
@@ -100,23 +117,26 @@ class Backend {
   virtual void rope(double* x, const int32_t* position_ids, int64_t windows, int64_t heads, int64_t seq,
                     int64_t head_dim, double theta, bool inverse) = 0;
 
-  // out[N, NH*D] = (softmax(q k^T * scale + mask) * keep_scale) v, where query i may see key j iff j <= i
-  // and (when document_masking) document_ids[i] == document_ids[j]. keep_scale[b,NH,T,T] is the attention
-  // dropout mask (attention_dropout_mask), or null for none. probs[b,NH,T,T] (before dropout) saved for
-  // backward.
+  // out[N, NH*D] = (softmax(q k^T * scale + mask) * keep) v, where query i may see key j iff j <= i and
+  // (when document_masking) document_ids[i] == document_ids[j]; keep is the attention dropout mask, drawn
+  // inside the kernel (AttentionDropout), never stored. lse[b,NH,T] = log sum_j visible exp(s_ij), the
+  // log-sum-exp of each query row's scaled scores, is all the backward needs to recompute P: the
+  // kernels work in tiles of queries and keys (flash attention), so memory is O(T) per head, and a
+  // tile that the mask leaves empty is never computed (attention_tiles counts them).
   virtual void attention_forward(const double* q, const double* k, const double* v,
-                                 const int32_t* document_ids, bool document_masking, const double* keep_scale,
-                                 const AttentionShape& shape, double* out, double* probs) = 0;
-  // dout[N, NH*D] -> dq[b,NH,T,D], dk[b,NKV,T,D], dv[b,NKV,T,D] (overwritten); keep_scale as in forward
+                                 const int32_t* document_ids, bool document_masking,
+                                 const AttentionDropout& dropout, const AttentionShape& shape, double* out,
+                                 double* lse) = 0;
+  // dout[N, NH*D] -> dq[b,NH,T,D], dk[b,NKV,T,D], dv[b,NKV,T,D] (overwritten), from the forward's
+  // inputs, its output out[N, NH*D] and lse[b,NH,T]
   virtual void attention_backward(const double* dout, const double* q, const double* k, const double* v,
-                                  const double* probs, const double* keep_scale, const AttentionShape& shape,
-                                  double* dq, double* dk, double* dv) = 0;
+                                  const double* out, const double* lse, const int32_t* document_ids,
+                                  bool document_masking, const AttentionDropout& dropout,
+                                  const AttentionShape& shape, double* dq, double* dk, double* dv) = 0;
+  // The (query tile, key tile) pairs attention_forward has computed and skipped since construction.
+  virtual AttentionTileCount attention_tiles() const = 0;
 
-  // Dropout masks: keep_scale = 1 / (1 - p) where kept (in FP32 unless FP64), 0 where dropped.
-  // keep_scale[b,NHl,T,T] for the attention probabilities of global heads [first_head, first_head + NHl):
-  // local element (w, h, i, j) is element ((first_head + h) * T + i) * T + j of sample sample_indices[w].
-  virtual void attention_dropout_mask(const DropoutSite& site, const AttentionShape& shape,
-                                      int64_t first_head, double* keep_scale) = 0;
+  // The hidden dropout mask: keep_scale = 1 / (1 - p) where kept (in FP32 unless FP64), 0 where dropped.
   // keep_scale[rows,H] for rows [first_row, first_row + rows) of the micro-batch's N = b*T rows (this rank's
   // block with sequence parallelism): global row w*T + i, column c is element i*H + c of sample
   // sample_indices[w].

@@ -48,6 +48,13 @@ DropoutSite Transformer::dropout_site(const PhiloxKey& key, double probability,
   return DropoutSite{key, probability, batch.sample_indices};
 }
 
+AttentionDropout Transformer::attention_dropout(int64_t layer, const MicroBatch& batch) const {
+  if (model_.attention_dropout == 0.0) return {};  // off
+  // This rank's heads are global heads [tp_rank * NHl, (tp_rank + 1) * NHl): whole KV groups in order.
+  return AttentionDropout{dropout_site(dropout_keys_[layer].attention, model_.attention_dropout, batch),
+                          tp_.tp_rank() * attention_shape(batch.windows).num_heads};
+}
+
 void Transformer::hidden_dropout_forward(const PhiloxKey& key, const MicroBatch& batch,
                                          std::vector<double>& out, std::vector<double>& keep) const {
   if (model_.hidden_dropout == 0.0) return;  // off: no mask, the output untouched
@@ -92,18 +99,10 @@ void Transformer::attention_block_forward(const ParamTensors& params, int64_t la
   backend_.rope(a.q.data(), batch.position_ids, s.windows, s.num_heads, s.seq, D, model_.rope_theta, false);
   backend_.rope(a.k.data(), batch.position_ids, s.windows, s.num_kv_heads, s.seq, D, model_.rope_theta,
                 false);
-  a.probs = buffer(s.windows * s.num_heads * s.seq * s.seq);
-  if (model_.attention_dropout > 0.0) {
-    // This rank's heads are global heads [tp_rank * NHl, (tp_rank + 1) * NHl): whole KV groups in order.
-    a.attention_keep = buffer(s.windows * s.num_heads * s.seq * s.seq);
-    backend_.attention_dropout_mask(
-        dropout_site(dropout_keys_[layer].attention, model_.attention_dropout, batch), s,
-        tp_.tp_rank() * s.num_heads, a.attention_keep.data());
-  }
+  a.lse = buffer(s.windows * s.num_heads * s.seq);
   a.attn = buffer(N * s.num_heads * D);
   backend_.attention_forward(a.q.data(), a.k.data(), a.v.data(), batch.document_ids, document_masking_,
-                             a.attention_keep.empty() ? nullptr : a.attention_keep.data(), s, a.attn.data(),
-                             a.probs.data());
+                             attention_dropout(layer, batch), s, a.attn.data(), a.lse.data());
   std::vector<double> proj_partial = buffer(N * H), proj;
   backend_.linear_forward(a.attn.data(), params[ids.proj].data(), N, s.num_heads * D, H, proj_partial.data());
   tp_.reduce(proj_partial, N, H, proj);  // RowParallelLinear exit
@@ -126,9 +125,9 @@ void Transformer::attention_block_backward(const ParamTensors& params, int64_t l
                            dattn.data(), grads[ids.proj].data());
   std::vector<double> dq = buffer(N * s.num_heads * D), dk = buffer(N * s.num_kv_heads * D),
                       dv = buffer(N * s.num_kv_heads * D);
-  backend_.attention_backward(dattn.data(), a.q.data(), a.k.data(), a.v.data(), a.probs.data(),
-                              a.attention_keep.empty() ? nullptr : a.attention_keep.data(), s, dq.data(),
-                              dk.data(), dv.data());
+  backend_.attention_backward(dattn.data(), a.q.data(), a.k.data(), a.v.data(), a.attn.data(), a.lse.data(),
+                              batch.document_ids, document_masking_, attention_dropout(layer, batch), s,
+                              dq.data(), dk.data(), dv.data());
   backend_.rope(dq.data(), batch.position_ids, s.windows, s.num_heads, s.seq, D, model_.rope_theta, true);
   backend_.rope(dk.data(), batch.position_ids, s.windows, s.num_kv_heads, s.seq, D, model_.rope_theta, true);
   std::vector<double> dqkv = buffer(N * qkv_cols);

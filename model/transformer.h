@@ -50,7 +50,7 @@ struct LayerActivations {
   std::vector<double> q;          // [b,NHl,T,D]  after RoPE
   std::vector<double> k;          // [b,NKVl,T,D] after RoPE
   std::vector<double> v;          // [b,NKVl,T,D]
-  std::vector<double> probs;      // [b,NHl,T,T]  attention probabilities, before dropout
+  std::vector<double> lse;        // [b,NHl,T]    log-sum-exp of each query's scores (the softmax, in O(T))
   std::vector<double> attn;       // [N,NHl*D]    attention output before linear_proj
   std::vector<double> x_mid;      // [Nl,H]       residual stream after attention
   std::vector<double> rstd_mlp;   // [Nl]
@@ -58,8 +58,8 @@ struct LayerActivations {
   std::vector<double> fc1;        // [N,2Fl]      [gate | up]
   std::vector<double> act;        // [N,Fl]       silu(gate) * up
 
-  // Dropout masks, 0 or 1/(1-p); each empty when its dropout is off.
-  std::vector<double> attention_keep;    // [b,NHl,T,T]  of the attention probabilities
+  // Hidden dropout masks, 0 or 1/(1-p); each empty when its dropout is off. (The attention dropout mask
+  // is drawn inside the attention kernels, tile by tile, forward and backward alike.)
   std::vector<double> hidden_attn_keep;  // [Nl,H]       of the attention block's output
   std::vector<double> hidden_mlp_keep;   // [Nl,H]       of the MLP block's output
 };
@@ -105,6 +105,8 @@ class Transformer {
   int64_t vocab_start() const { return tp_.tp_rank() * vocab_local(); }
 
   DropoutSite dropout_site(const PhiloxKey& key, double probability, const MicroBatch& batch) const;
+  // The attention dropout of `layer` for this rank's heads (none when off).
+  AttentionDropout attention_dropout(int64_t layer, const MicroBatch& batch) const;
   // Hidden dropout of a block's output out[Nl,H] in place, keeping its mask in `keep` (left empty when off).
   void hidden_dropout_forward(const PhiloxKey& key, const MicroBatch& batch, std::vector<double>& out,
                               std::vector<double>& keep) const;

@@ -7,12 +7,15 @@
 
 #include <string>
 
+#include "kernels/cpu/cpu_backend.h"
+
 namespace touchstone::plan {
 
 Dims dims_of(const Fp64Rank& r) {
   const auto t = static_cast<double>(r.tp);
   const ModelShape& m = r.shape;
   const double N = static_cast<double>(r.micro_batch * m.seq);
+  const AttentionShape attention{r.micro_batch, m.seq, m.heads / r.tp, m.kv_heads / r.tp, m.head_dim()};
   return Dims{N,
               r.sequence_parallel ? N / t : N,
               static_cast<double>(m.hidden),
@@ -23,7 +26,9 @@ Dims dims_of(const Fp64Rank& r) {
               static_cast<double>(m.vocab) / t,
               static_cast<double>(r.micro_batch),
               static_cast<double>(m.seq),
-              r.sequence_parallel};
+              r.sequence_parallel,
+              static_cast<double>(CpuBackend::attention_forward_scratch(attention)),
+              static_cast<double>(CpuBackend::attention_backward_scratch(attention))};
 }
 
 // A stored activation: kept in `stored`, and named in `names` for the breakdown when asked.
@@ -65,10 +70,9 @@ void PassReplay::attention_forward(Keeper k) {
   k.keep(d_.N * d_.heads * d_.D, "q");
   k.keep(d_.N * d_.kv_heads * d_.D, "k");
   k.keep(d_.N * d_.kv_heads * d_.D, "v");
-  k.keep(d_.windows * d_.heads * d_.T * d_.T, "probs");
-  if (r_.attention_dropout) k.keep(d_.windows * d_.heads * d_.T * d_.T, "attention_keep (dropout mask)");
+  k.keep(d_.windows * d_.heads * d_.T, "lse");
   k.keep(d_.N * d_.heads * d_.D, "attn");
-  l_.release(l_.alloc(d_.T, "softmax row (inside the attention kernel)"));
+  l_.release(l_.alloc(threads_ * d_.attention_forward_scratch, "attention tiles (per kernel thread)"));
   const int proj_partial = l_.alloc(d_.N * d_.H, "proj_partial");
   const int proj = reduce(proj_partial, "proj");
   if (r_.hidden_dropout) k.keep(d_.Nl * d_.H, "hidden_attn_keep (dropout mask)");
@@ -143,7 +147,7 @@ void PassReplay::attention_backward() {
   const int dattn = l_.alloc(d_.N * d_.heads * d_.D, "dattn");
   const int dq = l_.alloc(d_.N * d_.heads * d_.D, "dq"), dk = l_.alloc(d_.N * d_.kv_heads * d_.D, "dk"),
             dv = l_.alloc(d_.N * d_.kv_heads * d_.D, "dv");
-  l_.release(l_.alloc(d_.T * d_.T, "dscores (inside the attention kernel)"));
+  l_.release(l_.alloc(threads_ * d_.attention_backward_scratch, "attention tiles (per kernel thread)"));
   const int dqkv = l_.alloc(d_.N * (d_.heads + 2 * d_.kv_heads) * d_.D, "dqkv");
   const int dh_partial = l_.alloc(d_.N * d_.H, "dh_partial"), dnorm_in = l_.alloc(d_.Nl * d_.H, "dnorm_in");
   const int dh = reduce(dh_partial, "dh");

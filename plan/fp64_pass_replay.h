@@ -5,9 +5,9 @@
 
 #include <vector>
 
+#include "plan/buffer_tally.h"
 #include "plan/comm_staging.h"
 #include "plan/fp64_trainer_memory.h"
-#include "plan/buffer_tally.h"
 
 namespace touchstone::plan {
 
@@ -16,13 +16,19 @@ namespace touchstone::plan {
 struct Dims {
   double N, Nl, H, D, heads, kv_heads, ffn, vocab, windows, T;
   bool sp;
+  // Doubles of attention scratch per kernel thread, forward and backward (CpuBackend).
+  double attention_forward_scratch, attention_backward_scratch;
 };
 Dims dims_of(const Fp64Rank& rank);
 
 class PassReplay {
  public:
   PassReplay(BufferTally& tally, const Fp64Rank& rank, GroupScratch& tp_scratch)
-      : l_(tally), d_(dims_of(rank)), r_(rank), tp_(tp_scratch) {}
+      : l_(tally),
+        d_(dims_of(rank)),
+        r_(rank),
+        tp_(tp_scratch),
+        threads_(static_cast<double>(rank.kernel_threads)) {}
 
   // One micro-batch's forward; returns the handles of what its Activations hold. With `breakdown`, the
   // first layer's and the head's stored tensors are named there.
@@ -46,6 +52,7 @@ class PassReplay {
   Dims d_;
   const Fp64Rank& r_;
   GroupScratch& tp_;
+  double threads_;
 };
 
 }  // namespace touchstone::plan

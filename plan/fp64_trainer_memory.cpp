@@ -8,6 +8,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "kernels/cpu/parallel_for.h"
 #include "model/param_table.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/shard_plan.h"
@@ -262,7 +263,7 @@ Fp64Rank fp64_rank(const MemoryPlanInput& in, int64_t dp, int64_t micro_batches,
   rank.schedule = in.schedule;
   rank.sequence_parallel = in.sequence_parallel;
   rank.distributed_optimizer = in.distributed_optimizer;
-  rank.attention_dropout = in.attention_dropout;
+  rank.kernel_threads = in.kernel_threads;
   rank.hidden_dropout = in.hidden_dropout;
   const Config config = config_for(in);
   const ParamTable table(config.model);
@@ -294,7 +295,7 @@ MemoryPlanInput plan_input_from_config(const Config& c) {
   in.micro_batch = c.train.micro_batch_size;
   in.global_batch = c.train.global_batch_size;
   in.sequence_parallel = c.parallel.sequence_parallel;
-  in.attention_dropout = m.attention_dropout > 0.0;
+  in.kernel_threads = cpu::kernel_threads();
   in.hidden_dropout = m.hidden_dropout > 0.0;
   in.activations = ActivationModel::kTouchstoneFp64;
   in.trainer_precision = c.precision;

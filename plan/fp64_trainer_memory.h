@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "common/config.h"
+#include "plan/buffer_tally.h"
 #include "plan/comm_staging.h"
 #include "plan/memory_model.h"
 #include "plan/memory_plan.h"
-#include "plan/buffer_tally.h"
 
 namespace touchstone::plan {
 
@@ -38,7 +38,9 @@ struct Fp64Rank {
   int64_t first_layer = 0, layers = 0;
   PipelineSchedule schedule = PipelineSchedule::kOneForwardOneBackward;  // parallel/pipeline/schedule.h
   bool sequence_parallel = false, distributed_optimizer = false;
-  bool attention_dropout = false, hidden_dropout = false;  // masks kept from forward to backward
+  bool hidden_dropout = false;  // hidden dropout masks kept to the backward
+  // The CPU kernels' threads (kernels/cpu/parallel_for.h): each holds its own attention tile scratch.
+  int64_t kernel_threads = 1;
   // Trainer::step's collect_outputs (its default, and golden runs): world rank 0 assembles the token
   // losses of the global batch, and the distributed optimizer gathers the whole summed gradient.
   bool collect_outputs = true;

@@ -34,9 +34,12 @@ struct MemoryPlanInput {
   int64_t micro_batch = 1;   // b, sequences per micro-batch
   int64_t global_batch = 0;  // sequences per update; 0: unknown (1F1B then holds pp - stage)
   bool sequence_parallel = false;
-  // The FP64 trainer with model.attention_dropout / model.hidden_dropout > 0: it keeps each mask from
-  // the forward to the backward (kTouchstoneFp64 activations only).
-  bool attention_dropout = false, hidden_dropout = false;
+  // The FP64 trainer with model.hidden_dropout > 0: it keeps each mask from the forward to the backward
+  // (kTouchstoneFp64 activations only; the attention dropout mask is drawn inside the kernels).
+  bool hidden_dropout = false;
+  // The FP64 trainer's CPU kernel threads, each with its attention tile scratch (kTouchstoneFp64 only):
+  // those of the process that plans, unless set.
+  int64_t kernel_threads = 1;
   Recompute recompute = Recompute::kNone;
   bool flash_attention = false;  // 16-bit model: attention scores never stored
   ActivationModel activations = ActivationModel::kNone;

@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "common/config.h"
-#include "plan/memory_model.h"
 #include "plan/buffer_tally.h"
+#include "plan/memory_model.h"
 
 namespace touchstone::plan {
 

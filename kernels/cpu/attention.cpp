@@ -1,18 +1,41 @@
-// CPU document-masked causal attention with grouped KV heads: forward and backward side by side.
+// CPU document-masked causal attention with grouped KV heads, in tiles (the flash-attention algorithm):
+// forward and backward side by side. Memory is O(T) per head: only lse[T] is kept for the backward.
 //
-// Per (window b, query head h, its KV head g):  S = Q_h K_g^T * scale  [T,T]
-//   P = masked row softmax of S (a masked entry is exactly 0)        [T,T], kept for backward
-//   P' = P * M with the attention dropout mask M (0 or 1/(1-p))       [T,T], P' = P without dropout
-//   O_h = P' V_g                                                     [T,D], written into out[N, NH*D]
-// In FP32 and BF16 modes the scores, the softmax, the dropout multiply and their backward are FP32; as
-// in flash attention, the BF16 mode feeds P' and dS to the following GEMMs in BF16, and stores O, dQ,
-// dK, dV in BF16.
+// Per (window b, query head h, its KV head g), queries and keys in tiles of kTile positions:
+//   forward, per query tile I, over the key tiles J the mask leaves nonempty, in order:
+//     S = Q_I K_J^T * scale                                      [tq,tk]
+//     m' = max(m, row max of S over the visible keys)            [tq]  the running max
+//     P~ = exp(S - m') where visible, 0 elsewhere                [tq,tk]
+//     l = l * exp(m - m') + row sum of P~                        [tq]  the running sum
+//     acc = acc * exp(m - m') + (P~ * M_IJ) V_J                  [tq,D] M: the dropout mask's tile
+//   then O_I = acc / l and lse_I = m + log l.
+//   backward, per KV group (b, g): its query heads h, key tiles J, query tiles I, in order:
+//     P = exp(S - lse_I) where visible (recomputed, exactly the forward's P), P' = P * M_IJ
+//     dV_J += P'^T dO_I;  dP = (dO_I V_J^T) * M_IJ;  dS = P * (dP - Delta_I)
+//     dQ_I += dS K_J * scale;  dK_J += dS^T Q_I * scale
+//   with Delta_i = dO_i . O_i = sum_j P_ij dP_ij (O_i = sum_j P_ij M_ij V_j, so the softmax backward's
+//   row sum needs no second pass over the keys, with or without dropout).
+// A tile pair is skipped when every key of J lies after every query of I, or (document masking) no
+// document id of I's queries falls in the range of J's keys' ids; attention_tiles counts both kinds.
+//
+// Precision: in FP64 everything is double. In FP32 and BF16 modes the scores, the running max and sum,
+// the exponentials, the dropout multiply, the accumulators and the softmax backward are FP32; as flash
+// attention does, the BF16 mode feeds P~ * M (and P', dS in the backward) to the GEMMs in BF16 and
+// stores O, dQ, dK, dV in BF16; lse is FP32.
+//
+// Threads (parallel_for.h): the forward splits over (b, h, I), each writing its own rows of out and lse;
+// the backward over (b, g), each writing its group's dK, dV and its heads' dQ. Every sum runs inside one
+// task in the order above, so the bits do not depend on the thread count.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "kernels/attention_tiles.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/parallel_for.h"
+#include "kernels/dropout_mask.h"
 
 namespace touchstone {
 
@@ -20,164 +43,259 @@ namespace {
 
 using cpu::Store;
 
+constexpr int64_t kTile = kAttentionTile;
+
 cpu::RoundTo scores_format(Precision p) {
   return p == Precision::kFp64 ? cpu::RoundTo::kNone : cpu::RoundTo::kFp32;
 }
 
-// Row-wise softmax of scores[T,T] in place, over the keys query i may attend to.
-template <typename T>
-void masked_softmax(double* scores, const int32_t* document_ids, bool document_masking, int64_t seq) {
-  std::vector<T> e(static_cast<size_t>(seq));  // one row of exp(s - max)
-  for (int64_t i = 0; i < seq; ++i) {
-    double* row = scores + i * seq;
-    auto visible = [&](int64_t j) {
-      return j <= i && (!document_masking || document_ids[j] == document_ids[i]);
-    };
-    T row_max = -std::numeric_limits<T>::infinity();
-    for (int64_t j = 0; j <= i; ++j) {
-      if (visible(j) && static_cast<T>(row[j]) > row_max) row_max = static_cast<T>(row[j]);
-    }
-    T sum = 0;
-    for (int64_t j = 0; j < seq; ++j) {
-      e[static_cast<size_t>(j)] = visible(j) ? std::exp(static_cast<T>(row[j]) - row_max) : T(0);
-      sum += e[static_cast<size_t>(j)];
-    }
-    // Query i always sees itself (j = i), so sum >= 1.
-    for (int64_t j = 0; j < seq; ++j) row[j] = static_cast<double>(e[static_cast<size_t>(j)] / sum);
-  }
-}
-
-// Softmax backward in place: dS = P * (dP - sum_j P dP), summed over every key of the row, so that it
-// holds for any saved P; masked entries have P = +0, whose products only add signed zeros to the sum (the
-// same bits as summing j <= i alone), and dS = 0 there.
-template <typename T>
-void softmax_backward(const double* p, double* ds, int64_t seq) {
-  for (int64_t i = 0; i < seq; ++i) {
-    T dot = 0;
-    for (int64_t j = 0; j < seq; ++j) dot += static_cast<T>(p[i * seq + j]) * static_cast<T>(ds[i * seq + j]);
-    for (int64_t j = 0; j < seq; ++j) {
-      ds[i * seq + j] =
-          static_cast<double>(static_cast<T>(p[i * seq + j]) * (static_cast<T>(ds[i * seq + j]) - dot));
-    }
-  }
-}
-
-// out[T,T] = m[T,T] * keep_scale[T,T] in T: P' from P in forward, dP from dP' in backward.
-template <typename T>
-void multiply_mask(const double* m, const double* keep_scale, int64_t n, double* out) {
-  for (int64_t i = 0; i < n; ++i) {
-    out[i] = static_cast<double>(static_cast<T>(m[i]) * static_cast<T>(keep_scale[i]));
-  }
-}
-
-void apply_mask(Precision p, const double* m, const double* keep_scale, int64_t n, double* out) {
-  if (p == Precision::kFp64) {
-    multiply_mask<double>(m, keep_scale, n, out);
-  } else {
-    multiply_mask<float>(m, keep_scale, n, out);
-  }
-}
-
-// The copy of P' (or dS) a BF16 GEMM reads; the FP32 values themselves otherwise.
-const double* gemm_input(const double* m, int64_t n, Precision p, std::vector<double>& scratch) {
+// In BF16 mode a GEMM operand (P~ * M, P', dS) enters as BF16: m[n] rounded into `copy`.
+const double* gemm_input(const double* m, int64_t n, Precision p, double* copy) {
   if (p != Precision::kBf16) return m;
-  scratch.assign(m, m + n);
-  for (double& v : scratch) v = round_to_bf16(v);
-  return scratch.data();
+  for (int64_t i = 0; i < n; ++i) copy[i] = round_to_bf16(m[i]);
+  return copy;
+}
+
+// One (window, query head) slice of the inputs and outputs, with the shapes of attention_forward.
+struct HeadSlice {
+  const double* q;     // [T,D]
+  const double* k;     // [T,D] its KV head
+  const double* v;     // [T,D]
+  int64_t window;      // b
+  int64_t head;        // h, local
+  int64_t out_offset;  // of row 0 of this head in out[N, NH*D]
+};
+
+HeadSlice head_slice(const double* q, const double* k, const double* v, const AttentionShape& s, int64_t b,
+                     int64_t h) {
+  const int64_t T = s.seq, D = s.head_dim, g = h / (s.num_heads / s.num_kv_heads);
+  return HeadSlice{q + (b * s.num_heads + h) * T * D,
+                   k + (b * s.num_kv_heads + g) * T * D,
+                   v + (b * s.num_kv_heads + g) * T * D,
+                   b,
+                   h,
+                   b * T * s.num_heads * D + h * D};
+}
+
+// The dropout mask of one tile pair, or nothing: keep[tq,tk] = M_ij.
+struct TileDropout {
+  const AttentionDropout& dropout;
+  double kept;
+  int64_t seq;
+  void fill(const HeadSlice& x, int64_t i0, int64_t tq, int64_t j0, int64_t tk, double* keep) const {
+    const int64_t sample = dropout.site.sample_indices[x.window];
+    for (int64_t r = 0; r < tq; ++r) {
+      for (int64_t c = 0; c < tk; ++c) {
+        keep[r * tk + c] = dropout_keep_scale(
+            dropout.site, sample, attention_dropout_element(dropout.first_head + x.head, i0 + r, j0 + c, seq),
+            kept);
+      }
+    }
+  }
+};
+
+// Forward of one query tile [i0, i0 + tq) of one head; returns the tile pairs computed and skipped.
+template <typename C>
+AttentionTileCount forward_tile(Precision p, const AttentionShape& s, const WindowMask& mask,
+                                const TileDropout* dropout, const HeadSlice& x, int64_t qt, double* slot,
+                                double* out, double* lse) {
+  const int64_t T = s.seq, D = s.head_dim, out_width = s.num_heads * D;
+  const int64_t i0 = qt * kTile, tq = std::min(kTile, T - i0);
+  double* scores = slot;                  // [tq,tk] S, then P~ * M
+  double* keep = scores + kTile * kTile;  // [tq,tk] M
+  double* input = keep + kTile * kTile;   // [tq,tk] the BF16 copy of P~ * M
+  double* acc = input + kTile * kTile;    // [tq,D]
+  double* m = acc + kTile * D;            // [tq] the running max
+  double* l = m + kTile;                  // [tq] the running sum
+  std::fill(acc, acc + tq * D, 0.0);
+  std::fill(m, m + tq, -std::numeric_limits<double>::infinity());
+  std::fill(l, l + tq, 0.0);
+  AttentionTileCount count;
+  for (int64_t kt = 0; kt < mask.tiles(); ++kt) {
+    if (!mask.tile_needed(qt, kt)) {
+      ++count.skipped;
+      continue;
+    }
+    ++count.computed;
+    const int64_t j0 = kt * kTile, tk = std::min(kTile, T - j0);
+    cpu::gemm(p, scores_format(p), false, true, tq, tk, D, s.scale(), x.q + i0 * D, D, x.k + j0 * D, D,
+              Store::kOverwrite, scores, tk);
+    if (dropout) dropout->fill(x, i0, tq, j0, tk, keep);
+    for (int64_t r = 0; r < tq; ++r) {
+      const int64_t i = i0 + r;
+      double* srow = scores + r * tk;
+      C tile_max = -std::numeric_limits<C>::infinity();
+      for (int64_t c = 0; c < tk; ++c) {
+        if (!mask.visible(i, j0 + c)) continue;
+        srow[c] = static_cast<double>(static_cast<C>(srow[c]) + static_cast<C>(mask.bias(i, j0 + c)));
+        tile_max = std::max(tile_max, static_cast<C>(srow[c]));
+      }
+      const C m_old = static_cast<C>(m[r]), m_new = std::max(m_old, tile_max);
+      if (m_new == -std::numeric_limits<C>::infinity()) {  // no key visible to query i yet
+        std::fill(srow, srow + tk, 0.0);
+        continue;
+      }
+      // exp(-inf) = 0 clears what nothing had accumulated yet; acc and l are 0 there anyway.
+      const C rescale = std::exp(m_old - m_new);
+      C sum = 0;
+      for (int64_t c = 0; c < tk; ++c) {
+        const C e = mask.visible(i, j0 + c) ? std::exp(static_cast<C>(srow[c]) - m_new) : C(0);
+        sum += e;
+        srow[c] = static_cast<double>(dropout ? e * static_cast<C>(keep[r * tk + c]) : e);
+      }
+      l[r] = static_cast<double>(static_cast<C>(l[r]) * rescale + sum);
+      m[r] = static_cast<double>(m_new);
+      for (int64_t d = 0; d < D; ++d)
+        acc[r * D + d] = static_cast<double>(static_cast<C>(acc[r * D + d]) * rescale);
+    }
+    cpu::gemm(p, scores_format(p), false, false, tq, D, tk, 1.0, gemm_input(scores, tq * tk, p, input), tk,
+              x.v + j0 * D, D, Store::kAccumulate, acc, D);
+  }
+  const cpu::Rounding rounding{p};
+  for (int64_t r = 0; r < tq; ++r) {
+    const C sum = static_cast<C>(l[r]);  // >= 1: every query sees at least itself
+    double* o = out + x.out_offset + (i0 + r) * out_width;
+    for (int64_t d = 0; d < D; ++d)
+      o[d] = rounding.activation(static_cast<double>(static_cast<C>(acc[r * D + d]) / sum));
+    lse[i0 + r] = static_cast<double>(static_cast<C>(m[r]) + std::log(sum));
+  }
+  return count;
+}
+
+// Backward of one (window, query head) into its dq[T,D] (FP32 sums unless FP64) and its group's
+// dk, dv [T,D] accumulators.
+template <typename C>
+void backward_head(Precision p, const AttentionShape& s, const WindowMask& mask, const TileDropout* dropout,
+                   const HeadSlice& x, const double* dout, const double* out, const double* lse, double* slot,
+                   double* dq, double* dk, double* dv) {
+  const int64_t T = s.seq, D = s.head_dim, out_width = s.num_heads * D;
+  const cpu::RoundTo accumulate = scores_format(p);
+  double* probs = slot;                     // [tq,tk] P, then P'
+  double* dprobs = probs + kTile * kTile;   // [tq,tk] dP', then dS
+  double* keep = dprobs + kTile * kTile;    // [tq,tk] M
+  double* input = keep + kTile * kTile;     // [tq,tk] a BF16 copy
+  double* delta = input + kTile * kTile;    // [T] Delta_i = dO_i . O_i
+  const double* doh = dout + x.out_offset;  // [T,D] with row stride NH*D
+  const double* oh = out + x.out_offset;
+  for (int64_t i = 0; i < T; ++i) {
+    C dot = 0;
+    for (int64_t d = 0; d < D; ++d)
+      dot += static_cast<C>(doh[i * out_width + d]) * static_cast<C>(oh[i * out_width + d]);
+    delta[i] = static_cast<double>(dot);
+  }
+  std::fill(dq, dq + T * D, 0.0);
+  for (int64_t kt = 0; kt < mask.tiles(); ++kt) {
+    const int64_t j0 = kt * kTile, tk = std::min(kTile, T - j0);
+    for (int64_t qt = 0; qt < mask.tiles(); ++qt) {
+      if (!mask.tile_needed(qt, kt)) continue;
+      const int64_t i0 = qt * kTile, tq = std::min(kTile, T - i0);
+      cpu::gemm(p, scores_format(p), false, true, tq, tk, D, s.scale(), x.q + i0 * D, D, x.k + j0 * D, D,
+                Store::kOverwrite, probs, tk);
+      if (dropout) dropout->fill(x, i0, tq, j0, tk, keep);
+      for (int64_t r = 0; r < tq; ++r) {
+        for (int64_t c = 0; c < tk; ++c) {
+          const int64_t i = i0 + r, j = j0 + c;
+          double& e = probs[r * tk + c];
+          e = mask.visible(i, j)
+                  ? static_cast<double>(std::exp(static_cast<C>(e) + static_cast<C>(mask.bias(i, j)) -
+                                                 static_cast<C>(lse[i])))
+                  : 0.0;
+        }
+      }
+      // dP' = dO_I V_J^T, before P is overwritten by P'
+      cpu::gemm(p, scores_format(p), false, true, tq, tk, D, 1.0, doh + i0 * out_width, out_width,
+                x.v + j0 * D, D, Store::kOverwrite, dprobs, tk);
+      for (int64_t e = 0; e < tq * tk; ++e) {
+        const C pe = static_cast<C>(probs[e]);
+        const C dp =
+            dropout ? static_cast<C>(dprobs[e]) * static_cast<C>(keep[e]) : static_cast<C>(dprobs[e]);
+        dprobs[e] = static_cast<double>(pe * (dp - static_cast<C>(delta[i0 + e / tk])));  // dS
+        if (dropout) probs[e] = static_cast<double>(pe * static_cast<C>(keep[e]));        // P'
+      }
+      // dV_J += P'^T dO_I
+      cpu::gemm(p, accumulate, true, false, tk, D, tq, 1.0, gemm_input(probs, tq * tk, p, input), tk,
+                doh + i0 * out_width, out_width, Store::kAccumulate, dv + j0 * D, D);
+      // dQ_I += dS K_J * scale;  dK_J += dS^T Q_I * scale
+      const double* ds = gemm_input(dprobs, tq * tk, p, input);
+      cpu::gemm(p, accumulate, false, false, tq, D, tk, s.scale(), ds, tk, x.k + j0 * D, D,
+                Store::kAccumulate, dq + i0 * D, D);
+      cpu::gemm(p, accumulate, true, false, tk, D, tq, s.scale(), ds, tk, x.q + i0 * D, D, Store::kAccumulate,
+                dk + j0 * D, D);
+    }
+  }
 }
 
 }  // namespace
 
-void CpuBackend::attention_softmax(double* scores, const int32_t* document_ids, bool document_masking,
-                                   int64_t seq) {
-  if (precision() == Precision::kFp64) {
-    masked_softmax<double>(scores, document_ids, document_masking, seq);
-  } else {
-    masked_softmax<float>(scores, document_ids, document_masking, seq);
-  }
+int64_t CpuBackend::attention_forward_scratch(const AttentionShape& s) {
+  return 3 * kTile * kTile + kTile * s.head_dim + 2 * kTile;
 }
+
+int64_t CpuBackend::attention_backward_scratch(const AttentionShape& s) { return 4 * kTile * kTile + s.seq; }
 
 void CpuBackend::attention_forward(const double* q, const double* k, const double* v,
                                    const int32_t* document_ids, bool document_masking,
-                                   const double* keep_scale, const AttentionShape& s, double* out,
-                                   double* probs) {
-  const int64_t T = s.seq, D = s.head_dim, queries_per_group = s.num_heads / s.num_kv_heads;
-  const int64_t out_width = s.num_heads * D;
-  std::vector<double> scratch;
-  std::vector<double> dropped(keep_scale ? static_cast<size_t>(T * T) : 0);  // [T,T] P' of one head
-  for (int64_t b = 0; b < s.windows; ++b) {
-    for (int64_t h = 0; h < s.num_heads; ++h) {
-      const int64_t g = h / queries_per_group;
-      const double* qh = q + (b * s.num_heads + h) * T * D;     // [T,D]
-      const double* kg = k + (b * s.num_kv_heads + g) * T * D;  // [T,D]
-      const double* vg = v + (b * s.num_kv_heads + g) * T * D;  // [T,D]
-      double* p = probs + (b * s.num_heads + h) * T * T;        // [T,T]
-      cpu::gemm(precision(), scores_format(precision()), false, true, T, T, D, s.scale(), qh, D, kg, D,
-                Store::kOverwrite, p, T);
-      attention_softmax(p, document_ids + b * T, document_masking, T);
-      const double* p_used = p;  // P', what multiplies V
-      if (keep_scale) {
-        apply_mask(precision(), p, keep_scale + (b * s.num_heads + h) * T * T, T * T, dropped.data());
-        p_used = dropped.data();
-      }
-      double* oh = out + b * T * out_width + h * D;  // [T,D] with row stride NH*D
-      cpu::gemm(precision(), cpu::activation_format(precision()), false, false, T, D, T, 1.0,
-                gemm_input(p_used, T * T, precision(), scratch), T, vg, D, Store::kOverwrite, oh, out_width);
-    }
+                                   const AttentionDropout& dropout, const AttentionShape& s, double* out,
+                                   double* lse) {
+  const int64_t T = s.seq, tiles = (T + kTile - 1) / kTile;
+  const bool added = mask_form() == MaskForm::kAllowedAdded;
+  std::vector<WindowMask> masks;  // [b]
+  for (int64_t b = 0; b < s.windows; ++b)
+    masks.emplace_back(document_ids + b * T, document_masking, added, T);
+  const TileDropout tile_dropout{dropout, dropout_kept_value(dropout.site.probability, rounding_), T};
+  const TileDropout* drop = dropout.active() ? &tile_dropout : nullptr;
+  std::vector<AttentionTileCount> counts(static_cast<size_t>(s.windows * s.num_heads * tiles));
+  cpu::ThreadScratch scratch(attention_forward_scratch(s));
+  const cpu::SingleThreadedBlas blas;
+  cpu::parallel_for(s.windows * s.num_heads * tiles, [&](int64_t task) {
+    const int64_t qt = task % tiles, h = task / tiles % s.num_heads, b = task / tiles / s.num_heads;
+    const HeadSlice x = head_slice(q, k, v, s, b, h);
+    double* head_lse = lse + (b * s.num_heads + h) * T;
+    counts[static_cast<size_t>(task)] =
+        precision() == Precision::kFp64 ? forward_tile<double>(precision(), s, masks[static_cast<size_t>(b)],
+                                                               drop, x, qt, scratch.slot(), out, head_lse)
+                                        : forward_tile<float>(precision(), s, masks[static_cast<size_t>(b)],
+                                                              drop, x, qt, scratch.slot(), out, head_lse);
+  });
+  for (const AttentionTileCount& c : counts) {
+    tiles_.computed += c.computed;
+    tiles_.skipped += c.skipped;
   }
 }
 
 void CpuBackend::attention_backward(const double* dout, const double* q, const double* k, const double* v,
-                                    const double* probs, const double* keep_scale, const AttentionShape& s,
-                                    double* dq, double* dk, double* dv) {
+                                    const double* out, const double* lse, const int32_t* document_ids,
+                                    bool document_masking, const AttentionDropout& dropout,
+                                    const AttentionShape& s, double* dq, double* dk, double* dv) {
   const int64_t T = s.seq, D = s.head_dim, queries_per_group = s.num_heads / s.num_kv_heads;
-  const int64_t out_width = s.num_heads * D;
-  const int64_t kv_elements = s.windows * s.num_kv_heads * T * D;
-  for (int64_t i = 0; i < kv_elements; ++i) dk[i] = dv[i] = 0.0;  // summed over the heads of a group
-  const cpu::RoundTo accumulate = scores_format(precision());     // FP32 unless FP64, then stored once
-  std::vector<double> dscores(static_cast<size_t>(T * T));        // [T,T]
-  std::vector<double> dropped(keep_scale ? static_cast<size_t>(T * T) : 0);  // [T,T] P' of one head
-  std::vector<double> scratch;
-  for (int64_t b = 0; b < s.windows; ++b) {
-    for (int64_t h = 0; h < s.num_heads; ++h) {
-      const int64_t g = h / queries_per_group;
-      const double* qh = q + (b * s.num_heads + h) * T * D;
-      const double* kg = k + (b * s.num_kv_heads + g) * T * D;
-      const double* vg = v + (b * s.num_kv_heads + g) * T * D;
-      const double* p = probs + (b * s.num_heads + h) * T * T;
-      const double* doh = dout + b * T * out_width + h * D;  // [T,D] with row stride NH*D
+  const bool added = mask_form() == MaskForm::kAllowedAdded;
+  const TileDropout tile_dropout{dropout, dropout_kept_value(dropout.site.probability, rounding_), T};
+  const TileDropout* drop = dropout.active() ? &tile_dropout : nullptr;
+  cpu::ThreadScratch scratch(attention_backward_scratch(s));
+  const cpu::SingleThreadedBlas blas;
+  cpu::parallel_for(s.windows * s.num_kv_heads, [&](int64_t task) {
+    const int64_t g = task % s.num_kv_heads, b = task / s.num_kv_heads;
+    const WindowMask mask(document_ids + b * T, document_masking, added, T);
+    double* dkg = dk + (b * s.num_kv_heads + g) * T * D;  // [T,D], summed over the group's heads
+    double* dvg = dv + (b * s.num_kv_heads + g) * T * D;
+    std::fill(dkg, dkg + T * D, 0.0);
+    std::fill(dvg, dvg + T * D, 0.0);
+    for (int64_t h = g * queries_per_group; h < (g + 1) * queries_per_group; ++h) {
+      const HeadSlice x = head_slice(q, k, v, s, b, h);
       double* dqh = dq + (b * s.num_heads + h) * T * D;
-      double* dkg = dk + (b * s.num_kv_heads + g) * T * D;
-      double* dvg = dv + (b * s.num_kv_heads + g) * T * D;
-      const double* mask = keep_scale ? keep_scale + (b * s.num_heads + h) * T * T : nullptr;
-      const double* p_used = p;  // P', what multiplied V
-      if (mask) {
-        apply_mask(precision(), p, mask, T * T, dropped.data());
-        p_used = dropped.data();
-      }
-      // dV_g += P'^T dO_h;  dP' = dO_h V_g^T;  dP = dP' * M (the dropout's backward)
-      cpu::gemm(precision(), accumulate, true, false, T, D, T, 1.0,
-                gemm_input(p_used, T * T, precision(), scratch), T, doh, out_width, Store::kAccumulate, dvg,
-                D);
-      double* ds = dscores.data();
-      cpu::gemm(precision(), scores_format(precision()), false, true, T, T, D, 1.0, doh, out_width, vg, D,
-                Store::kOverwrite, ds, T);
-      if (mask) apply_mask(precision(), ds, mask, T * T, ds);
+      const double* head_lse = lse + (b * s.num_heads + h) * T;
       if (precision() == Precision::kFp64) {
-        softmax_backward<double>(p, ds, T);
+        backward_head<double>(precision(), s, mask, drop, x, dout, out, head_lse, scratch.slot(), dqh, dkg,
+                              dvg);
       } else {
-        softmax_backward<float>(p, ds, T);
+        backward_head<float>(precision(), s, mask, drop, x, dout, out, head_lse, scratch.slot(), dqh, dkg,
+                             dvg);
       }
-      // dQ_h = dS K_g * scale;  dK_g += dS^T Q_h * scale
-      const double* ds_in = gemm_input(ds, T * T, precision(), scratch);
-      cpu::gemm(precision(), cpu::activation_format(precision()), false, false, T, D, T, s.scale(), ds_in, T,
-                kg, D, Store::kOverwrite, dqh, D);
-      cpu::gemm(precision(), accumulate, true, false, T, D, T, s.scale(), ds_in, T, qh, D, Store::kAccumulate,
-                dkg, D);
+      round(TensorRole::kActivation, dqh, T * D);
     }
-  }
-  round(TensorRole::kActivation, dk, kv_elements);
-  round(TensorRole::kActivation, dv, kv_elements);
+    round(TensorRole::kActivation, dkg, T * D);
+    round(TensorRole::kActivation, dvg, T * D);
+  });
 }
 
 }  // namespace touchstone

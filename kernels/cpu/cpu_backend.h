@@ -40,15 +40,22 @@ class CpuBackend : public Backend {
 
   // kernels/cpu/attention.cpp
   void attention_forward(const double* q, const double* k, const double* v, const int32_t* document_ids,
-                         bool document_masking, const double* keep_scale, const AttentionShape& shape,
-                         double* out, double* probs) override;
+                         bool document_masking, const AttentionDropout& dropout, const AttentionShape& shape,
+                         double* out, double* lse) override;
   void attention_backward(const double* dout, const double* q, const double* k, const double* v,
-                          const double* probs, const double* keep_scale, const AttentionShape& shape,
+                          const double* out, const double* lse, const int32_t* document_ids,
+                          bool document_masking, const AttentionDropout& dropout, const AttentionShape& shape,
                           double* dq, double* dk, double* dv) override;
+  AttentionTileCount attention_tiles() const override { return tiles_; }
+  // Doubles of scratch each kernel thread holds during attention_forward / attention_backward.
+  static int64_t attention_forward_scratch(const AttentionShape& shape);
+  static int64_t attention_backward_scratch(const AttentionShape& shape);
 
   // kernels/cpu/dropout.cpp
+  // The whole attention dropout mask keep_scale[b,NH,T,T] (the formula of AttentionDropout): for tests
+  // of the mask itself; the attention kernels draw it tile by tile.
   void attention_dropout_mask(const DropoutSite& site, const AttentionShape& shape, int64_t first_head,
-                              double* keep_scale) override;
+                              double* keep_scale);
   void hidden_dropout_mask(const DropoutSite& site, int64_t first_row, int64_t rows, int64_t seq,
                            int64_t hidden, double* keep_scale) override;
   void dropout_forward(const double* x, const double* keep_scale, int64_t n, double* y) override;
@@ -68,16 +75,18 @@ class CpuBackend : public Backend {
                     const AdamWStep& step) override;
 
  protected:
-  // kernels/cpu/attention.cpp: the row softmax of one head's scores[T,T] in place, in attention_forward,
-  // over the keys query i may attend to. A backend that attends otherwise (oracle/diff/added_mask.h)
-  // overrides this alone: attention_backward works from the saved probabilities, whatever rows they hold.
-  virtual void attention_softmax(double* scores, const int32_t* document_ids, bool document_masking,
-                                 int64_t seq);
+  // How the scores are masked. kMasked: query i sees key j iff the rule of attention_forward allows it,
+  // and tiles the rule leaves empty are skipped. kAllowedAdded: every key of the window is seen and 1 is
+  // added to the scores the rule allows (oracle/diff/added_mask.h: a 0/1 mask passed where an additive
+  // one was expected); no tile is skipped.
+  enum class MaskForm { kMasked, kAllowedAdded };
+  virtual MaskForm mask_form() const { return MaskForm::kMasked; }
 
  private:
   Precision precision() const { return options_.precision; }
   BackendOptions options_;
   cpu::Rounding rounding_;
+  AttentionTileCount tiles_;  // attention_forward's, summed over calls
 };
 
 }  // namespace touchstone

@@ -4,9 +4,8 @@
 // elsewhere masks nothing and raises the allowed scores by 1:
 //   P = softmax over ALL keys j of the window of (q_i k_j^T * scale + allowed(i, j)),
 // allowed(i, j) = 1 when j <= i and (with document masking) j is in i's document, else 0.
-// Everything else is the FP64 CPU reference backend: only its softmax is replaced. The backward is the
-// reference's, from the saved P (the added constant has no gradient; the softmax backward sums over
-// every key of a row).
+// Everything else is the FP64 CPU reference backend: only the mask form of its attention changes
+// (CpuBackend::MaskForm), forward and backward alike (the added constant has no gradient).
 #pragma once
 
 #include "kernels/cpu/cpu_backend.h"
@@ -19,9 +18,7 @@ class AddedMaskBackend : public CpuBackend {
   std::string name() const override { return "cpu (0/1 attention mask added to the scores)"; }
 
  protected:
-  // Row softmax of scores[T,T] + allowed, in place, over every key (every entry of a row nonzero).
-  void attention_softmax(double* scores, const int32_t* document_ids, bool document_masking,
-                         int64_t seq) override;
+  MaskForm mask_form() const override { return MaskForm::kAllowedAdded; }
 };
 
 }  // namespace touchstone::diff

@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/dropout_mask.h"
 #include "oracle/diff/added_mask.h"
 #include "test_diff_signature_fixture.h"
 
@@ -108,24 +109,28 @@ TEST(AddedMaskBackend, AttentionIsTheFormulaAndItsGradient) {
   };
   std::vector<double> q = random(s.windows * NH * T * D), k = random(s.windows * NKV * T * D),
                       v = random(s.windows * NKV * T * D), w = random(s.windows * T * NH * D);
+  // Attention dropout at p = 0.2 (keep 1.25): the mask the kernels draw, materialised.
+  const std::vector<int64_t> samples{3, 8};
+  const DropoutSite site{stream_key(11, "added_mask/dropout"), 0.2, samples.data()};
   std::vector<double> keep(static_cast<size_t>(s.windows * NH * T * T));
-  for (double& x : keep) x = noise.next() > -0.6 ? 1.25 : 0.0;
+  fill_attention_dropout_mask(site, s, 0, Precision::kFp64, keep.data());
   AddedMaskBackend backend;
   for (const bool masking : {false, true}) {
-    for (const double* keep_scale :
-         {static_cast<const double*>(nullptr), static_cast<const double*>(keep.data())}) {
+    for (const bool dropout : {false, true}) {
       SCOPED_TRACE(std::string("document masking ") + (masking ? "on" : "off") +
-                   (keep_scale ? ", dropout" : ", no dropout"));
+                   (dropout ? ", dropout" : ", no dropout"));
+      const double* keep_scale = dropout ? keep.data() : nullptr;
+      const AttentionDropout attention_dropout = dropout ? AttentionDropout{site, 0} : AttentionDropout{};
       auto forward = [&](const std::vector<double>& qq, const std::vector<double>& kk,
-                         const std::vector<double>& vv, std::vector<double>* probs) {
-        std::vector<double> out(w.size()), p(keep.size());
-        backend.attention_forward(qq.data(), kk.data(), vv.data(), docs.data(), masking, keep_scale, s,
-                                  out.data(), p.data());
-        if (probs) *probs = p;
+                         const std::vector<double>& vv, std::vector<double>* lse) {
+        std::vector<double> out(w.size()), l(static_cast<size_t>(s.windows * NH * T));
+        backend.attention_forward(qq.data(), kk.data(), vv.data(), docs.data(), masking, attention_dropout, s,
+                                  out.data(), l.data());
+        if (lse) *lse = l;
         return out;
       };
-      std::vector<double> probs;
-      const std::vector<double> out = forward(q, k, v, &probs);
+      std::vector<double> lse;
+      const std::vector<double> out = forward(q, k, v, &lse);
       for (int64_t b = 0; b < s.windows; ++b) {
         for (int64_t h = 0; h < NH; ++h) {
           const int64_t g = h / (NH / NKV);
@@ -144,11 +149,11 @@ TEST(AddedMaskBackend, AttentionIsTheFormulaAndItsGradient) {
                   std::exp(score / std::sqrt(static_cast<double>(D)) + (allowed ? 1 : 0));
               sum += e[static_cast<size_t>(j)];
             }
+            EXPECT_NEAR(lse[static_cast<size_t>((b * NH + h) * T + i)], std::log(sum), 1e-14);
             for (int64_t d = 0; d < D; ++d) {
               double expected = 0;
               for (int64_t j = 0; j < T; ++j) {
                 const auto pj = static_cast<size_t>(((b * NH + h) * T + i) * T + j);
-                EXPECT_NEAR(probs[pj], e[static_cast<size_t>(j)] / sum, 1e-14);
                 expected += e[static_cast<size_t>(j)] / sum * (keep_scale ? keep_scale[pj] : 1.0) *
                             v[static_cast<size_t>(((b * NKV + g) * T + j) * D + d)];
               }
@@ -158,8 +163,8 @@ TEST(AddedMaskBackend, AttentionIsTheFormulaAndItsGradient) {
         }
       }
       std::vector<double> dq(q.size()), dk(k.size()), dv(v.size());
-      backend.attention_backward(w.data(), q.data(), k.data(), v.data(), probs.data(), keep_scale, s,
-                                 dq.data(), dk.data(), dv.data());
+      backend.attention_backward(w.data(), q.data(), k.data(), v.data(), out.data(), lse.data(), docs.data(),
+                                 masking, attention_dropout, s, dq.data(), dk.data(), dv.data());
       auto objective = [&](const std::vector<double>& qq, const std::vector<double>& kk,
                            const std::vector<double>& vv) {
         const std::vector<double> o = forward(qq, kk, vv, nullptr);

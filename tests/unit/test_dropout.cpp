@@ -9,6 +9,7 @@
 
 #include "common/rng.h"
 #include "kernels/backend.h"
+#include "kernels/dropout_mask.h"
 #include "model/params.h"
 #include "model/transformer.h"
 #include "oracle/train_step.h"
@@ -94,9 +95,8 @@ TEST(DropoutMask, KeepFractionAndIndependenceAreWithinTheBinomialBound) {
   const double pa = 0.3;
   const AttentionShape shape{8, T, 8, 4, 8};
   std::vector<double> attention = zeros(8 * 8 * T * T);
-  backend->attention_dropout_mask(
-      DropoutSite{stream_key(1234, "dropout/attention/layer0"), pa, samples.data()}, shape, 0,
-      attention.data());
+  fill_attention_dropout_mask(DropoutSite{stream_key(1234, "dropout/attention/layer0"), pa, samples.data()},
+                              shape, 0, Precision::kFp64, attention.data());
   int64_t attention_kept = 0;
   for (double m : attention) attention_kept += m == 1.0 / (1.0 - pa);
   expect_binomial(attention_kept, static_cast<int64_t>(attention.size()), 1.0 - pa, "kept probabilities");
@@ -111,19 +111,23 @@ TEST(DropoutMask, ASliceDrawnAloneEqualsItsSliceOfTheFullMask) {
   // Attention: tensor parallelism holds heads [2, 4) of 4; a micro-batch of one window holds sample 11.
   const AttentionShape full_shape{3, T, NH, 2, 4};
   std::vector<double> full = zeros(3 * NH * T * T), again = full;
-  backend->attention_dropout_mask(DropoutSite{key, 0.25, samples.data()}, full_shape, 0, full.data());
-  backend->attention_dropout_mask(DropoutSite{key, 0.25, samples.data()}, full_shape, 0, again.data());
+  fill_attention_dropout_mask(DropoutSite{key, 0.25, samples.data()}, full_shape, 0, Precision::kFp64,
+                              full.data());
+  fill_attention_dropout_mask(DropoutSite{key, 0.25, samples.data()}, full_shape, 0, Precision::kFp64,
+                              again.data());
   EXPECT_EQ(full, again);  // a pure function of the coordinates
   const AttentionShape two_heads{3, T, 2, 1, 4};
   std::vector<double> heads = zeros(3 * 2 * T * T);
-  backend->attention_dropout_mask(DropoutSite{key, 0.25, samples.data()}, two_heads, 2, heads.data());
+  fill_attention_dropout_mask(DropoutSite{key, 0.25, samples.data()}, two_heads, 2, Precision::kFp64,
+                              heads.data());
   for (int64_t w = 0; w < 3; ++w) {
     const auto first = full.begin() + (w * NH + 2) * T * T;
     EXPECT_TRUE(std::equal(first, first + 2 * T * T, heads.begin() + w * 2 * T * T)) << "window " << w;
   }
   const AttentionShape one_window{1, T, NH, 2, 4};
   std::vector<double> window = zeros(NH * T * T);
-  backend->attention_dropout_mask(DropoutSite{key, 0.25, samples.data() + 1}, one_window, 0, window.data());
+  fill_attention_dropout_mask(DropoutSite{key, 0.25, samples.data() + 1}, one_window, 0, Precision::kFp64,
+                              window.data());
   EXPECT_TRUE(std::equal(window.begin(), window.end(), full.begin() + NH * T * T));
 
   // Hidden: sequence parallelism over 4 ranks holds blocks of 12 of the 48 rows, some across a window
@@ -146,27 +150,33 @@ TEST(Dropout, ZeroProbabilityIsTheIdentityBitwise) {
   const std::vector<int64_t> samples{0, 1};
   const AttentionShape s{2, 8, 2, 1, 4};
   std::vector<double> mask = zeros(2 * 2 * 8 * 8);
-  backend->attention_dropout_mask(DropoutSite{stream_key(1, "a"), 0.0, samples.data()}, s, 0, mask.data());
+  const DropoutSite off{stream_key(1, "a"), 0.0, samples.data()};
+  fill_attention_dropout_mask(off, s, 0, Precision::kFp64, mask.data());
   for (double m : mask) ASSERT_EQ(m, 1.0);
-  // Attention with an all-ones mask is attention without one, bitwise, forward and backward.
+  // Attention dropout at p = 0 is attention without dropout, bitwise, forward and backward.
   std::vector<double> q = zeros(2 * 2 * 8 * 4), kv = zeros(2 * 8 * 4);
   for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.7 * static_cast<double>(i));
   for (size_t i = 0; i < kv.size(); ++i) kv[i] = std::cos(0.3 * static_cast<double>(i));
   const std::vector<int32_t> documents(16, 0);
-  std::vector<double> out_plain = zeros(16 * 8), out_ones = out_plain, probs_plain = mask, probs_ones = mask;
-  backend->attention_forward(q.data(), kv.data(), kv.data(), documents.data(), true, nullptr, s,
-                             out_plain.data(), probs_plain.data());
-  backend->attention_forward(q.data(), kv.data(), kv.data(), documents.data(), true, mask.data(), s,
-                             out_ones.data(), probs_ones.data());
-  EXPECT_EQ(out_plain, out_ones);
-  std::vector<double> dq_plain = q, dq_ones = q, dk_plain = kv, dk_ones = kv, dv_plain = kv, dv_ones = kv;
-  backend->attention_backward(out_plain.data(), q.data(), kv.data(), kv.data(), probs_plain.data(), nullptr,
-                              s, dq_plain.data(), dk_plain.data(), dv_plain.data());
-  backend->attention_backward(out_plain.data(), q.data(), kv.data(), kv.data(), probs_plain.data(),
-                              mask.data(), s, dq_ones.data(), dk_ones.data(), dv_ones.data());
-  EXPECT_EQ(dq_plain, dq_ones);
-  EXPECT_EQ(dk_plain, dk_ones);
-  EXPECT_EQ(dv_plain, dv_ones);
+  const AttentionDropout zero_probability{off, 1};
+  std::vector<double> out_plain = zeros(16 * 8), out_zero = out_plain, lse_plain = zeros(2 * 2 * 8),
+                      lse_zero = lse_plain;
+  backend->attention_forward(q.data(), kv.data(), kv.data(), documents.data(), true, AttentionDropout{}, s,
+                             out_plain.data(), lse_plain.data());
+  backend->attention_forward(q.data(), kv.data(), kv.data(), documents.data(), true, zero_probability, s,
+                             out_zero.data(), lse_zero.data());
+  EXPECT_EQ(out_plain, out_zero);
+  EXPECT_EQ(lse_plain, lse_zero);
+  std::vector<double> dq_plain = q, dq_zero = q, dk_plain = kv, dk_zero = kv, dv_plain = kv, dv_zero = kv;
+  backend->attention_backward(out_plain.data(), q.data(), kv.data(), kv.data(), out_plain.data(),
+                              lse_plain.data(), documents.data(), true, AttentionDropout{}, s,
+                              dq_plain.data(), dk_plain.data(), dv_plain.data());
+  backend->attention_backward(out_plain.data(), q.data(), kv.data(), kv.data(), out_plain.data(),
+                              lse_plain.data(), documents.data(), true, zero_probability, s, dq_zero.data(),
+                              dk_zero.data(), dv_zero.data());
+  EXPECT_EQ(dq_plain, dq_zero);
+  EXPECT_EQ(dk_plain, dk_zero);
+  EXPECT_EQ(dv_plain, dv_zero);
   // Hidden dropout at p = 0 leaves its input bitwise.
   std::vector<double> hidden_mask = zeros(16 * 4), y = zeros(16 * 4);
   backend->hidden_dropout_mask(DropoutSite{stream_key(1, "b"), 0.0, samples.data()}, 0, 16, 8, 4,
@@ -176,31 +186,38 @@ TEST(Dropout, ZeroProbabilityIsTheIdentityBitwise) {
 }
 
 TEST(Dropout, AttentionDropsTheProbabilitiesThatMultiplyV) {
-  // out[i] = sum_j P[i,j] M[i,j] V[j] for one window and head, by hand from the kernel's own P.
+  // out[i] = sum_j P[i,j] M[i,j] V[j] for one window and head, with P = exp(s - lse) from the kernel's
+  // own lse and M the documented mask.
   auto backend = make_cpu_backend();
   const int64_t T = 8, D = 4;
   const AttentionShape s{1, T, 1, 1, D};
   const std::vector<int64_t> samples{3};
-  std::vector<double> q = zeros(T * D), k = q, v = q, mask = zeros(T * T), probs = mask, out = q;
+  std::vector<double> q = zeros(T * D), k = q, v = q, mask = zeros(T * T), lse = zeros(T), out = q;
   for (int64_t i = 0; i < T * D; ++i) {
     q[i] = std::sin(1.3 * static_cast<double>(i));
     k[i] = std::cos(0.4 * static_cast<double>(i));
     v[i] = std::sin(0.9 * static_cast<double>(i) + 1.0);
   }
-  backend->attention_dropout_mask(DropoutSite{stream_key(5, "c"), 0.4, samples.data()}, s, 0, mask.data());
+  const DropoutSite site{stream_key(5, "c"), 0.4, samples.data()};
+  fill_attention_dropout_mask(site, s, 0, Precision::kFp64, mask.data());
   const std::vector<int32_t> documents(T, 0);
-  backend->attention_forward(q.data(), k.data(), v.data(), documents.data(), true, mask.data(), s, out.data(),
-                             probs.data());
+  backend->attention_forward(q.data(), k.data(), v.data(), documents.data(), true, AttentionDropout{site, 0},
+                             s, out.data(), lse.data());
   int64_t dropped_visible = 0;
   for (int64_t i = 0; i < T; ++i) {
     for (int64_t d = 0; d < D; ++d) {
       double expected = 0.0, magnitude = 0.0;
       for (int64_t j = 0; j <= i; ++j) {
-        expected += probs[i * T + j] * mask[i * T + j] * v[j * D + d];
-        magnitude += std::abs(probs[i * T + j] * mask[i * T + j] * v[j * D + d]);
+        double score = 0.0;
+        for (int64_t e = 0; e < D; ++e) score += q[i * D + e] * k[j * D + e];
+        const double p = std::exp(score * s.scale() - lse[i]);
+        expected += p * mask[i * T + j] * v[j * D + d];
+        magnitude += std::abs(p * mask[i * T + j] * v[j * D + d]);
       }
-      // Two sums of at most T = 8 products in different orders: each within gamma_8 ~ 8u of sum |terms|.
-      EXPECT_NEAR(out[i * D + d], expected, 16 * 0x1p-53 * magnitude) << i << ", " << d;
+      // The scores (D = 4 terms), lse (T = 8 terms and a log) and exp here and in the kernel differ by a
+      // few roundings each, and the sums of at most 8 products run in different orders: within 64u of
+      // sum |terms| (|score| < 4 here, so exp's relative error stays a few u).
+      EXPECT_NEAR(out[i * D + d], expected, 64 * 0x1p-53 * magnitude) << i << ", " << d;
     }
     for (int64_t j = 0; j <= i; ++j) dropped_visible += mask[i * T + j] == 0.0;
   }

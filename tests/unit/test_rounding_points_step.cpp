@@ -94,28 +94,26 @@ class FormatCheckingBackend final : public Backend {
     check(inverse ? "rope inverse x" : "rope x", Format::kBf16, x, windows * heads * seq * head_dim);
   }
   void attention_forward(const double* q, const double* k, const double* v, const int32_t* document_ids,
-                         bool document_masking, const double* keep_scale, const AttentionShape& s,
-                         double* out, double* probs) override {
+                         bool document_masking, const AttentionDropout& dropout, const AttentionShape& s,
+                         double* out, double* lse) override {
     check("attention_forward q", Format::kBf16, q, s.windows * s.num_heads * s.seq * s.head_dim);
     check("attention_forward k", Format::kBf16, k, s.windows * s.num_kv_heads * s.seq * s.head_dim);
-    inner_->attention_forward(q, k, v, document_ids, document_masking, keep_scale, s, out, probs);
+    inner_->attention_forward(q, k, v, document_ids, document_masking, dropout, s, out, lse);
     check("attention_forward out", Format::kBf16, out, s.windows * s.seq * s.num_heads * s.head_dim);
-    check("attention_forward probs", Format::kFp32, probs, s.windows * s.num_heads * s.seq * s.seq);
+    check("attention_forward lse", Format::kFp32, lse, s.windows * s.num_heads * s.seq);
   }
   void attention_backward(const double* dout, const double* q, const double* k, const double* v,
-                          const double* probs, const double* keep_scale, const AttentionShape& s, double* dq,
-                          double* dk, double* dv) override {
+                          const double* out, const double* lse, const int32_t* document_ids,
+                          bool document_masking, const AttentionDropout& dropout, const AttentionShape& s,
+                          double* dq, double* dk, double* dv) override {
     check("attention_backward dout", Format::kBf16, dout, s.windows * s.seq * s.num_heads * s.head_dim);
-    inner_->attention_backward(dout, q, k, v, probs, keep_scale, s, dq, dk, dv);
+    inner_->attention_backward(dout, q, k, v, out, lse, document_ids, document_masking, dropout, s, dq, dk,
+                               dv);
     check("attention_backward dq", Format::kBf16, dq, s.windows * s.num_heads * s.seq * s.head_dim);
     check("attention_backward dk", Format::kBf16, dk, s.windows * s.num_kv_heads * s.seq * s.head_dim);
     check("attention_backward dv", Format::kBf16, dv, s.windows * s.num_kv_heads * s.seq * s.head_dim);
   }
-  void attention_dropout_mask(const DropoutSite& site, const AttentionShape& s, int64_t first_head,
-                              double* keep_scale) override {
-    inner_->attention_dropout_mask(site, s, first_head, keep_scale);
-    check("attention_dropout_mask keep", Format::kFp32, keep_scale, s.windows * s.num_heads * s.seq * s.seq);
-  }
+  AttentionTileCount attention_tiles() const override { return inner_->attention_tiles(); }
   void hidden_dropout_mask(const DropoutSite& site, int64_t first_row, int64_t rows, int64_t seq,
                            int64_t hidden, double* keep_scale) override {
     inner_->hidden_dropout_mask(site, first_row, rows, seq, hidden, keep_scale);
@@ -249,7 +247,7 @@ TEST(RoundingPointsInAStep, EveryOperatorSeesAndReturnsItsFormat) {
                            "rope x",
                            "rope inverse x",
                            "attention_forward out",
-                           "attention_forward probs",
+                           "attention_forward lse",
                            "attention_backward dq",
                            "attention_backward dk",
                            "attention_backward dv",
