@@ -1,20 +1,44 @@
-// CUDA document-masked causal attention with grouped KV heads, forward and backward; the device twin
-// of kernels/cpu/attention.cpp, with the same formulas and the same rounding points per precision.
+// CUDA document-masked causal attention with grouped KV heads, forward and backward in the flash
+// attention form; the device twin of kernels/cpu/attention.cpp, with the same formulas and the same
+// rounding points per precision. Nothing [T,T] is stored: the forward keeps lse[b,NH,T] for the
+// backward, which recomputes the scores and P = exp(S - lse) where it needs them.
 //
-// Hand-written row kernels, no cuBLAS: each block of kBlockThreads threads owns one row of the
-// [T,T] attention matrix of one (window, head), so every reduction runs in a fixed order (launch.h)
-// and there are no atomics:
-//   forward           block per query row (b, h, i): scores, softmax, P' = P * M, O_i = P' V
-//   backward, dQ      block per query row (b, h, i): dP = (dO_i V^T) * M, dS = P (dP - P.dP), dQ_i
-//   backward, dK, dV  block per key row (b, g, j): sums over the group's heads and the query rows
-// Compute type T: double in FP64 mode, float otherwise (the CPU's masked_softmax<T> and SGEMMs).
+// Hand-written row kernels, no cuBLAS: each block of kBlockThreads threads owns one query row or one
+// key row of one (window, head) and walks the other side in tiles of kAttentionTile positions, in the
+// CPU's tile order, one thread per key (query) of the tile; every sum runs in a fixed order and there
+// are no atomics:
+//   forward   block per query row (b, h, i), key tiles J ascending: S, the running max m and sum l,
+//             acc = acc * exp(m - m') + (P~ * M) V_J; then O_i = acc / l, lse_i = m + log l
+//   Delta     thread per query row: Delta_i = dO_i . O_i (a per-call [b,NH,T] temporary)
+//   dQ        block per query row (b, h, i), key tiles ascending: dQ_i += scale dS_IJ K_J
+//   dK, dV    block per key row (b, g, j), the group's heads h ascending, then query tiles ascending:
+//             dK_j += scale dS^T Q_I, dV_j += P'^T dO_I
+// with P = exp(S - lse_i), dP = (dO_i . V_j) * M_ij, dS = P (dP - Delta_i), P' = P * M_ij recomputed
+// per entry by the dQ and dK/dV kernels alike (entry()). The dropout mask M is drawn in the kernels from
+// its coordinates (dropout_mask.cuh), bitwise the CPU's.
+//
+// Tiles: the kernels visit only the (query tile, key tile) pairs the CPU reference's tile rule keeps
+// (WindowMask::tile_needed, kernels/attention_tiles.h), taken as a table computed on the host from
+// the document ids; attention_tiles() counts the pairs of that same rule (WindowMask::count() per
+// window and head), on the host, for every forward call. It is the work the rule asks for, not a
+// measurement of the kernels.
+//
+// Compute type T: double in FP64 mode, float otherwise (the CPU's C). Every product the CPU rounds
+// before an add is rounded on its own (rounded_product), so nvcc's fused multiply-adds do not merge it.
 #include <cmath>
+#include <vector>
 
+#include "kernels/attention_tiles.h"
 #include "kernels/cuda/cuda_backend.cuh"
+#include "kernels/cuda/dropout_mask.cuh"
+#include "kernels/dropout_mask.h"
 
 namespace touchstone {
 
 namespace {
+
+constexpr int64_t kTile = kAttentionTile;
+static_assert(kTile <= cuda::kBlockThreads, "one thread per key (query) of a tile");
 
 // Where one row of the grid lives: row = (b * heads + head) * T + position, heads = NH or NKV.
 struct RowIndex {
@@ -28,224 +52,360 @@ __device__ RowIndex row_index(int64_t row, int64_t heads, int64_t seq) {
 
 __device__ inline float exp_of(float x) { return expf(x); }
 __device__ inline double exp_of(double x) { return exp(x); }
+__device__ inline float log_of(float x) { return logf(x); }
+__device__ inline double log_of(double x) { return log(x); }
 
 // a * b rounded on its own, never fused into a following add: the CPU rounds a GEMM's alpha * sum to
-// FP32 before adding it to the FP32 accumulator.
+// FP32 before adding it to the FP32 accumulator, and its scalar loops do not contract.
 __device__ inline float rounded_product(float a, float b) { return __fmul_rn(a, b); }
 __device__ inline double rounded_product(double a, double b) { return __dmul_rn(a, b); }
 
-// The value a GEMM operand holds: in BF16 mode P' and dS enter the following products as BF16, as
-// the CPU's gemm_input rounds them (FP32 -> BF16 is the same as double -> FP32 -> BF16 here: the
-// value is already an FP32 one).
+// The value a GEMM operand holds: in BF16 mode P~ * M, P' and dS enter the following products as
+// BF16, as the CPU's gemm_input rounds them (FP32 -> BF16 is the same as double -> FP32 -> BF16 here:
+// the value is already an FP32 one).
 template <typename T>
 __device__ T gemm_input(T value, bool bf16_inputs) {
   return bf16_inputs ? static_cast<T>(round_to_bf16(static_cast<double>(value))) : value;
 }
 
-// P'_ij as the P'V and P'^T dO products read it: P times the dropout mask in T, like multiply_mask.
+// sum_d a[d] b[d] in T, ascending d.
 template <typename T>
-__device__ T dropped_prob(const double* probs, const double* keep_scale, int64_t at, bool bf16_inputs) {
-  T p = static_cast<T>(probs[at]);
-  if (keep_scale != nullptr) p = p * static_cast<T>(keep_scale[at]);
-  return gemm_input(p, bf16_inputs);
+__device__ T dot(const double* a, const double* b, int64_t n) {
+  T sum = 0;
+  for (int64_t d = 0; d < n; ++d) sum += static_cast<T>(a[d]) * static_cast<T>(b[d]);
+  return sum;
+}
+
+// One window's mask as the kernels read it.
+struct Window {
+  const int32_t* docs;    // [T], null without document masking
+  const uint8_t* needed;  // [tiles, tiles]: WindowMask::tile_needed(qt, kt) of this window
+  int64_t tiles;
+  __device__ bool visible(int64_t i, int64_t j) const {
+    return j <= i && (docs == nullptr || docs[j] == docs[i]);
+  }
+  __device__ bool tile_needed(int64_t qt, int64_t kt) const { return needed[qt * tiles + kt] != 0; }
+};
+
+__device__ Window window_of(const int32_t* document_ids, const uint8_t* needed, int64_t b, int64_t seq) {
+  const int64_t tiles = (seq + kTile - 1) / kTile;
+  return Window{document_ids ? document_ids + b * seq : nullptr, needed + b * tiles * tiles, tiles};
+}
+
+// The score as the CPU's GEMM stores it: alpha multiplies the finished dot product, in T.
+template <typename T>
+__device__ T score(const double* q_i, const double* k_j, int64_t dim, double scale) {
+  return rounded_product(static_cast<T>(scale), dot<T>(q_i, k_j, dim));
 }
 
 // Inputs q[b,NH,T,D], k[b,NKV,T,D], v[b,NKV,T,D], document_ids[b*T] (null without masking),
-// keep_scale[b,NH,T,T] (null: no dropout); outputs out[N, NH*D], probs[b,NH,T,T]. One block per query
-// row (b, h, i); the probs row doubles as the scratch for the scores and the exponentials.
+// needed[b,tiles,tiles]; outputs out[N, NH*D], lse[b,NH,T]. One block per query row (b, h, i); the
+// row's slice of out holds the accumulator (each d owned by one thread) until it is divided by l.
 template <typename T>
 __global__ void attention_forward_kernel(const double* q, const double* k, const double* v,
-                                         const int32_t* document_ids, const double* keep_scale,
-                                         AttentionShape shape, double scale, bool bf16_inputs,
-                                         cpu::Rounding r, double* out, double* probs) {
+                                         const int32_t* document_ids, const uint8_t* needed,
+                                         cuda::AttentionKeep keep, AttentionShape shape, double scale,
+                                         bool bf16_inputs, cpu::Rounding r, double* out, double* lse) {
+  __shared__ T scores[kTile];   // S of the tile (-inf where not visible)
+  __shared__ T weights[kTile];  // P~ = exp(S - m'), 0 where not visible
+  __shared__ T inputs[kTile];   // P~ * M as the product with V reads it
   const int64_t seq = shape.seq, dim = shape.head_dim;
   const RowIndex at = row_index(blockIdx.x, shape.num_heads, seq);
-  const int64_t i = at.position, h = at.head;
+  const int64_t i = at.position, h = at.head, qt = i / kTile;
   const int64_t g = h / (shape.num_heads / shape.num_kv_heads);
-  const double* q_i = q + (at.head_row * seq + i) * dim;                                     // [D]
-  const double* k_g = k + (at.b * shape.num_kv_heads + g) * seq * dim;                       // [T,D]
-  const double* v_g = v + (at.b * shape.num_kv_heads + g) * seq * dim;                       // [T,D]
-  double* p_i = probs + (at.head_row * seq + i) * seq;                                       // [T]
-  const double* keep_i = keep_scale ? keep_scale + (at.head_row * seq + i) * seq : nullptr;  // [T]
-  const int32_t* docs = document_ids ? document_ids + at.b * seq : nullptr;                  // [T]
-  auto visible = [&](int64_t j) { return j <= i && (docs == nullptr || docs[j] == docs[i]); };
-
-  // Scores: the GEMM's alpha multiplies the finished dot product (in FP32 outside FP64), and the
-  // product is stored in T, so s_j is exactly the CPU's stored score format.
-  T local_max = static_cast<T>(-INFINITY);
-  for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) {
-    double stored = 0.0;  // a masked entry is exactly 0 in probs
-    if (visible(j)) {
-      T dot = 0;
-      for (int64_t d = 0; d < dim; ++d) dot += static_cast<T>(q_i[d]) * static_cast<T>(k_g[j * dim + d]);
-      const T score = static_cast<T>(scale) * dot;
-      local_max = max(local_max, score);
-      stored = static_cast<double>(score);
-    }
-    p_i[j] = stored;
-  }
-  const T row_max = cuda::block_max(local_max);
-
-  T local_sum = 0;
-  for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) {
-    if (!visible(j)) continue;
-    const T e = exp_of(static_cast<T>(p_i[j]) - row_max);
-    p_i[j] = static_cast<double>(e);
-    local_sum += e;
-  }
-  const T sum = cuda::block_sum(local_sum);  // >= 1: query i always sees itself
-  for (int64_t j = threadIdx.x; j < seq; j += blockDim.x) {
-    if (visible(j)) p_i[j] = static_cast<double>(static_cast<T>(p_i[j]) / sum);
-  }
-  __syncthreads();  // the whole probs row is read by every thread below
-
-  // O_i[d] = sum_j P'_ij V_j[d], ascending j; keys past i have P = 0 and are skipped.
+  const Window window = window_of(document_ids, needed, at.b, seq);
+  const double* q_i = q + (at.head_row * seq + i) * dim;                   // [D]
+  const double* k_g = k + (at.b * shape.num_kv_heads + g) * seq * dim;     // [T,D]
+  const double* v_g = v + (at.b * shape.num_kv_heads + g) * seq * dim;     // [T,D]
   double* o_i = out + (at.b * seq + i) * shape.num_heads * dim + h * dim;  // [D] of out's row b*T+i
-  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
-    T acc = 0;
-    for (int64_t j = 0; j <= i; ++j) {
-      acc += dropped_prob<T>(p_i, keep_i, j, bf16_inputs) * static_cast<T>(v_g[j * dim + d]);
+  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) o_i[d] = 0.0;
+
+  const T minus_infinity = static_cast<T>(-INFINITY);
+  T m = minus_infinity, l = 0;  // the running max and sum, the same in every thread
+  const int64_t c = threadIdx.x;
+  for (int64_t kt = 0; kt <= qt; ++kt) {  // key tiles past the query's are never needed
+    if (!window.tile_needed(qt, kt)) continue;
+    const int64_t j0 = kt * kTile, tk = seq - j0 < kTile ? seq - j0 : kTile;
+    const bool visible = c < tk && window.visible(i, j0 + c);
+    if (c < tk) scores[c] = visible ? score<T>(q_i, k_g + (j0 + c) * dim, dim, scale) : minus_infinity;
+    __syncthreads();
+    T tile_max = minus_infinity;
+    for (int64_t e = 0; e < tk; ++e) tile_max = max(tile_max, scores[e]);  // exact: any order
+    const T m_new = max(m, tile_max);
+    if (m_new == minus_infinity) {  // no key visible to query i yet (the same in every thread)
+      __syncthreads();
+      continue;
     }
-    o_i[d] = r.activation(static_cast<double>(acc));
+    // exp(-inf) = 0 clears what nothing had accumulated yet; acc and l are 0 there anyway.
+    const T rescale = exp_of(m - m_new);
+    if (c < tk) {
+      const T weight = visible ? exp_of(scores[c] - m_new) : T(0);
+      weights[c] = weight;
+      inputs[c] = gemm_input(keep.active ? weight * static_cast<T>(keep.at(at.b, h, i, j0 + c, seq)) : weight,
+                             bf16_inputs);
+    }
+    __syncthreads();
+    T sum = 0;
+    for (int64_t e = 0; e < tk; ++e) sum += weights[e];  // ascending, as the CPU's row loop
+    l = rounded_product(l, rescale) + sum;
+    m = m_new;
+    for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
+      T tile = 0;  // (P~ * M) V_J of this d, ascending keys
+      for (int64_t e = 0; e < tk; ++e) tile += inputs[e] * static_cast<T>(v_g[(j0 + e) * dim + d]);
+      o_i[d] = static_cast<double>(rounded_product(static_cast<T>(o_i[d]), rescale) + tile);
+    }
+    __syncthreads();  // every thread has read this tile's shared rows before the next overwrites them
+  }
+  // l >= 1: every query sees at least itself.
+  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x)
+    o_i[d] = r.activation(static_cast<double>(static_cast<T>(o_i[d]) / l));
+  if (threadIdx.x == 0) lse[at.head_row * seq + i] = static_cast<double>(m + log_of(l));
+}
+
+// delta[b,NH,T] = dO_i . O_i for every query row (the softmax backward's row sum), in T, ascending d.
+template <typename T>
+__global__ void attention_delta_kernel(const double* dout, const double* out, AttentionShape shape,
+                                       double* delta) {
+  const int64_t seq = shape.seq, dim = shape.head_dim, heads = shape.num_heads;
+  TOUCHSTONE_GRID_STRIDE_LOOP(row, shape.windows * heads * seq) {
+    const RowIndex at = row_index(row, heads, seq);
+    const int64_t offset = (at.b * seq + at.position) * heads * dim + at.head * dim;  // of [N, NH*D]
+    T sum = 0;
+    for (int64_t d = 0; d < dim; ++d)
+      sum = sum + rounded_product(static_cast<T>(dout[offset + d]), static_cast<T>(out[offset + d]));
+    delta[row] = static_cast<double>(sum);
   }
 }
 
-// Inputs dout[N, NH*D], k, v [b,NKV,T,D], probs and keep_scale [b,NH,T,T]; outputs dq[b,NH,T,D] and
-// dscores[b,NH,T,T], dS as the dK product reads it (BF16 in BF16 mode; entries j > i are not written,
-// they are never read). One block per query row (b, h, i).
+// What the backward needs of one visible (i, j), recomputed as the CPU does: dS and P' as the
+// following products read them (BF16 in BF16 mode). keep: M_ij, read only with dropout.
 template <typename T>
-__global__ void attention_dq_kernel(const double* dout, const double* k, const double* v, const double* probs,
-                                    const double* keep_scale, AttentionShape shape, double scale,
-                                    bool bf16_inputs, cpu::Rounding r, double* dq, double* dscores) {
+struct Entry {
+  T ds, dropped;
+};
+
+template <typename T>
+__device__ Entry<T> entry(const double* q_i, const double* k_j, const double* do_i, const double* v_j,
+                          int64_t dim, double scale, double lse_i, double delta_i, bool dropout, double keep,
+                          bool bf16_inputs) {
+  const T p = exp_of(score<T>(q_i, k_j, dim, scale) - static_cast<T>(lse_i));  // exactly the forward's P
+  T dp = dot<T>(do_i, v_j, dim);  // dO_i . V_j, stored in T as the CPU's GEMM result
+  if (dropout) dp = rounded_product(dp, static_cast<T>(keep));
+  const T ds = p * (dp - static_cast<T>(delta_i));
+  const T dropped = dropout ? p * static_cast<T>(keep) : p;
+  return Entry<T>{gemm_input(ds, bf16_inputs), gemm_input(dropped, bf16_inputs)};
+}
+
+// Inputs dout[N, NH*D], q[b,NH,T,D], k, v [b,NKV,T,D], lse and delta [b,NH,T], document_ids, needed;
+// output dq[b,NH,T,D]. One block per query row (b, h, i); the row of dq holds the FP32 (FP64)
+// accumulator until it is stored as an activation.
+template <typename T>
+__global__ void attention_dq_kernel(const double* dout, const double* q, const double* k, const double* v,
+                                    const double* lse, const double* delta, const int32_t* document_ids,
+                                    const uint8_t* needed, cuda::AttentionKeep keep, AttentionShape shape,
+                                    double scale, bool bf16_inputs, cpu::Rounding r, double* dq) {
+  __shared__ T ds_row[kTile];  // dS_ij of the tile's keys, 0 where not visible
   const int64_t seq = shape.seq, dim = shape.head_dim;
   const RowIndex at = row_index(blockIdx.x, shape.num_heads, seq);
-  const int64_t i = at.position, h = at.head;
+  const int64_t i = at.position, h = at.head, qt = i / kTile;
   const int64_t g = h / (shape.num_heads / shape.num_kv_heads);
+  const Window window = window_of(document_ids, needed, at.b, seq);
+  const double* q_i = q + (at.head_row * seq + i) * dim;                           // [D]
   const double* do_i = dout + (at.b * seq + i) * shape.num_heads * dim + h * dim;  // [D] of dout's row
   const double* k_g = k + (at.b * shape.num_kv_heads + g) * seq * dim;             // [T,D]
   const double* v_g = v + (at.b * shape.num_kv_heads + g) * seq * dim;             // [T,D]
-  const double* p_i = probs + (at.head_row * seq + i) * seq;                       // [T]
-  const double* keep_i = keep_scale ? keep_scale + (at.head_row * seq + i) * seq : nullptr;  // [T]
-  double* ds_i = dscores + (at.head_row * seq + i) * seq;                                    // [T]
-
-  // dP_ij = (dO_i . V_j) * M_ij, each product in T as the CPU's stored GEMM result and multiply_mask.
-  // Only j <= i matter: P = 0 beyond, so dS = 0 there.
-  T local = 0;
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
-    T dp = 0;
-    for (int64_t d = 0; d < dim; ++d) dp += static_cast<T>(do_i[d]) * static_cast<T>(v_g[j * dim + d]);
-    if (keep_i != nullptr) dp = dp * static_cast<T>(keep_i[j]);
-    ds_i[j] = static_cast<double>(dp);
-    local += static_cast<T>(p_i[j]) * dp;
-  }
-  const T p_dot_dp = cuda::block_sum(local);
-  for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
-    const T ds = static_cast<T>(p_i[j]) * (static_cast<T>(ds_i[j]) - p_dot_dp);
-    ds_i[j] = static_cast<double>(gemm_input(ds, bf16_inputs));
-  }
-  __syncthreads();  // the whole dS row is read by every thread below
-
-  // dQ_i[d] = scale * sum_j dS_ij K_j[d], ascending j; alpha after the sum as in the GEMM.
+  const double lse_i = lse[at.head_row * seq + i], delta_i = delta[at.head_row * seq + i];
   double* dq_i = dq + (at.head_row * seq + i) * dim;  // [D]
+  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) dq_i[d] = 0.0;
+
+  const int64_t c = threadIdx.x;
+  for (int64_t kt = 0; kt <= qt; ++kt) {
+    if (!window.tile_needed(qt, kt)) continue;
+    const int64_t j0 = kt * kTile, tk = seq - j0 < kTile ? seq - j0 : kTile;
+    if (c < tk) {
+      const int64_t j = j0 + c;
+      ds_row[c] = window.visible(i, j)
+                      ? entry<T>(q_i, k_g + j * dim, do_i, v_g + j * dim, dim, scale, lse_i, delta_i,
+                                 keep.active, keep.active ? keep.at(at.b, h, i, j, seq) : 1.0, bf16_inputs)
+                            .ds
+                      : T(0);
+    }
+    __syncthreads();
+    for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
+      T tile = 0;  // dS_iJ K_J of this d, ascending keys; alpha after the sum as in the GEMM
+      for (int64_t e = 0; e < tk; ++e) tile += ds_row[e] * static_cast<T>(k_g[(j0 + e) * dim + d]);
+      dq_i[d] = static_cast<double>(static_cast<T>(dq_i[d]) + rounded_product(static_cast<T>(scale), tile));
+    }
+    __syncthreads();
+  }
+  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) dq_i[d] = r.activation(dq_i[d]);
+}
+
+// Inputs as attention_dq_kernel's; outputs dk, dv [b,NKV,T,D]. One block per key row (b, g, j): per
+// head h of group g in ascending order, per query tile in ascending order, thread d adds the tile's
+// scale dS^T Q and P'^T dO to the group's FP32 (FP64) totals, as the CPU's per-tile GEMMs accumulate
+// into dK and dV; stored once, as activations.
+template <typename T>
+__global__ void attention_dkv_kernel(const double* dout, const double* q, const double* k, const double* v,
+                                     const double* lse, const double* delta, const int32_t* document_ids,
+                                     const uint8_t* needed, cuda::AttentionKeep keep, AttentionShape shape,
+                                     double scale, bool bf16_inputs, cpu::Rounding r, double* dk,
+                                     double* dv) {
+  __shared__ T ds_col[kTile];       // dS_ij of the tile's queries, 0 where not visible
+  __shared__ T dropped_col[kTile];  // P'_ij
+  const int64_t seq = shape.seq, dim = shape.head_dim, heads = shape.num_heads;
+  const RowIndex at = row_index(blockIdx.x, shape.num_kv_heads, seq);
+  const int64_t j = at.position, g = at.head, kt = j / kTile;
+  const int64_t queries_per_group = heads / shape.num_kv_heads, out_width = heads * dim;
+  const Window window = window_of(document_ids, needed, at.b, seq);
+  const double* k_j = k + (at.head_row * seq + j) * dim;  // [D]
+  const double* v_j = v + (at.head_row * seq + j) * dim;  // [D]
+  double* dk_j = dk + (at.head_row * seq + j) * dim;      // [D] the accumulators until the end
+  double* dv_j = dv + (at.head_row * seq + j) * dim;
+  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) dk_j[d] = dv_j[d] = 0.0;
+
+  const int64_t c = threadIdx.x;
+  for (int64_t h = g * queries_per_group; h < (g + 1) * queries_per_group; ++h) {
+    const int64_t head_row = at.b * heads + h;
+    const double* q_h = q + head_row * seq * dim;                  // [T,D]
+    const double* do_h = dout + at.b * seq * out_width + h * dim;  // [T,D] with row stride NH*D
+    for (int64_t qt = kt; qt < window.tiles; ++qt) {  // query tiles before the key's are never needed
+      if (!window.tile_needed(qt, kt)) continue;
+      const int64_t i0 = qt * kTile, tq = seq - i0 < kTile ? seq - i0 : kTile;
+      if (c < tq) {
+        const int64_t i = i0 + c;
+        Entry<T> e{T(0), T(0)};
+        if (window.visible(i, j)) {
+          e = entry<T>(q_h + i * dim, k_j, do_h + i * out_width, v_j, dim, scale, lse[head_row * seq + i],
+                       delta[head_row * seq + i], keep.active,
+                       keep.active ? keep.at(at.b, h, i, j, seq) : 1.0, bf16_inputs);
+        }
+        ds_col[c] = e.ds;
+        dropped_col[c] = e.dropped;
+      }
+      __syncthreads();
+      for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
+        T dk_tile = 0, dv_tile = 0;  // ascending queries
+        for (int64_t e = 0; e < tq; ++e) {
+          dk_tile += ds_col[e] * static_cast<T>(q_h[(i0 + e) * dim + d]);
+          dv_tile += dropped_col[e] * static_cast<T>(do_h[(i0 + e) * out_width + d]);
+        }
+        dk_j[d] =
+            static_cast<double>(static_cast<T>(dk_j[d]) + rounded_product(static_cast<T>(scale), dk_tile));
+        dv_j[d] = static_cast<double>(static_cast<T>(dv_j[d]) + dv_tile);
+      }
+      __syncthreads();
+    }
+  }
   for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
-    T acc = 0;
-    for (int64_t j = 0; j <= i; ++j) acc += static_cast<T>(ds_i[j]) * static_cast<T>(k_g[j * dim + d]);
-    dq_i[d] = r.activation(static_cast<double>(static_cast<T>(scale) * acc));
+    dk_j[d] = r.activation(dk_j[d]);
+    dv_j[d] = r.activation(dv_j[d]);
   }
 }
 
-// Inputs dout[N, NH*D], q[b,NH,T,D], probs, keep_scale and dscores [b,NH,T,T]; outputs dk, dv
-// [b,NKV,T,D]. One block per key row (b, g, j); thread d sums, per head h of group g in ascending
-// order, the query rows i >= j in ascending order, then adds that head's sum to the group's total in
-// T, as the CPU's per-head GEMMs accumulate into FP32 (FP64) dK and dV. Stored once, as activations.
-template <typename T>
-__global__ void attention_dkv_kernel(const double* dout, const double* q, const double* probs,
-                                     const double* keep_scale, const double* dscores, AttentionShape shape,
-                                     double scale, bool bf16_inputs, cpu::Rounding r, double* dk,
-                                     double* dv) {
-  const int64_t seq = shape.seq, dim = shape.head_dim, heads = shape.num_heads;
-  const RowIndex at = row_index(blockIdx.x, shape.num_kv_heads, seq);
-  const int64_t j = at.position, g = at.head;
-  const int64_t queries_per_group = heads / shape.num_kv_heads;
-  const int64_t out_width = heads * dim;
-  for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) {
-    T dk_acc = 0, dv_acc = 0;
-    for (int64_t h = g * queries_per_group; h < (g + 1) * queries_per_group; ++h) {
-      const int64_t head_row = at.b * heads + h;
-      T dk_sum = 0, dv_sum = 0;
-      for (int64_t i = j; i < seq; ++i) {
-        const int64_t ij = (head_row * seq + i) * seq + j;  // element (i, j) of the head's [T,T]
-        const T d_out = static_cast<T>(dout[(at.b * seq + i) * out_width + h * dim + d]);
-        dk_sum += static_cast<T>(dscores[ij]) * static_cast<T>(q[(head_row * seq + i) * dim + d]);
-        dv_sum += dropped_prob<T>(probs, keep_scale, ij, bf16_inputs) * d_out;
-      }
-      dk_acc = dk_acc + rounded_product(static_cast<T>(scale), dk_sum);
-      dv_acc = dv_acc + dv_sum;
+// needed[b, tiles, tiles]: WindowMask::tile_needed of each window, the CPU reference's tile rule.
+// `count`, when given, gains the pairs of every window once per query head, as the CPU counts them.
+std::vector<uint8_t> needed_tiles(const int32_t* document_ids, bool document_masking, const AttentionShape& s,
+                                  AttentionTileCount* count) {
+  const int64_t T = s.seq, tiles = (T + kTile - 1) / kTile;
+  std::vector<uint8_t> needed(static_cast<size_t>(s.windows * tiles * tiles));
+  for (int64_t b = 0; b < s.windows; ++b) {
+    const WindowMask mask(document_masking ? document_ids + b * T : nullptr, document_masking, false, T);
+    for (int64_t qt = 0; qt < tiles; ++qt) {
+      for (int64_t kt = 0; kt < tiles; ++kt)
+        needed[static_cast<size_t>((b * tiles + qt) * tiles + kt)] = mask.tile_needed(qt, kt) ? 1 : 0;
     }
-    const int64_t out_at = (at.head_row * seq + j) * dim + d;
-    dk[out_at] = r.activation(static_cast<double>(dk_acc));
-    dv[out_at] = r.activation(static_cast<double>(dv_acc));
+    if (count != nullptr) {
+      const AttentionTileCount window = mask.count();
+      count->computed += window.computed * s.num_heads;
+      count->skipped += window.skipped * s.num_heads;
+    }
   }
+  return needed;
+}
+
+// The dropout of one call as the kernels take it; samples uploaded only when it is active.
+cuda::AttentionKeep attention_keep(const AttentionDropout& dropout, int64_t windows, const cpu::Rounding& r,
+                                   cuda::Staging& s) {
+  cuda::AttentionKeep keep;
+  if (!dropout.active()) return keep;
+  keep.active = true;
+  keep.key0 = dropout.site.key[0];
+  keep.key1 = dropout.site.key[1];
+  keep.probability = dropout.site.probability;
+  keep.kept = dropout_kept_value(dropout.site.probability, r);    // FP32 unless FP64, as on the CPU
+  keep.samples = s.upload(dropout.site.sample_indices, windows);  // [b]
+  keep.first_head = dropout.first_head;
+  return keep;
 }
 
 }  // namespace
 
 void CudaBackend::attention_forward(const double* q, const double* k, const double* v,
                                     const int32_t* document_ids, bool document_masking,
-                                    const double* keep_scale, const AttentionShape& shape, double* out,
-                                    double* probs) {
+                                    const AttentionDropout& dropout, const AttentionShape& shape, double* out,
+                                    double* lse) {
   const int64_t b = shape.windows, T = shape.seq, NH = shape.num_heads, NKV = shape.num_kv_heads;
   const int64_t D = shape.head_dim;
   const cuda::Launch launch = cuda::per_row(b * NH * T);  // one block per query row
   if (launch.blocks == 0) return;
+  const std::vector<uint8_t> needed = needed_tiles(document_ids, document_masking, shape, &tiles_);
   cuda::Staging& s = begin_call();
   const double* d_q = s.upload(q, b * NH * T * D);                                     // [b,NH,T,D]
   const double* d_k = s.upload(k, b * NKV * T * D);                                    // [b,NKV,T,D]
   const double* d_v = s.upload(v, b * NKV * T * D);                                    // [b,NKV,T,D]
   const int32_t* d_docs = document_masking ? s.upload(document_ids, b * T) : nullptr;  // [b*T]
-  const double* d_keep = s.upload(keep_scale, b * NH * T * T);                         // [b,NH,T,T]
-  double* d_out = s.output<double>(b * T * NH * D);                                    // [N, NH*D]
-  double* d_probs = s.output<double>(b * NH * T * T);                                  // [b,NH,T,T]
+  const uint8_t* d_needed = s.upload(needed.data(), static_cast<int64_t>(needed.size()));
+  const cuda::AttentionKeep keep = attention_keep(dropout, b, rounding_, s);
+  double* d_out = s.output<double>(b * T * NH * D);  // [N, NH*D]
+  double* d_lse = s.output<double>(b * NH * T);      // [b,NH,T]
   const bool bf16_inputs = precision() == Precision::kBf16;
   cuda::with_compute_type(precision(), [&](auto compute) {
     cuda::launch_kernel(attention_forward_kernel<decltype(compute)>, launch, stream_, d_q, d_k, d_v, d_docs,
-                        d_keep, shape, shape.scale(), bf16_inputs, rounding_, d_out, d_probs);
+                        d_needed, keep, shape, shape.scale(), bf16_inputs, rounding_, d_out, d_lse);
   });
   cuda::check_launch("attention_forward");
   s.download(out, d_out, b * T * NH * D);
-  s.download(probs, d_probs, b * NH * T * T);
+  s.download(lse, d_lse, b * NH * T);
   s.finish();
 }
 
 void CudaBackend::attention_backward(const double* dout, const double* q, const double* k, const double* v,
-                                     const double* probs, const double* keep_scale,
+                                     const double* out, const double* lse, const int32_t* document_ids,
+                                     bool document_masking, const AttentionDropout& dropout,
                                      const AttentionShape& shape, double* dq, double* dk, double* dv) {
   const int64_t b = shape.windows, T = shape.seq, NH = shape.num_heads, NKV = shape.num_kv_heads;
   const int64_t D = shape.head_dim;
   const cuda::Launch query_rows = cuda::per_row(b * NH * T), key_rows = cuda::per_row(b * NKV * T);
   if (query_rows.blocks == 0) return;
+  const std::vector<uint8_t> needed = needed_tiles(document_ids, document_masking, shape, nullptr);
   cuda::Staging& s = begin_call();
-  const double* d_dout = s.upload(dout, b * T * NH * D);        // [N, NH*D]
-  const double* d_q = s.upload(q, b * NH * T * D);              // [b,NH,T,D]
-  const double* d_k = s.upload(k, b * NKV * T * D);             // [b,NKV,T,D]
-  const double* d_v = s.upload(v, b * NKV * T * D);             // [b,NKV,T,D]
-  const double* d_probs = s.upload(probs, b * NH * T * T);      // [b,NH,T,T]
-  const double* d_keep = s.upload(keep_scale, b * NH * T * T);  // [b,NH,T,T]
-  double* d_dq = s.output<double>(b * NH * T * D);              // [b,NH,T,D]
-  double* d_dk = s.output<double>(b * NKV * T * D);             // [b,NKV,T,D]
-  double* d_dv = s.output<double>(b * NKV * T * D);             // [b,NKV,T,D]
-  double* d_dscores = s.output<double>(b * NH * T * T);         // [b,NH,T,T] dS, from dQ's kernel to dK's
+  const double* d_dout = s.upload(dout, b * T * NH * D);                               // [N, NH*D]
+  const double* d_q = s.upload(q, b * NH * T * D);                                     // [b,NH,T,D]
+  const double* d_k = s.upload(k, b * NKV * T * D);                                    // [b,NKV,T,D]
+  const double* d_v = s.upload(v, b * NKV * T * D);                                    // [b,NKV,T,D]
+  const double* d_out = s.upload(out, b * T * NH * D);                                 // [N, NH*D]
+  const double* d_lse = s.upload(lse, b * NH * T);                                     // [b,NH,T]
+  const int32_t* d_docs = document_masking ? s.upload(document_ids, b * T) : nullptr;  // [b*T]
+  const uint8_t* d_needed = s.upload(needed.data(), static_cast<int64_t>(needed.size()));
+  const cuda::AttentionKeep keep = attention_keep(dropout, b, rounding_, s);
+  double* d_dq = s.output<double>(b * NH * T * D);   // [b,NH,T,D]
+  double* d_dk = s.output<double>(b * NKV * T * D);  // [b,NKV,T,D]
+  double* d_dv = s.output<double>(b * NKV * T * D);  // [b,NKV,T,D]
+  double* d_delta = s.output<double>(b * NH * T);    // [b,NH,T] Delta, for this call only
   const bool bf16_inputs = precision() == Precision::kBf16;
   cuda::with_compute_type(precision(), [&](auto compute) {
-    cuda::launch_kernel(attention_dq_kernel<decltype(compute)>, query_rows, stream_, d_dout, d_k, d_v,
-                        d_probs, d_keep, shape, shape.scale(), bf16_inputs, rounding_, d_dq, d_dscores);
+    using C = decltype(compute);
+    cuda::launch_kernel(attention_delta_kernel<C>, cuda::per_element(b * NH * T), stream_, d_dout, d_out,
+                        shape, d_delta);
+    cuda::check_launch("attention_backward (delta)");
+    cuda::launch_kernel(attention_dq_kernel<C>, query_rows, stream_, d_dout, d_q, d_k, d_v, d_lse, d_delta,
+                        d_docs, d_needed, keep, shape, shape.scale(), bf16_inputs, rounding_, d_dq);
+    cuda::check_launch("attention_backward (dq)");
+    cuda::launch_kernel(attention_dkv_kernel<C>, key_rows, stream_, d_dout, d_q, d_k, d_v, d_lse, d_delta,
+                        d_docs, d_needed, keep, shape, shape.scale(), bf16_inputs, rounding_, d_dk, d_dv);
+    cuda::check_launch("attention_backward (dk, dv)");
   });
-  cuda::check_launch("attention_backward (dq)");
-  cuda::with_compute_type(precision(), [&](auto compute) {
-    cuda::launch_kernel(attention_dkv_kernel<decltype(compute)>, key_rows, stream_, d_dout, d_q, d_probs,
-                        d_keep, d_dscores, shape, shape.scale(), bf16_inputs, rounding_, d_dk, d_dv);
-  });
-  cuda::check_launch("attention_backward (dk, dv)");
   s.download(dq, d_dq, b * NH * T * D);
   s.download(dk, d_dk, b * NKV * T * D);
   s.download(dv, d_dv, b * NKV * T * D);

@@ -52,15 +52,15 @@ class CudaBackend final : public Backend {
 
   // kernels/cuda/attention.cu
   void attention_forward(const double* q, const double* k, const double* v, const int32_t* document_ids,
-                         bool document_masking, const double* keep_scale, const AttentionShape& shape,
-                         double* out, double* probs) override;
+                         bool document_masking, const AttentionDropout& dropout, const AttentionShape& shape,
+                         double* out, double* lse) override;
   void attention_backward(const double* dout, const double* q, const double* k, const double* v,
-                          const double* probs, const double* keep_scale, const AttentionShape& shape,
+                          const double* out, const double* lse, const int32_t* document_ids,
+                          bool document_masking, const AttentionDropout& dropout, const AttentionShape& shape,
                           double* dq, double* dk, double* dv) override;
+  AttentionTileCount attention_tiles() const override { return tiles_; }
 
   // kernels/cuda/dropout.cu
-  void attention_dropout_mask(const DropoutSite& site, const AttentionShape& shape, int64_t first_head,
-                              double* keep_scale) override;
   void hidden_dropout_mask(const DropoutSite& site, int64_t first_row, int64_t rows, int64_t seq,
                            int64_t hidden, double* keep_scale) override;
   void dropout_forward(const double* x, const double* keep_scale, int64_t n, double* y) override;
@@ -94,6 +94,7 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   cuda::Staging staging_{nullptr};
   cuda::GemmScratch gemm_scratch_;
+  AttentionTileCount tiles_;  // attention_forward's, summed over calls (counted on the host)
 };
 
 }  // namespace touchstone

@@ -1,30 +1,13 @@
-// CUDA inverted dropout: the masks drawn from global coordinates with the same Philox code as the CPU
-// (common/philox.h), so a GPU mask is bitwise the CPU's, and the forward and backward of applying one.
-#include "common/philox.h"
+// CUDA inverted dropout of the hidden states: the mask drawn from global coordinates with the same
+// Philox code as the CPU (dropout_mask.cuh), so a GPU mask is bitwise the CPU's, and the forward and
+// backward of applying one. The attention mask is drawn inside the attention kernels (attention.cu).
 #include "kernels/cuda/cuda_backend.cuh"
+#include "kernels/cuda/dropout_mask.cuh"
+#include "kernels/dropout_mask.h"
 
 namespace touchstone {
 
 namespace {
-
-__device__ double keep_scale_at(uint32_t key0, uint32_t key1, double probability, int64_t sample,
-                                int64_t element, double kept) {
-  const double u =
-      philox::uniform_at(key0, key1, static_cast<uint64_t>(sample), static_cast<uint64_t>(element));
-  return u > probability ? kept : 0.0;  // u in (0, 1]: kept with probability 1 - p
-}
-
-// keep_scale[b, NHl, T, T]: local (w, h, ij) is element (first_head + h) * T * T + ij of sample samples[w].
-__global__ void attention_mask_kernel(uint32_t key0, uint32_t key1, double probability, double kept,
-                                      const int64_t* samples, int64_t windows, int64_t heads, int64_t seq,
-                                      int64_t first_head, double* keep_scale) {
-  const int64_t per_head = seq * seq;
-  TOUCHSTONE_GRID_STRIDE_LOOP(e, windows * heads * per_head) {
-    const int64_t w = e / (heads * per_head), h = (e / per_head) % heads, ij = e % per_head;
-    keep_scale[e] =
-        keep_scale_at(key0, key1, probability, samples[w], (first_head + h) * per_head + ij, kept);
-  }
-}
 
 // keep_scale[rows, H] for rows first_row.. of the micro-batch: global row w*T + i, column c is element
 // i*H + c of sample samples[w].
@@ -34,7 +17,7 @@ __global__ void hidden_mask_kernel(uint32_t key0, uint32_t key1, double probabil
   TOUCHSTONE_GRID_STRIDE_LOOP(e, rows * hidden) {
     const int64_t row = first_row + e / hidden, c = e % hidden;
     keep_scale[e] =
-        keep_scale_at(key0, key1, probability, samples[row / seq], (row % seq) * hidden + c, kept);
+        cuda::keep_scale_at(key0, key1, probability, samples[row / seq], (row % seq) * hidden + c, kept);
   }
 }
 
@@ -49,27 +32,11 @@ __global__ void multiply_kernel(const double* x, const double* keep_scale, int64
 
 }  // namespace
 
-void CudaBackend::attention_dropout_mask(const DropoutSite& site, const AttentionShape& shape,
-                                         int64_t first_head, double* keep_scale) {
-  const int64_t n = shape.windows * shape.num_heads * shape.seq * shape.seq;
-  if (n == 0) return;
-  const double kept = rounding_.state(1.0 / (1.0 - site.probability));  // FP32 unless FP64, as on the CPU
-  cuda::Staging& s = begin_call();
-  const int64_t* d_samples = s.upload(site.sample_indices, shape.windows);  // [b]
-  double* d_mask = s.output<double>(n);                                     // [b, NHl, T, T]
-  const cuda::Launch launch = cuda::per_element(n);
-  cuda::launch_kernel(attention_mask_kernel, launch, stream_, site.key[0], site.key[1], site.probability,
-                      kept, d_samples, shape.windows, shape.num_heads, shape.seq, first_head, d_mask);
-  cuda::check_launch("attention_dropout_mask");
-  s.download(keep_scale, d_mask, n);
-  s.finish();
-}
-
 void CudaBackend::hidden_dropout_mask(const DropoutSite& site, int64_t first_row, int64_t rows, int64_t seq,
                                       int64_t hidden, double* keep_scale) {
   if (rows * hidden == 0) return;
   const int64_t windows = (first_row + rows + seq - 1) / seq;  // the windows rows first_row.. reach into
-  const double kept = rounding_.state(1.0 / (1.0 - site.probability));
+  const double kept = dropout_kept_value(site.probability, rounding_);  // FP32 unless FP64
   cuda::Staging& s = begin_call();
   const int64_t* d_samples = s.upload(site.sample_indices, windows);  // [windows]
   double* d_mask = s.output<double>(rows * hidden);                   // [rows, H]

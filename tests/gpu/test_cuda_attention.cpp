@@ -1,12 +1,14 @@
-// CUDA attention against the CPU reference in every precision: the forward (out, probs) and the
-// backward (dq, dk, dv) on shapes that reach the kernels' edges (T not a multiple of the 256-thread
-// block, T = 1, single-token documents, all-padding windows, GQA, head_dim 6, several windows), with and
-// without attention dropout; and bitwise repeatability of two GPU calls.
+// CUDA attention against the CPU reference in every precision: the forward (out, lse) and the
+// backward (dq, dk, dv) on shapes that reach the kernels' edges (T not a multiple of the 64-position
+// tile, T = 1, single-token documents, all-padding windows, GQA, head_dim 6, several windows), with and
+// without attention dropout; the tile pairs both backends count; the mask and the dropout drawn inside
+// the kernels, exactly; and bitwise repeatability of two GPU calls.
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "data/packing.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "tests/gpu/gpu_compare.h"
 
 namespace touchstone::gpu_testing {
@@ -68,7 +70,8 @@ std::vector<AttentionCase> cases() {
 
 struct Operands {
   std::vector<double> q, k, v, dout;  // [b,NH,T,D], [b,NKV,T,D] x 2, [N, NH*D]
-  std::vector<double> keep_scale;     // [b,NH,T,T], empty without dropout
+  std::vector<int64_t> samples;       // [b] the windows' global sample indices
+  AttentionDropout dropout;           // inactive without dropout; its site points into `samples`
 };
 
 Operands operands(const AttentionCase& c, Precision precision, double dropout) {
@@ -79,65 +82,44 @@ Operands operands(const AttentionCase& c, Precision precision, double dropout) {
              random_values(c.name + "/k", kv_elements, precision),
              random_values(c.name + "/v", kv_elements, precision),
              random_values(c.name + "/dout", q_elements, precision),
+             std::vector<int64_t>(static_cast<size_t>(s.windows)),
              {}};
-  if (dropout > 0.0) {
-    std::vector<int64_t> samples(static_cast<size_t>(s.windows));
-    for (int64_t w = 0; w < s.windows; ++w) samples[static_cast<size_t>(w)] = 40 + w;
-    o.keep_scale.resize(static_cast<size_t>(s.windows * s.num_heads * s.seq * s.seq));
-    make_cpu_backend(BackendOptions{precision, true})
-        ->attention_dropout_mask(DropoutSite{stream_key(1234, c.name + "/dropout"), dropout, samples.data()},
-                                 s, 0, o.keep_scale.data());
-  }
+  for (int64_t w = 0; w < s.windows; ++w) o.samples[static_cast<size_t>(w)] = 40 + w;
+  // first_head 1: this rank's heads are not the model's first (tensor parallelism).
+  if (dropout > 0.0)
+    o.dropout =
+        AttentionDropout{DropoutSite{stream_key(1234, c.name + "/dropout"), dropout, o.samples.data()}, 1};
   return o;
 }
 
 struct Forward {
-  std::vector<double> out, probs;  // [N, NH*D], [b,NH,T,T]
+  std::vector<double> out, lse;  // [N, NH*D], [b,NH,T]
 };
 struct Backward {
   std::vector<double> dq, dk, dv;  // [b,NH,T,D], [b,NKV,T,D] x 2
 };
 
-const double* optional(const std::vector<double>& v) { return v.empty() ? nullptr : v.data(); }
+const int32_t* documents(const AttentionCase& c) {
+  return c.document_ids.empty() ? nullptr : c.document_ids.data();
+}
 
 Forward forward(Backend& backend, const AttentionCase& c, const Operands& o) {
   const AttentionShape& s = c.shape;
   Forward f{std::vector<double>(static_cast<size_t>(s.windows * s.seq * s.num_heads * s.head_dim)),
-            std::vector<double>(static_cast<size_t>(s.windows * s.num_heads * s.seq * s.seq))};
-  backend.attention_forward(o.q.data(), o.k.data(), o.v.data(),
-                            c.document_ids.empty() ? nullptr : c.document_ids.data(), !c.document_ids.empty(),
-                            optional(o.keep_scale), s, f.out.data(), f.probs.data());
+            std::vector<double>(static_cast<size_t>(s.windows * s.num_heads * s.seq))};
+  backend.attention_forward(o.q.data(), o.k.data(), o.v.data(), documents(c), !c.document_ids.empty(),
+                            o.dropout, s, f.out.data(), f.lse.data());
   return f;
 }
 
-Backward backward(Backend& backend, const AttentionCase& c, const Operands& o,
-                  const std::vector<double>& probs) {
+Backward backward(Backend& backend, const AttentionCase& c, const Operands& o, const Forward& f) {
   const AttentionShape& s = c.shape;
   Backward g{std::vector<double>(o.q.size()), std::vector<double>(o.k.size()),
              std::vector<double>(o.v.size())};
-  backend.attention_backward(o.dout.data(), o.q.data(), o.k.data(), o.v.data(), probs.data(),
-                             optional(o.keep_scale), s, g.dq.data(), g.dk.data(), g.dv.data());
+  backend.attention_backward(o.dout.data(), o.q.data(), o.k.data(), o.v.data(), f.out.data(), f.lse.data(),
+                             documents(c), !c.document_ids.empty(), o.dropout, s, g.dq.data(), g.dk.data(),
+                             g.dv.data());
   return g;
-}
-
-// Entries a query may not see must be exactly 0 in probs, not just small.
-int64_t nonzero_masked_entries(const AttentionCase& c, const std::vector<double>& probs) {
-  const AttentionShape& s = c.shape;
-  const int64_t T = s.seq;
-  int64_t count = 0;
-  for (int64_t b = 0; b < s.windows; ++b) {
-    for (int64_t h = 0; h < s.num_heads; ++h) {
-      for (int64_t i = 0; i < T; ++i) {
-        for (int64_t j = 0; j < T; ++j) {
-          const bool visible =
-              j <= i && (c.document_ids.empty() || c.document_ids[static_cast<size_t>(b * T + j)] ==
-                                                       c.document_ids[static_cast<size_t>(b * T + i)]);
-          count += !visible && probs[static_cast<size_t>(((b * s.num_heads + h) * T + i) * T + j)] != 0.0;
-        }
-      }
-    }
-  }
-  return count;
 }
 
 template <typename T>
@@ -156,23 +138,88 @@ TEST(CudaAttention, MatchesTheCpuReference) {
         const int64_t T = s.seq, D = s.head_dim, heads_per_group = s.num_heads / s.num_kv_heads;
         const Operands o = operands(c, precision, dropout);
         const Forward cpu = forward(*pair.cpu, c, o), gpu = forward(*pair.gpu, c, o);
-        // probs: each score is a D-term dot product, each row's softmax a T-term sum; FP32 outside FP64.
-        EXPECT_GPU_MATCHES(gpu.probs, cpu.probs, tolerance(precision, T + D, false));
-        EXPECT_EQ(nonzero_masked_entries(c, gpu.probs), 0);
-        // out: the T-term sum P'V of probabilities that carry the error above; an activation.
+        // lse: the max of D-term dot products plus the log of a T-term sum; FP32 outside FP64.
+        EXPECT_GPU_MATCHES(gpu.lse, cpu.lse, tolerance(precision, T + D, false));
+        // out: the T-term sum (P~ M) V over the same scores, divided by that sum; an activation.
         EXPECT_GPU_MATCHES(gpu.out, cpu.out, tolerance(precision, T + D, bf16));
 
-        // Both backwards read the CPU's probs, so each result measures the backward kernels alone.
-        const Backward cpu_grad = backward(*pair.cpu, c, o, cpu.probs);
-        const Backward gpu_grad = backward(*pair.gpu, c, o, cpu.probs);
-        // dq: dP is a D-term dot product, P.dP and dS K T-term sums; an activation.
+        // Both backwards read the CPU's out and lse, so each result measures the backward kernels alone.
+        const Backward cpu_grad = backward(*pair.cpu, c, o, cpu);
+        const Backward gpu_grad = backward(*pair.gpu, c, o, cpu);
+        // dq: P from a D-term score, dP and Delta D-term dot products, dS K a T-term sum; an activation.
         EXPECT_GPU_MATCHES(gpu_grad.dq, cpu_grad.dq, tolerance(precision, T + D, bf16));
-        // dk: dS (its D-term dP) summed over the group's heads x T query rows; dv: P' dO over the same
-        // rows. Both accumulated in FP32 (FP64) and stored once as activations.
+        // dk: dS (its D-term score and dP) summed over the group's heads x T query rows; dv: P' dO over
+        // the same rows, P' recomputed from a D-term score (the + D: P was an input of the backward
+        // before lse replaced it). Both accumulated in FP32 (FP64) and stored once as activations.
         EXPECT_GPU_MATCHES(gpu_grad.dk, cpu_grad.dk, tolerance(precision, heads_per_group * T + D, bf16));
-        EXPECT_GPU_MATCHES(gpu_grad.dv, cpu_grad.dv, tolerance(precision, heads_per_group * T, bf16));
+        EXPECT_GPU_MATCHES(gpu_grad.dv, cpu_grad.dv, tolerance(precision, heads_per_group * T + D, bf16));
       }
     }
+    // Both count the pairs of one tile rule; documents_300 has pairs no document spans.
+    SCOPED_TRACE(option_name(precision));
+    const AttentionTileCount cpu_tiles = pair.cpu->attention_tiles(), gpu_tiles = pair.gpu->attention_tiles();
+    EXPECT_EQ(gpu_tiles.computed, cpu_tiles.computed);
+    EXPECT_EQ(gpu_tiles.skipped, cpu_tiles.skipped);
+    EXPECT_GT(gpu_tiles.skipped, 0);
+  }
+}
+
+// With q = k = 0 every visible score is 0, so P is 1 / n_i on the n_i keys query i sees, and with D = T
+// and V_j the unit vector e_j, out_i[j] = M_ij / n_i: every value exact in each precision, 0 exactly
+// where the mask hides key j or dropout drops it. So the GPU's out must be the CPU's bit for bit, and
+// its zeros must be the CPU's whole dropout mask's zeros and the hidden keys. T = 70: two tiles, and
+// window 0's documents leave the pair (query tile 1, key tile 0) empty, so it is skipped too.
+TEST(CudaAttention, MaskAndDropoutInsideTheKernelAreTheCpuOnes) {
+  const int64_t T = 70;
+  const AttentionShape s{2, T, 4, 2, T};
+  AttentionCase c{"exact", s, {}};
+  append(c.document_ids, 0, 64);
+  append(c.document_ids, 1, 6);  // window 0 ends
+  append(c.document_ids, 3, 30);
+  append(c.document_ids, data::kPaddingDocument, 40);
+  const std::vector<int64_t> samples = {7, 1000003};
+  const DropoutSite site{stream_key(5, "dropout.test"), 0.3, samples.data()};
+  for (const Precision precision : kAllPrecisions) {
+    SCOPED_TRACE(option_name(precision));
+    BackendPair pair(precision);
+    Operands o{std::vector<double>(static_cast<size_t>(s.windows * s.num_heads * T * T), 0.0),
+               std::vector<double>(static_cast<size_t>(s.windows * s.num_kv_heads * T * T), 0.0),
+               std::vector<double>(static_cast<size_t>(s.windows * s.num_kv_heads * T * T), 0.0),
+               {},
+               samples,
+               AttentionDropout{site, 2}};
+    o.dropout.site.sample_indices = o.samples.data();
+    for (int64_t w = 0; w < s.windows * s.num_kv_heads; ++w) {
+      for (int64_t j = 0; j < T; ++j) o.v[static_cast<size_t>((w * T + j) * T + j)] = 1.0;
+    }
+    const Forward cpu = forward(*pair.cpu, c, o), gpu = forward(*pair.gpu, c, o);
+    EXPECT_EQ(gpu.out, cpu.out);
+
+    std::vector<double> mask(static_cast<size_t>(s.windows * s.num_heads * T * T));
+    CpuBackend(pair.options).attention_dropout_mask(site, s, 2, mask.data());
+    int64_t wrong = 0, dropped = 0;
+    for (int64_t b = 0; b < s.windows; ++b) {
+      for (int64_t h = 0; h < s.num_heads; ++h) {
+        for (int64_t i = 0; i < T; ++i) {
+          for (int64_t j = 0; j < T; ++j) {
+            const bool visible = j <= i && c.document_ids[static_cast<size_t>(b * T + j)] ==
+                                               c.document_ids[static_cast<size_t>(b * T + i)];
+            const bool kept = mask[static_cast<size_t>(((b * s.num_heads + h) * T + i) * T + j)] != 0.0;
+            const double value = gpu.out[static_cast<size_t>((b * T + i) * s.num_heads * T + h * T + j)];
+            wrong += (value != 0.0) != (visible && kept);
+            dropped += visible && !kept;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0);
+    EXPECT_GT(dropped, 0);
+    const AttentionTileCount cpu_tiles = pair.cpu->attention_tiles(), gpu_tiles = pair.gpu->attention_tiles();
+    EXPECT_EQ(gpu_tiles.computed, cpu_tiles.computed);
+    EXPECT_EQ(gpu_tiles.skipped, cpu_tiles.skipped);
+    // per head: (0, 1) of both windows after every query, and window 0's (1, 0) between documents
+    EXPECT_EQ(gpu_tiles.skipped, 3 * s.num_heads);
+    EXPECT_EQ(gpu_tiles.computed, 5 * s.num_heads);
   }
 }
 
@@ -181,13 +228,13 @@ TEST(CudaAttention, TwoCallsGiveIdenticalBits) {
     SCOPED_TRACE(option_name(precision));
     BackendPair pair(precision);
     for (const AttentionCase& c : cases()) {
-      if (c.name != "documents_300") continue;  // GQA, documents, rows longer than the block
+      if (c.name != "documents_300") continue;  // GQA, documents, several tiles, some skipped
       const Operands o = operands(c, precision, 0.25);
       const Forward first = forward(*pair.gpu, c, o), second = forward(*pair.gpu, c, o);
       EXPECT_TRUE(same_bits(first.out, second.out));
-      EXPECT_TRUE(same_bits(first.probs, second.probs));
-      const Backward grad = backward(*pair.gpu, c, o, first.probs);
-      const Backward again = backward(*pair.gpu, c, o, first.probs);
+      EXPECT_TRUE(same_bits(first.lse, second.lse));
+      const Backward grad = backward(*pair.gpu, c, o, first);
+      const Backward again = backward(*pair.gpu, c, o, first);
       EXPECT_TRUE(same_bits(grad.dq, again.dq));
       EXPECT_TRUE(same_bits(grad.dk, again.dk));
       EXPECT_TRUE(same_bits(grad.dv, again.dv));

@@ -138,11 +138,7 @@ TEST_P(CudaKernels, DropoutMasksAreTheCpuMasksBitForBit) {
   BackendPair b(p());
   const std::vector<int64_t> samples = {7, 1000003};
   const DropoutSite site{stream_key(5, "dropout.test"), 0.3, samples.data()};
-  const AttentionShape s{2, 11, 3, 1, 4};
-  std::vector<double> a_c(2 * 3 * 11 * 11), a_g(a_c.size());
-  b.cpu->attention_dropout_mask(site, s, 2, a_c.data());
-  b.gpu->attention_dropout_mask(site, s, 2, a_g.data());
-  EXPECT_EQ(a_g, a_c);
+  // The attention mask is drawn inside the attention kernels: test_cuda_attention.cpp checks it there.
   std::vector<double> h_c(15 * 9), h_g(h_c.size());
   b.cpu->hidden_dropout_mask(site, 4, 15, 11, 9, h_c.data());  // rows 4..18 cross into window 1
   b.gpu->hidden_dropout_mask(site, 4, 15, 11, 9, h_g.data());
