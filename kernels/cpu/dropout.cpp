@@ -6,6 +6,7 @@
 // shard of heads, a sequence-parallel block of rows or one micro-batch therefore draws exactly its
 // slice of the one global mask, whatever the layout, and a resumed run draws the same masks again.
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/parallel_for.h"
 
 namespace touchstone {
 
@@ -23,9 +24,9 @@ double keep_scale_at(const DropoutSite& site, int64_t sample, int64_t element, d
 // y[n] = x[n] * keep_scale[n] computed in T and stored as an activation.
 template <typename T>
 void multiply(const double* x, const double* keep_scale, int64_t n, double* y, const cpu::Rounding& r) {
-  for (int64_t i = 0; i < n; ++i) {
+  cpu::parallel_for(n, 1, [&](int64_t i) {
     y[i] = r.activation(static_cast<double>(static_cast<T>(x[i]) * static_cast<T>(keep_scale[i])));
-  }
+  });
 }
 
 }  // namespace
@@ -48,14 +49,15 @@ void CpuBackend::attention_dropout_mask(const DropoutSite& site, const Attention
 void CpuBackend::hidden_dropout_mask(const DropoutSite& site, int64_t first_row, int64_t rows, int64_t seq,
                                      int64_t hidden, double* keep_scale) {
   const double kept = kept_value(site.probability, rounding_);
-  for (int64_t r = 0; r < rows; ++r) {
+  // Each element is a pure function of its coordinates, so the rows may be drawn in any order.
+  cpu::parallel_for(rows, hidden, [&](int64_t r) {
     const int64_t row = first_row + r;  // in the micro-batch's N = b*T rows
     const int64_t window = row / seq, position = row % seq;
     for (int64_t c = 0; c < hidden; ++c) {
       keep_scale[r * hidden + c] =
           keep_scale_at(site, site.sample_indices[window], position * hidden + c, kept);
     }
-  }
+  });
 }
 
 void CpuBackend::dropout_forward(const double* x, const double* keep_scale, int64_t n, double* y) {

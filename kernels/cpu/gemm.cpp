@@ -1,9 +1,12 @@
-// DGEMM for FP64; SGEMM on exactly converted inputs for FP32 and BF16.
+// DGEMM for FP64; SGEMM on exactly converted inputs for FP32 and BF16. The conversions and the store run
+// parallel over rows (element-wise, so the thread count changes no bit); the BLAS calls thread themselves.
 #include "kernels/cpu/gemm.h"
 
 #include <cblas.h>
 
 #include <vector>
+
+#include "kernels/cpu/parallel_for.h"
 
 namespace touchstone::cpu {
 
@@ -14,10 +17,10 @@ int blas_int(int64_t value) { return static_cast<int>(value); }
 // rows x cols of a row-major matrix with row stride ld, as contiguous floats.
 std::vector<float> to_float(const double* m, int64_t rows, int64_t cols, int64_t ld) {
   std::vector<float> out(static_cast<size_t>(rows * cols));
-  for (int64_t i = 0; i < rows; ++i) {
+  parallel_for(rows, cols, [&](int64_t i) {
     for (int64_t j = 0; j < cols; ++j)
       out[static_cast<size_t>(i * cols + j)] = static_cast<float>(m[i * ld + j]);
-  }
+  });
   return out;
 }
 
@@ -51,13 +54,13 @@ void gemm(Precision precision, RoundTo round_to, bool transpose_a, bool transpos
   std::vector<float> product(static_cast<size_t>(M * N));
   cblas_sgemm(CblasRowMajor, ta, tb, blas_int(M), blas_int(N), blas_int(K), static_cast<float>(alpha),
               a.data(), blas_int(a_cols), b.data(), blas_int(b_cols), 0.0f, product.data(), blas_int(N));
-  for (int64_t i = 0; i < M; ++i) {
+  parallel_for(M, N, [&](int64_t i) {
     for (int64_t j = 0; j < N; ++j) {
       const double p = static_cast<double>(product[static_cast<size_t>(i * N + j)]);
       double& c = C[i * ldc + j];
       c = store == Store::kAccumulate ? round_as(round_to, c + p) : round_as(round_to, p);
     }
-  }
+  });
 }
 
 std::string blas_description() {

@@ -1,9 +1,12 @@
 // CPU cross entropy (forward and backward) and the AdamW update. Both compute in T: double in FP64
-// mode, float otherwise (cross entropy upcasts BF16 logits to FP32; AdamW keeps FP32 state).
+// mode, float otherwise (cross entropy upcasts BF16 logits to FP32; AdamW keeps FP32 state). Cross
+// entropy runs parallel over rows (each row's max and sum in one thread, in vocabulary order), AdamW over
+// elements (parallel_for.h).
 #include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/parallel_for.h"
 
 namespace touchstone {
 
@@ -13,18 +16,18 @@ constexpr int32_t kIgnoreIndex = -100;
 
 template <typename T>
 void row_max_impl(const double* logits, int64_t rows, int64_t vocab_local, double* row_max) {
-  for (int64_t n = 0; n < rows; ++n) {
+  cpu::parallel_for(rows, vocab_local, [&](int64_t n) {
     const double* row = logits + n * vocab_local;
     T m = static_cast<T>(row[0]);
     for (int64_t i = 1; i < vocab_local; ++i) m = std::max(m, static_cast<T>(row[i]));
     row_max[n] = static_cast<double>(m);
-  }
+  });
 }
 
 template <typename T>
 void partials_impl(const double* logits, const int32_t* targets, int64_t rows, int64_t vocab_local,
                    int64_t vocab_start, const double* row_max, double* sum_exp, double* target_logit) {
-  for (int64_t n = 0; n < rows; ++n) {
+  cpu::parallel_for(rows, vocab_local, [&](int64_t n) {
     const double* row = logits + n * vocab_local;
     T sum = 0;
     for (int64_t i = 0; i < vocab_local; ++i)
@@ -32,30 +35,30 @@ void partials_impl(const double* logits, const int32_t* targets, int64_t rows, i
     sum_exp[n] = static_cast<double>(sum);
     const int64_t local = static_cast<int64_t>(targets[n]) - vocab_start;
     target_logit[n] = targets[n] != kIgnoreIndex && local >= 0 && local < vocab_local ? row[local] : 0.0;
-  }
+  });
 }
 
 template <typename T>
 void loss_impl(const double* row_max, const double* sum_exp, const double* target_logit,
                const int32_t* targets, int64_t rows, double* losses) {
-  for (int64_t n = 0; n < rows; ++n) {
+  cpu::parallel_for(rows, 1, [&](int64_t n) {
     losses[n] = targets[n] == kIgnoreIndex
                     ? 0.0
                     : static_cast<double>(std::log(static_cast<T>(sum_exp[n])) + static_cast<T>(row_max[n]) -
                                           static_cast<T>(target_logit[n]));
-  }
+  });
 }
 
 template <typename T>
 void ce_backward_impl(const double* logits, const int32_t* targets, int64_t rows, int64_t vocab_local,
                       int64_t vocab_start, const double* row_max, const double* sum_exp, double loss_weight,
                       double* dlogits, const cpu::Rounding& r) {
-  for (int64_t n = 0; n < rows; ++n) {
+  cpu::parallel_for(rows, vocab_local, [&](int64_t n) {
     const double* row = logits + n * vocab_local;
     double* drow = dlogits + n * vocab_local;
     if (targets[n] == kIgnoreIndex) {
       for (int64_t i = 0; i < vocab_local; ++i) drow[i] = 0.0;
-      continue;
+      return;
     }
     const auto w = static_cast<T>(loss_weight), m = static_cast<T>(row_max[n]),
                z = static_cast<T>(sum_exp[n]);
@@ -68,7 +71,7 @@ void ce_backward_impl(const double* logits, const int32_t* targets, int64_t rows
       if (i == local) d -= T(1);
       drow[i] = r.activation(static_cast<double>(d * w));
     }
-  }
+  });
 }
 
 template <typename T>
@@ -79,7 +82,7 @@ void adamw_impl(double* param, const double* grad, double* exp_avg, double* exp_
   const auto step = static_cast<double>(s.step);
   const auto bias_correction1 = static_cast<T>(1.0 - std::pow(s.beta1, step));
   const auto bias_correction2 = static_cast<T>(1.0 - std::pow(s.beta2, step));
-  for (int64_t i = 0; i < n; ++i) {
+  cpu::parallel_for(n, 1, [&](int64_t i) {
     const auto g = static_cast<T>(grad[i]);
     const T m = b1 * static_cast<T>(exp_avg[i]) + (T(1) - b1) * g;
     const T v = b2 * static_cast<T>(exp_avg_sq[i]) + (T(1) - b2) * g * g;
@@ -88,7 +91,7 @@ void adamw_impl(double* param, const double* grad, double* exp_avg, double* exp_
     exp_avg[i] = static_cast<double>(m);
     exp_avg_sq[i] = static_cast<double>(v);
     param[i] = static_cast<double>(p);
-  }
+  });
 }
 
 }  // namespace

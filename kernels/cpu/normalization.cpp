@@ -1,7 +1,10 @@
-// CPU RMSNorm, RoPE, SwiGLU and the linear_qkv layout shuffle: forward and backward side by side.
+// CPU RMSNorm, RoPE, SwiGLU and the linear_qkv layout shuffle: forward and backward side by side, each
+// parallel over rows (tokens) by parallel_for.h's rule.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/parallel_for.h"
 #include "kernels/rope_angle.h"
 
 namespace touchstone {
@@ -14,7 +17,7 @@ namespace {
 template <typename T>
 void rmsnorm_forward_impl(const double* x, const double* weight, int64_t rows, int64_t hidden, double eps,
                           double* y, double* rstd, const cpu::Rounding& r) {
-  for (int64_t n = 0; n < rows; ++n) {
+  cpu::parallel_for(rows, hidden, [&](int64_t n) {
     const double* xn = x + n * hidden;
     T sum_squares = 0;
     for (int64_t i = 0; i < hidden; ++i) sum_squares += static_cast<T>(xn[i]) * static_cast<T>(xn[i]);
@@ -24,15 +27,19 @@ void rmsnorm_forward_impl(const double* x, const double* weight, int64_t rows, i
       y[n * hidden + i] =
           r.activation(static_cast<double>(static_cast<T>(xn[i]) * inv * static_cast<T>(weight[i])));
     }
-  }
+  });
 }
+
+// The weight gradient's columns a block of rmsnorm_backward owns: each dweight element sums over the rows
+// in row order inside one block, so no sum is split between threads.
+constexpr int64_t kColumnBlock = 64;
 
 template <typename T>
 void rmsnorm_backward_impl(const double* dy, const double* x, const double* weight, const double* rstd,
                            int64_t rows, int64_t hidden, double* dx, double* dweight_accum,
                            const cpu::Rounding& r) {
   // With xhat = x * rstd and g = dy * w:  dx = rstd * (g - xhat * mean(g * xhat)),  dw += dy * xhat.
-  for (int64_t n = 0; n < rows; ++n) {
+  cpu::parallel_for(rows, hidden, [&](int64_t n) {
     const double* xn = x + n * hidden;
     const double* dyn = dy + n * hidden;
     const auto inv = static_cast<T>(rstd[n]);
@@ -45,9 +52,20 @@ void rmsnorm_backward_impl(const double* dy, const double* x, const double* weig
       const T xhat = static_cast<T>(xn[i]) * inv;
       dx[n * hidden + i] = r.activation(static_cast<double>(
           inv * (static_cast<T>(dyn[i]) * static_cast<T>(weight[i]) - xhat * mean_g_xhat)));
-      dweight_accum[i] = r.state(dweight_accum[i] + static_cast<double>(static_cast<T>(dyn[i]) * xhat));
     }
-  }
+  });
+  cpu::parallel_for((hidden + kColumnBlock - 1) / kColumnBlock, rows * kColumnBlock, [&](int64_t block) {
+    const int64_t begin = block * kColumnBlock, end = std::min(hidden, begin + kColumnBlock);
+    for (int64_t n = 0; n < rows; ++n) {
+      const double* xn = x + n * hidden;
+      const double* dyn = dy + n * hidden;
+      const auto inv = static_cast<T>(rstd[n]);
+      for (int64_t i = begin; i < end; ++i) {
+        const T xhat = static_cast<T>(xn[i]) * inv;
+        dweight_accum[i] = r.state(dweight_accum[i] + static_cast<double>(static_cast<T>(dyn[i]) * xhat));
+      }
+    }
+  });
 }
 
 }  // namespace
@@ -92,34 +110,33 @@ void for_each_qkv_head(const AttentionShape& s, Visit visit) {
 
 }  // namespace
 
+// Both copy one token row (b, t) per parallel_for index: pure copies, so any split gives the same bits.
 void CpuBackend::qkv_split(const double* qkv, const AttentionShape& s, double* q, double* k, double* v) {
   const int64_t width = (s.num_heads + 2 * s.num_kv_heads) * s.head_dim, D = s.head_dim;
-  for_each_qkv_head(s, [&](int64_t offset, int which, int64_t head) {
-    double* dst = which == 0 ? q : which == 1 ? k : v;
-    const int64_t heads = which == 0 ? s.num_heads : s.num_kv_heads;
-    for (int64_t b = 0; b < s.windows; ++b) {
-      for (int64_t t = 0; t < s.seq; ++t) {
-        const double* src = qkv + (b * s.seq + t) * width + offset;
-        double* out = dst + ((b * heads + head) * s.seq + t) * D;
-        for (int64_t d = 0; d < D; ++d) out[d] = src[d];
-      }
-    }
+  cpu::parallel_for(s.windows * s.seq, width, [&](int64_t row) {
+    const int64_t b = row / s.seq, t = row % s.seq;
+    for_each_qkv_head(s, [&](int64_t offset, int which, int64_t head) {
+      double* dst = which == 0 ? q : which == 1 ? k : v;
+      const int64_t heads = which == 0 ? s.num_heads : s.num_kv_heads;
+      const double* src = qkv + row * width + offset;
+      double* out = dst + ((b * heads + head) * s.seq + t) * D;
+      for (int64_t d = 0; d < D; ++d) out[d] = src[d];
+    });
   });
 }
 
 void CpuBackend::qkv_merge(const double* dq, const double* dk, const double* dv, const AttentionShape& s,
                            double* dqkv) {
   const int64_t width = (s.num_heads + 2 * s.num_kv_heads) * s.head_dim, D = s.head_dim;
-  for_each_qkv_head(s, [&](int64_t offset, int which, int64_t head) {
-    const double* src_tensor = which == 0 ? dq : which == 1 ? dk : dv;
-    const int64_t heads = which == 0 ? s.num_heads : s.num_kv_heads;
-    for (int64_t b = 0; b < s.windows; ++b) {
-      for (int64_t t = 0; t < s.seq; ++t) {
-        const double* src = src_tensor + ((b * heads + head) * s.seq + t) * D;
-        double* out = dqkv + (b * s.seq + t) * width + offset;
-        for (int64_t d = 0; d < D; ++d) out[d] = src[d];
-      }
-    }
+  cpu::parallel_for(s.windows * s.seq, width, [&](int64_t row) {
+    const int64_t b = row / s.seq, t = row % s.seq;
+    for_each_qkv_head(s, [&](int64_t offset, int which, int64_t head) {
+      const double* src_tensor = which == 0 ? dq : which == 1 ? dk : dv;
+      const int64_t heads = which == 0 ? s.num_heads : s.num_kv_heads;
+      const double* src = src_tensor + ((b * heads + head) * s.seq + t) * D;
+      double* out = dqkv + row * width + offset;
+      for (int64_t d = 0; d < D; ++d) out[d] = src[d];
+    });
   });
 }
 
@@ -133,29 +150,29 @@ void rope_impl(double* x, const int32_t* position_ids, int64_t windows, int64_t 
                int64_t head_dim, double theta, bool inverse, const cpu::Rounding& r) {
   const int64_t half = head_dim / 2;
   const double direction = inverse ? -1.0 : 1.0;  // the backward rotates gradients back by -angle
-  for (int64_t b = 0; b < windows; ++b) {
-    for (int64_t t = 0; t < seq; ++t) {
-      const double pos = static_cast<double>(position_ids[b * seq + t]);
-      for (int64_t i = 0; i < half; ++i) {
-        const double angle = rope_angle(pos, i, head_dim, theta);
-        const auto c = static_cast<T>(std::cos(angle));
-        const auto s = static_cast<T>(direction * std::sin(angle));
-        for (int64_t h = 0; h < heads; ++h) {
-          double* xh = x + ((b * heads + h) * seq + t) * head_dim;
-          const auto x1 = static_cast<T>(xh[i]), x2 = static_cast<T>(xh[i + half]);
-          xh[i] = r.activation(static_cast<double>(x1 * c - x2 * s));
-          xh[i + half] = r.activation(static_cast<double>(x2 * c + x1 * s));
-        }
+  // One token (b, t) per index: it rotates that token's pairs in every head.
+  cpu::parallel_for(windows * seq, heads * head_dim, [&](int64_t bt) {
+    const int64_t b = bt / seq, t = bt % seq;
+    const double pos = static_cast<double>(position_ids[bt]);
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = rope_angle(pos, i, head_dim, theta);
+      const auto c = static_cast<T>(std::cos(angle));
+      const auto s = static_cast<T>(direction * std::sin(angle));
+      for (int64_t h = 0; h < heads; ++h) {
+        double* xh = x + ((b * heads + h) * seq + t) * head_dim;
+        const auto x1 = static_cast<T>(xh[i]), x2 = static_cast<T>(xh[i + half]);
+        xh[i] = r.activation(static_cast<double>(x1 * c - x2 * s));
+        xh[i + half] = r.activation(static_cast<double>(x2 * c + x1 * s));
       }
     }
-  }
+  });
 }
 
 // ---- SwiGLU: act = silu(gate) * up, silu(g) = g * sigmoid(g) ------------------------------------------
 
 template <typename T>
 void swiglu_forward_impl(const double* fc1, int64_t rows, int64_t ffn, double* act, const cpu::Rounding& r) {
-  for (int64_t n = 0; n < rows; ++n) {
+  cpu::parallel_for(rows, ffn, [&](int64_t n) {
     const double* gate = fc1 + n * 2 * ffn;
     const double* up = gate + ffn;
     for (int64_t i = 0; i < ffn; ++i) {
@@ -163,14 +180,14 @@ void swiglu_forward_impl(const double* fc1, int64_t rows, int64_t ffn, double* a
       const T sigmoid = T(1) / (T(1) + std::exp(-g));
       act[n * ffn + i] = r.activation(static_cast<double>(g * sigmoid * static_cast<T>(up[i])));
     }
-  }
+  });
 }
 
 template <typename T>
 void swiglu_backward_impl(const double* dact, const double* fc1, int64_t rows, int64_t ffn, double* dfc1,
                           const cpu::Rounding& r) {
   // d silu(g)/dg = sigmoid(g) * (1 + g * (1 - sigmoid(g)))
-  for (int64_t n = 0; n < rows; ++n) {
+  cpu::parallel_for(rows, ffn, [&](int64_t n) {
     const double* gate = fc1 + n * 2 * ffn;
     const double* up = gate + ffn;
     double* dgate = dfc1 + n * 2 * ffn;
@@ -182,7 +199,7 @@ void swiglu_backward_impl(const double* dact, const double* fc1, int64_t rows, i
       dgate[i] = r.activation(static_cast<double>(d * u * sigmoid * (T(1) + g * (T(1) - sigmoid))));
       dup[i] = r.activation(static_cast<double>(d * g * sigmoid));
     }
-  }
+  });
 }
 
 }  // namespace
