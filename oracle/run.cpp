@@ -15,6 +15,7 @@
 #include "common/errors.h"
 #include "common/text_output.h"
 #include "data/sources.h"
+#include "kernels/cpu/parallel_for.h"
 #include "model/params.h"
 #include "oracle/checkpointing.h"
 #include "oracle/gather.h"
@@ -212,6 +213,7 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
   for (int64_t s = first_step; s <= steps; ++s) {
     const GlobalBatch& batch = batch_of_update(run, s);
     const auto step_start = std::chrono::steady_clock::now();
+    const AttentionTileCount tiles_before = backend->attention_tiles();
     StepOutputs step;
     step.record = trainer.step(batch, outputs);
     const double step_seconds =
@@ -234,14 +236,21 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
     if (!writer_rank) continue;
     const StepRecord& record = step.record;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    char line[256];
+    // The share of this rank's attention tile pairs the masks left empty in this step (forward passes).
+    const AttentionTileCount tiles_after = backend->attention_tiles();
+    const int64_t computed = tiles_after.computed - tiles_before.computed,
+                  skipped = tiles_after.skipped - tiles_before.skipped;
+    const double skipped_share = computed + skipped > 0 ? 100.0 * static_cast<double>(skipped) /
+                                                              static_cast<double>(computed + skipped)
+                                                        : 0.0;
+    char line[320];
     std::snprintf(line, sizeof line,
                   "step %lld/%lld | %s | loss %.6f | loss tokens %lld | grad norm %.4e | lr %.4e | %.3f s | "
-                  "%.0f tok/s | ETA %s",
+                  "%.0f tok/s | attention tiles %.0f%% skipped | ETA %s",
                   static_cast<long long>(record.step), static_cast<long long>(steps),
                   option_name(config.precision).c_str(), record.loss,
                   static_cast<long long>(record.num_loss_tokens), record.grad_norm, record.lr, step_seconds,
-                  static_cast<double>(tokens_done) / elapsed,
+                  static_cast<double>(tokens_done) / elapsed, skipped_share,
                   format_duration(elapsed / static_cast<double>(record.step - first_step + 1) *
                                   static_cast<double>(steps - record.step))
                       .c_str());
@@ -261,6 +270,8 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
 
 void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, std::ostream& out) {
   const bool writer_rank = grid.global_rank() == 0;
+  // The CPU kernels' threads share the machine's cores with the job's other ranks on it (collective).
+  cpu::share_cores(node_local_ranks().size);
   // Which GPU this rank drives with --backend cuda (collective, so every rank asks here, once).
   const int local_rank = options.backend == BackendKind::kCpu ? 0 : node_local_rank();
   const std::string& checkpoint_dir = options.checkpoint.directory;

@@ -247,7 +247,8 @@ void CpuBackend::attention_forward(const double* q, const double* k, const doubl
   std::vector<AttentionTileCount> counts(static_cast<size_t>(s.windows * s.num_heads * tiles));
   cpu::ThreadScratch scratch(attention_forward_scratch(s));
   const cpu::SingleThreadedBlas blas;
-  cpu::parallel_for(s.windows * s.num_heads * tiles, [&](int64_t task) {
+  // A task's work: at most kTile queries against the T keys, D products each.
+  cpu::parallel_for(s.windows * s.num_heads * tiles, std::min(kTile, T) * T * s.head_dim, [&](int64_t task) {
     const int64_t qt = task % tiles, h = task / tiles % s.num_heads, b = task / tiles / s.num_heads;
     const HeadSlice x = head_slice(q, k, v, s, b, h);
     double* head_lse = lse + (b * s.num_heads + h) * T;
@@ -273,7 +274,8 @@ void CpuBackend::attention_backward(const double* dout, const double* q, const d
   const TileDropout* drop = dropout.active() ? &tile_dropout : nullptr;
   cpu::ThreadScratch scratch(attention_backward_scratch(s));
   const cpu::SingleThreadedBlas blas;
-  cpu::parallel_for(s.windows * s.num_kv_heads, [&](int64_t task) {
+  // A task's work: its group's heads, each T queries against T keys, D products each.
+  cpu::parallel_for(s.windows * s.num_kv_heads, queries_per_group * T * T * D, [&](int64_t task) {
     const int64_t g = task % s.num_kv_heads, b = task / s.num_kv_heads;
     const WindowMask mask(document_ids + b * T, document_masking, added, T);
     double* dkg = dk + (b * s.num_kv_heads + g) * T * D;  // [T,D], summed over the group's heads

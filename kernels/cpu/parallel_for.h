@@ -1,5 +1,6 @@
 // The CPU backend's one way to use several cores: parallel_for(n, body) runs body(i) for every i in
-// [0, n), the range cut into contiguous static chunks, one per kernel thread (OpenMP).
+// [0, n), the range cut into contiguous static chunks, one per kernel thread of a small pool whose
+// threads sleep between loops (a loaded or shared machine then loses nothing to spinning threads).
 //
 // Results stay bitwise independent of the thread count because every caller keeps to one rule: body(i)
 // writes only outputs that belong to i and reads only inputs, and any reduction runs inside one body(i)
@@ -7,14 +8,19 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace touchstone::cpu {
 
-// The threads parallel_for uses: OMP_NUM_THREADS, or one per core, until set_kernel_threads.
+// The threads parallel_for uses: OMP_NUM_THREADS when set (the variable OpenBLAS reads too), else one
+// per core shared among the processes on the machine (share_cores), until set_kernel_threads.
 int kernel_threads();
 // Tests set 1 and 2 to check that both give identical bits; n >= 1.
 void set_kernel_threads(int n);
+// The default for `processes` ranks of one job on this machine: cores / processes threads (at least
+// one), unless OMP_NUM_THREADS chose the count.
+void share_cores(int processes);
 
 // The index of the calling kernel thread, 0 <= index < kernel_threads() (0 outside parallel_for).
 int kernel_thread_index();
@@ -31,21 +37,30 @@ class ThreadScratch {
   std::vector<double> data_;  // [kernel_threads(), per_thread]
 };
 
+// Runs range(begin, end) for the kernel threads' chunks of [0, n), chunk t = [t n / k, (t + 1) n / k)
+// on thread t (the caller is thread 0), and returns when all are done; rethrows the first exception a
+// chunk threw. Called from inside a chunk, it runs the whole range on the calling thread.
+void run_chunks(int64_t n, const std::function<void(int64_t, int64_t)>& range);
+
 template <typename Body>
 void parallel_for(int64_t n, const Body& body) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) body(i);
+  run_chunks(n, [&body](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) body(i);
+  });
 }
 
-// Loops whose whole work, n * work_per_index element operations, is below this run on the calling
-// thread: starting the team would cost more than the loop saves, and far more when the cores are shared
-// (several ranks on one machine), because every parallel region ends by waiting for its slowest thread.
-inline constexpr int64_t kMinParallelWork = 16384;
+// Loops whose whole work, n * work_per_index element operations, is below min_parallel_work() run on
+// the calling thread: waking the pool costs more than such a loop saves, and far more when the cores are
+// shared (several ranks or tests on one machine), because every loop waits for its slowest thread. The
+// default, 2^18, is a loop of about 0.1 ms.
+int64_t min_parallel_work();
+// Tests set 1, so that every loop they run is split between the threads.
+void set_min_parallel_work(int64_t work);
 
 // parallel_for(n, body) for loops worth the threads, the others serial; the same bits either way.
 template <typename Body>
 void parallel_for(int64_t n, int64_t work_per_index, const Body& body) {
-  if (n * work_per_index < kMinParallelWork) {
+  if (n * work_per_index < min_parallel_work()) {
     for (int64_t i = 0; i < n; ++i) body(i);
     return;
   }

@@ -27,6 +27,7 @@
 
 #include "common/rng.h"
 #include "dense_attention.h"
+#include "kernel_threads_guard.h"
 #include "kernels/attention_tiles.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/parallel_for.h"
@@ -75,17 +76,7 @@ const char* precision_name(Precision p) {
   return p == Precision::kFp64 ? "fp64" : p == Precision::kFp32 ? "fp32" : "bf16";
 }
 
-// Restores the kernel thread count the test found.
-class KernelThreadsGuard {
- public:
-  KernelThreadsGuard() : saved_(cpu::kernel_threads()) {}
-  ~KernelThreadsGuard() { cpu::set_kernel_threads(saved_); }
-  KernelThreadsGuard(const KernelThreadsGuard&) = delete;
-  KernelThreadsGuard& operator=(const KernelThreadsGuard&) = delete;
-
- private:
-  int saved_;
-};
+using testing::KernelThreadsGuard;
 
 // Document ids of one window from the lengths of its documents, as the packer writes them
 // (data/packing.h): consecutive ids, then kPaddingDocument (-1) for `padding` trailing positions.
