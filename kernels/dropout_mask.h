@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "common/host_device.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/rounding.h"
 
@@ -22,8 +23,10 @@ inline double dropout_keep_scale(const DropoutSite& site, int64_t sample, int64_
   return u > site.probability ? kept : 0.0;  // u in (0, 1]: kept with probability 1 - p
 }
 
-// The element of the attention probabilities' mask for (global head, query i, key j) in a window of T.
-inline int64_t attention_dropout_element(int64_t global_head, int64_t i, int64_t j, int64_t seq) {
+// The element of the attention probabilities' mask for (global head, query i, key j) in a window of T
+// (device code too: kernels/cuda/dropout_mask.cuh).
+TOUCHSTONE_HOST_DEVICE inline int64_t attention_dropout_element(int64_t global_head, int64_t i, int64_t j,
+                                                                int64_t seq) {
   return (global_head * seq + i) * seq + j;
 }
 

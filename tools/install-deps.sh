@@ -15,9 +15,7 @@ packages=(
   # what transformers needs that Debian packages: yaml and regex are compiled; typing-extensions is
   # huggingface-hub's; charset-normalizer is requests' (pure Python here, compiled on PyPI)
   python3-yaml python3-regex python3-typing-extensions python3-charset-normalizer
-  # the fuzz targets (fuzz/): clang, its libFuzzer runtime, and its OpenMP runtime (libomp), which
-  # the CPU kernels' parallel_for needs when clang compiles them
-  clang libclang-rt-14-dev libomp-14-dev
+  clang libclang-rt-14-dev  # the fuzz targets (fuzz/): clang and its libFuzzer runtime
 )
 run_as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 missing=()

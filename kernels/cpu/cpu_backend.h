@@ -52,10 +52,6 @@ class CpuBackend : public Backend {
   static int64_t attention_backward_scratch(const AttentionShape& shape);
 
   // kernels/cpu/dropout.cpp
-  // The whole attention dropout mask keep_scale[b,NH,T,T] (the formula of AttentionDropout): for tests
-  // of the mask itself; the attention kernels draw it tile by tile.
-  void attention_dropout_mask(const DropoutSite& site, const AttentionShape& shape, int64_t first_head,
-                              double* keep_scale);
   void hidden_dropout_mask(const DropoutSite& site, int64_t first_row, int64_t rows, int64_t seq,
                            int64_t hidden, double* keep_scale) override;
   void dropout_forward(const double* x, const double* keep_scale, int64_t n, double* y) override;

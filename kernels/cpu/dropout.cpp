@@ -2,24 +2,17 @@
 // applying one.
 //
 // A mask element is a pure function of (the site's stream key, the window's global sample index, the
-// element's index in that sample's global tensor) through uniform_at (common/rng.h). A tensor-parallel
+// element's index in that sample's global tensor) through uniform_at (common/rng.h; the formula is
+// kernels/dropout_mask.h, which the attention kernels draw from tile by tile). A tensor-parallel
 // shard of heads, a sequence-parallel block of rows or one micro-batch therefore draws exactly its
 // slice of the one global mask, whatever the layout, and a resumed run draws the same masks again.
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/parallel_for.h"
+#include "kernels/dropout_mask.h"
 
 namespace touchstone {
 
 namespace {
-
-// 1 / (1 - p) in the format the multiply runs in: FP32 unless FP64, as PyTorch's dropout kernel
-// scales a BF16 tensor in float.
-double kept_value(double probability, const cpu::Rounding& r) { return r.state(1.0 / (1.0 - probability)); }
-
-double keep_scale_at(const DropoutSite& site, int64_t sample, int64_t element, double kept) {
-  const double u = uniform_at(site.key, static_cast<uint64_t>(sample), static_cast<uint64_t>(element));
-  return u > site.probability ? kept : 0.0;  // u in (0, 1]: kept with probability 1 - p
-}
 
 // y[n] = x[n] * keep_scale[n] computed in T and stored as an activation.
 template <typename T>
@@ -31,31 +24,16 @@ void multiply(const double* x, const double* keep_scale, int64_t n, double* y, c
 
 }  // namespace
 
-void CpuBackend::attention_dropout_mask(const DropoutSite& site, const AttentionShape& s, int64_t first_head,
-                                        double* keep_scale) {
-  const int64_t T = s.seq;
-  const double kept = kept_value(site.probability, rounding_);
-  for (int64_t w = 0; w < s.windows; ++w) {
-    for (int64_t h = 0; h < s.num_heads; ++h) {
-      double* mask = keep_scale + (w * s.num_heads + h) * T * T;  // [T(query), T(key)]
-      const int64_t first_element = (first_head + h) * T * T;     // of the global head in its sample
-      for (int64_t ij = 0; ij < T * T; ++ij) {
-        mask[ij] = keep_scale_at(site, site.sample_indices[w], first_element + ij, kept);
-      }
-    }
-  }
-}
-
 void CpuBackend::hidden_dropout_mask(const DropoutSite& site, int64_t first_row, int64_t rows, int64_t seq,
                                      int64_t hidden, double* keep_scale) {
-  const double kept = kept_value(site.probability, rounding_);
+  const double kept = dropout_kept_value(site.probability, rounding_);
   // Each element is a pure function of its coordinates, so the rows may be drawn in any order.
   cpu::parallel_for(rows, hidden, [&](int64_t r) {
     const int64_t row = first_row + r;  // in the micro-batch's N = b*T rows
     const int64_t window = row / seq, position = row % seq;
     for (int64_t c = 0; c < hidden; ++c) {
       keep_scale[r * hidden + c] =
-          keep_scale_at(site, site.sample_indices[window], position * hidden + c, kept);
+          dropout_keep_scale(site, site.sample_indices[window], position * hidden + c, kept);
     }
   });
 }

@@ -8,6 +8,7 @@
 #include "common/philox.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/device.cuh"
+#include "kernels/dropout_mask.h"
 
 namespace touchstone::cuda {
 
@@ -35,7 +36,8 @@ struct AttentionKeep {
 
 #if defined(__CUDACC__) || defined(TOUCHSTONE_CUDA_EMULATION)
   __device__ double at(int64_t w, int64_t h, int64_t i, int64_t j, int64_t seq) const {
-    return keep_scale_at(key0, key1, probability, samples[w], ((first_head + h) * seq + i) * seq + j, kept);
+    return keep_scale_at(key0, key1, probability, samples[w],
+                         attention_dropout_element(first_head + h, i, j, seq), kept);
   }
 #endif
 };

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/rng.h"
+#include "kernel_threads_guard.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/parallel_for.h"
 
@@ -21,17 +22,7 @@ namespace {
 
 using Buffers = std::vector<std::vector<double>>;
 
-// Restores the kernel thread count the test found.
-class KernelThreadsGuard {
- public:
-  KernelThreadsGuard() : saved_(cpu::kernel_threads()) {}
-  ~KernelThreadsGuard() { cpu::set_kernel_threads(saved_); }
-  KernelThreadsGuard(const KernelThreadsGuard&) = delete;
-  KernelThreadsGuard& operator=(const KernelThreadsGuard&) = delete;
-
- private:
-  int saved_;
-};
+using testing::KernelThreadsGuard;
 
 std::vector<double> random_values(int64_t n, uint64_t seed, double scale = 1.0) {
   std::mt19937_64 generator(seed);
@@ -74,10 +65,9 @@ class KernelThreads : public ::testing::TestWithParam<Precision> {
   }
 };
 
-// Odd sizes, so that no thread's chunk is a round number of rows or columns, and large enough that
-// every loop runs on the threads rather than below parallel_for's work threshold.
+// Odd sizes, so that no thread's chunk is a round number of rows or columns (KernelThreadsGuard splits
+// every loop, however small).
 constexpr int64_t kRows = 37, kHidden = 456, kFfn = 451, kVocab = 1001;
-static_assert(kRows * kHidden >= cpu::kMinParallelWork && kRows * kFfn >= cpu::kMinParallelWork);
 
 TEST(KernelThreadsSetup, ParallelForRunsOnTheThreadsSet) {
   // Without this the bitwise comparisons below could pass on a build where everything runs serially.
