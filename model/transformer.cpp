@@ -3,6 +3,7 @@
 // Fl, Vl = this tp rank's heads, KV heads, ffn columns and vocabulary rows.
 #include "model/transformer.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -10,6 +11,8 @@ namespace touchstone {
 
 namespace {
 std::vector<double> buffer(int64_t n) { return std::vector<double>(static_cast<size_t>(n)); }
+// Frees the buffer at once (clear() would keep the capacity).
+void release(std::vector<double>& v) { std::vector<double>().swap(v); }
 }  // namespace
 
 LayerDropoutKeys layer_dropout_keys(int64_t seed, int64_t layer) {
@@ -35,6 +38,19 @@ AttentionShape Transformer::attention_shape(int64_t windows) const {
   const int64_t t = tp_.tp_size();
   return AttentionShape{windows, model_.seq_length, model_.num_heads / t, model_.num_kv_heads / t,
                         model_.head_dim()};
+}
+
+void Transformer::norm_gather(const double* x, const std::vector<double>& weight, int64_t windows,
+                              std::vector<double>& h, std::vector<double>& rstd) const {
+  const int64_t N = windows * model_.seq_length, Nl = tp_.local_rows(N), H = model_.hidden_size;
+  rstd = buffer(Nl);
+  std::vector<double> h_local = buffer(Nl * H);
+  backend_.rmsnorm_forward(x, weight.data(), Nl, H, model_.norm_eps, h_local.data(), rstd.data());
+  if (!tp_.sequence_parallel()) {
+    h = std::move(h_local);  // what the identity gather would copy
+    return;
+  }
+  tp_.gather(h_local, N, H, h);
 }
 
 // ---- dropout: masks keyed by global coordinates (docs/architecture.md "Dropout") ------------------------
@@ -85,17 +101,17 @@ void Transformer::attention_block_forward(const ParamTensors& params, int64_t la
   const int64_t N = batch.windows * s.seq, Nl = tp_.local_rows(N), H = model_.hidden_size, D = s.head_dim;
   const int64_t qkv_cols = (s.num_heads + 2 * s.num_kv_heads) * D;  // this rank's whole KV groups
   a.x_in = x;
-  a.rstd_attn = buffer(Nl);
-  std::vector<double> h_local = buffer(Nl * H);
-  backend_.rmsnorm_forward(x.data(), params[ids.input_norm].data(), Nl, H, model_.norm_eps, h_local.data(),
-                           a.rstd_attn.data());
-  tp_.gather(h_local, N, H, a.h_attn);  // ColumnParallelLinear entry
+  norm_gather(x.data(), params[ids.input_norm], batch.windows, a.h_attn, a.rstd_attn);
   std::vector<double> qkv = buffer(N * qkv_cols);
   backend_.linear_forward(a.h_attn.data(), params[ids.qkv].data(), N, H, qkv_cols, qkv.data());
+  // Without sequence parallelism the backward recomputes h_attn from x_in (a local RMSNorm). With it, h_attn
+  // is kept: recomputing it would repeat the all-gather (as Megatron-LM does), changing the communication.
+  if (!tp_.sequence_parallel()) release(a.h_attn);
   a.q = buffer(N * s.num_heads * D);
   a.k = buffer(N * s.num_kv_heads * D);
   a.v = buffer(N * s.num_kv_heads * D);
   backend_.qkv_split(qkv.data(), s, a.q.data(), a.k.data(), a.v.data());
+  release(qkv);
   backend_.rope(a.q.data(), batch.position_ids, s.windows, s.num_heads, s.seq, D, model_.rope_theta, false);
   backend_.rope(a.k.data(), batch.position_ids, s.windows, s.num_kv_heads, s.seq, D, model_.rope_theta,
                 false);
@@ -111,33 +127,49 @@ void Transformer::attention_block_forward(const ParamTensors& params, int64_t la
 }
 
 void Transformer::attention_block_backward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
-                                           const LayerActivations& a, std::vector<double>& dx,
+                                           LayerActivations& a, std::vector<double>& dx,
                                            ParamTensors& grads) const {
   const LayerParamIds& ids = table_.layer(layer);
   const AttentionShape s = attention_shape(batch.windows);
   const int64_t N = batch.windows * s.seq, Nl = tp_.local_rows(N), H = model_.hidden_size, D = s.head_dim;
   const int64_t qkv_cols = (s.num_heads + 2 * s.num_kv_heads) * D;
   // Backward of the hidden dropout, then of the RowParallelLinear exit.
-  std::vector<double> dproj, scratch;
+  // Every buffer, stored or not, is freed after its last use.
+  std::vector<double> dproj, scratch;  // [N,H], [Nl,H]
   tp_.gather(hidden_dropout_backward(dx, a.hidden_attn_keep, scratch), N, H, dproj);
+  release(scratch);
+  release(a.hidden_attn_keep);
   std::vector<double> dattn = buffer(N * s.num_heads * D);
   backend_.linear_backward(dproj.data(), a.attn.data(), params[ids.proj].data(), N, s.num_heads * D, H,
                            dattn.data(), grads[ids.proj].data());
+  release(dproj);
   std::vector<double> dq = buffer(N * s.num_heads * D), dk = buffer(N * s.num_kv_heads * D),
                       dv = buffer(N * s.num_kv_heads * D);
   backend_.attention_backward(dattn.data(), a.q.data(), a.k.data(), a.v.data(), a.attn.data(), a.lse.data(),
                               batch.document_ids, document_masking_, attention_dropout(layer, batch), s,
                               dq.data(), dk.data(), dv.data());
+  for (std::vector<double>* t : {&dattn, &a.q, &a.k, &a.v, &a.attn, &a.lse}) release(*t);
   backend_.rope(dq.data(), batch.position_ids, s.windows, s.num_heads, s.seq, D, model_.rope_theta, true);
   backend_.rope(dk.data(), batch.position_ids, s.windows, s.num_kv_heads, s.seq, D, model_.rope_theta, true);
   std::vector<double> dqkv = buffer(N * qkv_cols);
   backend_.qkv_merge(dq.data(), dk.data(), dv.data(), s, dqkv.data());
-  std::vector<double> dh_partial = buffer(N * H), dh, dnorm_in = buffer(Nl * H);
+  for (std::vector<double>* t : {&dq, &dk, &dv}) release(*t);
+  // h_attn [N,H] again: the forward's RMSNorm call on x_in, its rstd [Nl] equal to rstd_attn.
+  if (!tp_.sequence_parallel()) {
+    std::vector<double> rstd;
+    norm_gather(a.x_in.data(), params[ids.input_norm], batch.windows, a.h_attn, rstd);
+  }
+  std::vector<double> dh_partial = buffer(N * H), dh;  // [N,H], [Nl,H]
   backend_.linear_backward(dqkv.data(), a.h_attn.data(), params[ids.qkv].data(), N, H, qkv_cols,
                            dh_partial.data(), grads[ids.qkv].data());
+  release(dqkv);
+  release(a.h_attn);
   tp_.reduce(dh_partial, N, H, dh);  // backward of the ColumnParallelLinear entry
+  release(dh_partial);               // kept by the reduce-scatter; moved from by the all-reduce
+  std::vector<double> dnorm_in = buffer(Nl * H);
   backend_.rmsnorm_backward(dh.data(), a.x_in.data(), params[ids.input_norm].data(), a.rstd_attn.data(), Nl,
                             H, dnorm_in.data(), grads[ids.input_norm].data());
+  for (std::vector<double>* t : {&dh, &a.x_in, &a.rstd_attn}) release(*t);
   backend_.add_inplace(dx.data(), dnorm_in.data(), Nl * H);  // the residual branch joins the skip path
 }
 
@@ -149,54 +181,66 @@ void Transformer::mlp_block_forward(const ParamTensors& params, int64_t layer, c
   const int64_t N = batch.windows * model_.seq_length, Nl = tp_.local_rows(N), H = model_.hidden_size;
   const int64_t F = model_.ffn_hidden_size / tp_.tp_size();
   a.x_mid = x;
-  a.rstd_mlp = buffer(Nl);
-  std::vector<double> h_local = buffer(Nl * H);
-  backend_.rmsnorm_forward(x.data(), params[ids.pre_mlp_norm].data(), Nl, H, model_.norm_eps, h_local.data(),
-                           a.rstd_mlp.data());
-  tp_.gather(h_local, N, H, a.h_mlp);
+  norm_gather(x.data(), params[ids.pre_mlp_norm], batch.windows, a.h_mlp, a.rstd_mlp);
   a.fc1 = buffer(N * 2 * F);
   backend_.linear_forward(a.h_mlp.data(), params[ids.fc1].data(), N, H, 2 * F, a.fc1.data());
-  a.act = buffer(N * F);
-  backend_.swiglu_forward(a.fc1.data(), N, F, a.act.data());
+  if (!tp_.sequence_parallel()) release(a.h_mlp);  // recomputed in the backward, as h_attn
+  std::vector<double> act = buffer(N * F);  // [N,Fl] silu(gate) * up, recomputed from fc1 in the backward
+  backend_.swiglu_forward(a.fc1.data(), N, F, act.data());
   std::vector<double> out_partial = buffer(N * H), out;
-  backend_.linear_forward(a.act.data(), params[ids.fc2].data(), N, F, H, out_partial.data());
+  backend_.linear_forward(act.data(), params[ids.fc2].data(), N, F, H, out_partial.data());
+  release(act);
   tp_.reduce(out_partial, N, H, out);
   hidden_dropout_forward(dropout_keys_[layer].hidden_mlp, batch, out, a.hidden_mlp_keep);
   backend_.add_inplace(x.data(), out.data(), Nl * H);
 }
 
 void Transformer::mlp_block_backward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
-                                     const LayerActivations& a, std::vector<double>& dx,
+                                     LayerActivations& a, std::vector<double>& dx,
                                      ParamTensors& grads) const {
   const LayerParamIds& ids = table_.layer(layer);
   const int64_t N = batch.windows * model_.seq_length, Nl = tp_.local_rows(N), H = model_.hidden_size;
   const int64_t F = model_.ffn_hidden_size / tp_.tp_size();
-  std::vector<double> dout, scratch;
+  std::vector<double> dout, scratch;  // [N,H], [Nl,H]
   tp_.gather(hidden_dropout_backward(dx, a.hidden_mlp_keep, scratch), N, H, dout);
-  std::vector<double> dact = buffer(N * F), dfc1 = buffer(N * 2 * F);
-  backend_.linear_backward(dout.data(), a.act.data(), params[ids.fc2].data(), N, F, H, dact.data(),
+  release(scratch);
+  release(a.hidden_mlp_keep);
+  std::vector<double> act = buffer(N * F);  // [N,Fl] the forward's SwiGLU call on the stored fc1 again
+  backend_.swiglu_forward(a.fc1.data(), N, F, act.data());
+  std::vector<double> dact = buffer(N * F);
+  backend_.linear_backward(dout.data(), act.data(), params[ids.fc2].data(), N, F, H, dact.data(),
                            grads[ids.fc2].data());
+  release(dout);
+  release(act);
+  std::vector<double> dfc1 = buffer(N * 2 * F);
   backend_.swiglu_backward(dact.data(), a.fc1.data(), N, F, dfc1.data());
-  std::vector<double> dh_partial = buffer(N * H), dh, dnorm_in = buffer(Nl * H);
+  release(dact);
+  release(a.fc1);
+  if (!tp_.sequence_parallel()) {  // h_mlp [N,H] again, as h_attn in the attention block
+    std::vector<double> rstd;
+    norm_gather(a.x_mid.data(), params[ids.pre_mlp_norm], batch.windows, a.h_mlp, rstd);
+  }
+  std::vector<double> dh_partial = buffer(N * H), dh;  // [N,H], [Nl,H]
   backend_.linear_backward(dfc1.data(), a.h_mlp.data(), params[ids.fc1].data(), N, H, 2 * F,
                            dh_partial.data(), grads[ids.fc1].data());
+  release(dfc1);
+  release(a.h_mlp);
   tp_.reduce(dh_partial, N, H, dh);
+  release(dh_partial);
+  std::vector<double> dnorm_in = buffer(Nl * H);
   backend_.rmsnorm_backward(dh.data(), a.x_mid.data(), params[ids.pre_mlp_norm].data(), a.rstd_mlp.data(), Nl,
                             H, dnorm_in.data(), grads[ids.pre_mlp_norm].data());
+  for (std::vector<double>* t : {&dh, &a.x_mid, &a.rstd_mlp}) release(*t);
   backend_.add_inplace(dx.data(), dnorm_in.data(), Nl * H);
 }
 
 // ---- head (last stage): final norm -> vocab-parallel output layer -> vocab-parallel cross entropy --------
 
 void Transformer::head_forward(const ParamTensors& params, const MicroBatch& batch, Activations& acts) const {
-  const int64_t N = batch.windows * model_.seq_length, Nl = tp_.local_rows(N), H = model_.hidden_size;
+  const int64_t N = batch.windows * model_.seq_length, H = model_.hidden_size;
   const int64_t V = vocab_local();
   ProcessGroup& tp = tp_.group();
-  acts.rstd_final = buffer(Nl);
-  std::vector<double> h_local = buffer(Nl * H);
-  backend_.rmsnorm_forward(acts.x_final.data(), params[table_.final_norm()].data(), Nl, H, model_.norm_eps,
-                           h_local.data(), acts.rstd_final.data());
-  tp_.gather(h_local, N, H, acts.h_final);
+  norm_gather(acts.x_final.data(), params[table_.final_norm()], batch.windows, acts.h_final, acts.rstd_final);
   acts.logits = buffer(N * V);  // this rank's vocabulary slice: the full logits are never assembled
   backend_.linear_forward(acts.h_final.data(), params[table_.output()].data(), N, H, V, acts.logits.data());
   acts.row_max = buffer(N);
@@ -213,20 +257,42 @@ void Transformer::head_forward(const ParamTensors& params, const MicroBatch& bat
                               acts.token_losses.data());
 }
 
-void Transformer::head_backward(const ParamTensors& params, const MicroBatch& batch, const Activations& acts,
+void Transformer::head_backward(const ParamTensors& params, const MicroBatch& batch, Activations& acts,
                                 double loss_weight, ParamTensors& grads, std::vector<double>& dx) const {
   const int64_t N = batch.windows * model_.seq_length, Nl = tp_.local_rows(N), H = model_.hidden_size;
   const int64_t V = vocab_local();
-  std::vector<double> dlogits = buffer(N * V), dh_partial = buffer(N * H), dh;
-  backend_.cross_entropy_backward(acts.logits.data(), batch.targets, N, V, vocab_start(), acts.row_max.data(),
-                                  acts.sum_exp.data(), loss_weight, dlogits.data());
+  // dlogits take the logits' place, so that two [N,Vl] buffers (the largest at long T) are never alive
+  // at once: block by block of rows, the cross entropy backward writes into `block` [R,Vl], copied over
+  // the rows it has just read. The kernel computes each row from that row alone, so the bits are those
+  // of one call over all N rows.
+  {
+    const int64_t block_rows = std::min(N, kCrossEntropyRows);
+    std::vector<double> block = buffer(block_rows * V);
+    for (int64_t first = 0; first < N; first += block_rows) {
+      const int64_t rows = std::min(block_rows, N - first);
+      double* logits = acts.logits.data() + first * V;
+      backend_.cross_entropy_backward(logits, batch.targets + first, rows, V, vocab_start(),
+                                      acts.row_max.data() + first, acts.sum_exp.data() + first, loss_weight,
+                                      block.data());
+      std::copy_n(block.data(), rows * V, logits);
+    }
+  }
+  std::vector<double> dlogits = std::move(acts.logits);  // [N,Vl]
+  release(acts.row_max);
+  release(acts.sum_exp);
+  std::vector<double> dh_partial = buffer(N * H), dh;  // [N,H], [Nl,H]
   // With tied embeddings output() is the embedding, so both uses add into one gradient.
   backend_.linear_backward(dlogits.data(), acts.h_final.data(), params[table_.output()].data(), N, H, V,
                            dh_partial.data(), grads[table_.output()].data());
+  release(dlogits);
+  release(acts.h_final);
   tp_.reduce(dh_partial, N, H, dh);
+  release(dh_partial);
   dx = buffer(Nl * H);
   backend_.rmsnorm_backward(dh.data(), acts.x_final.data(), params[table_.final_norm()].data(),
                             acts.rstd_final.data(), Nl, H, dx.data(), grads[table_.final_norm()].data());
+  release(acts.x_final);
+  release(acts.rstd_final);
 }
 
 // ---- one stage: [embedding] -> layers -> [head] ----------------------------------------------------------
@@ -253,7 +319,7 @@ void Transformer::forward(const ParamTensors& params, const MicroBatch& batch,
   if (stage_.last_stage) head_forward(params, batch, acts);
 }
 
-void Transformer::backward(const ParamTensors& params, const MicroBatch& batch, const Activations& acts,
+void Transformer::backward(const ParamTensors& params, const MicroBatch& batch, Activations& acts,
                            double loss_weight, const std::vector<double>* d_output, ParamTensors& grads,
                            std::vector<double>* d_input) const {
   const int64_t N = batch.windows * model_.seq_length, H = model_.hidden_size;
@@ -261,10 +327,11 @@ void Transformer::backward(const ParamTensors& params, const MicroBatch& batch, 
   if (stage_.last_stage) {
     head_backward(params, batch, acts, loss_weight, grads, dx);
   } else {
+    release(acts.x_final);  // the stage's output: its send made a copy
     dx = *d_output;
   }
   for (int64_t l = stage_.end_layer - 1; l >= stage_.first_layer; --l) {
-    const LayerActivations& a = acts.layers[static_cast<size_t>(l - stage_.first_layer)];
+    LayerActivations& a = acts.layers[static_cast<size_t>(l - stage_.first_layer)];
     mlp_block_backward(params, l, batch, a, dx, grads);
     attention_block_backward(params, l, batch, a, dx, grads);
   }

@@ -42,11 +42,14 @@ struct StageRange {
 };
 
 // What the forward pass keeps for the backward pass, per layer. Nl = rows of the residual stream held
-// by this rank (N, or N/tp with sequence parallelism); head and ffn counts are this rank's shares.
+// by this rank (N, or N/tp with sequence parallelism); head and ffn counts are this rank's shares. The
+// backward frees each tensor after its last use. Not stored, recomputed in the backward by the same
+// kernel call on the same stored input (so with the same bits): the SwiGLU output silu(gate) * up from
+// fc1, and without sequence parallelism (SP) the RMSNorm outputs from x_in and x_mid.
 struct LayerActivations {
   std::vector<double> x_in;       // [Nl,H]       residual stream entering the layer
   std::vector<double> rstd_attn;  // [Nl]
-  std::vector<double> h_attn;     // [N,H]        input_layernorm output, full sequence
+  std::vector<double> h_attn;     // [N,H]        input_layernorm output, full sequence; SP only
   std::vector<double> q;          // [b,NHl,T,D]  after RoPE
   std::vector<double> k;          // [b,NKVl,T,D] after RoPE
   std::vector<double> v;          // [b,NKVl,T,D]
@@ -54,9 +57,8 @@ struct LayerActivations {
   std::vector<double> attn;       // [N,NHl*D]    attention output before linear_proj
   std::vector<double> x_mid;      // [Nl,H]       residual stream after attention
   std::vector<double> rstd_mlp;   // [Nl]
-  std::vector<double> h_mlp;      // [N,H]        pre_mlp_layernorm output, full sequence
+  std::vector<double> h_mlp;      // [N,H]        pre_mlp_layernorm output, full sequence; SP only
   std::vector<double> fc1;        // [N,2Fl]      [gate | up]
-  std::vector<double> act;        // [N,Fl]       silu(gate) * up
 
   // Hidden dropout masks, 0 or 1/(1-p); each empty when its dropout is off. (The attention dropout mask
   // is drawn inside the attention kernels, tile by tile, forward and backward alike.)
@@ -71,7 +73,8 @@ struct Activations {
   // Last stage only:
   std::vector<double> rstd_final;    // [Nl]
   std::vector<double> h_final;       // [N,H]  final_layernorm output (the final hidden states)
-  std::vector<double> logits;        // [N,Vl] this rank's vocabulary slice
+  std::vector<double> logits;        // [N,Vl] this rank's vocabulary slice (the head's backward overwrites
+                                     //        it with dlogits, then frees it)
   std::vector<double> row_max;       // [N]    over the whole vocabulary
   std::vector<double> sum_exp;       // [N]
   std::vector<double> token_losses;  // [N]    cross entropy per position, 0 where target = -100
@@ -79,6 +82,10 @@ struct Activations {
 
 class Transformer {
  public:
+  // Rows per call of the head's blockwise cross entropy backward (head_backward): its scratch is
+  // kCrossEntropyRows x Vl, next to logits of N x Vl.
+  static constexpr int64_t kCrossEntropyRows = 256;
+
   // `dropout_seed` (train.seed) keys the dropout masks; unused when model.*_dropout are 0.
   Transformer(const ModelConfig& model, bool document_masking, int64_t dropout_seed, const ParamTable& table,
               Backend& backend, const TensorParallelRegion& tp, const StageRange& stage);
@@ -89,10 +96,10 @@ class Transformer {
 
   // Adds the gradient of sum_n loss_weight * token_losses[n] to grads. On the last stage the loss is the
   // start (d_output unused); otherwise d_output [Nl,H] is the gradient of the stage's output. On other
-  // than the first stage, d_input receives the gradient of the stage's input [Nl,H].
-  void backward(const ParamTensors& params, const MicroBatch& batch, const Activations& acts,
-                double loss_weight, const std::vector<double>* d_output, ParamTensors& grads,
-                std::vector<double>* d_input) const;
+  // than the first stage, d_input receives the gradient of the stage's input [Nl,H]. Consumes `acts`: it
+  // frees each stored tensor once its last use is done (what is left is the caller's to drop).
+  void backward(const ParamTensors& params, const MicroBatch& batch, Activations& acts, double loss_weight,
+                const std::vector<double>* d_output, ParamTensors& grads, std::vector<double>* d_input) const;
 
   const StageRange& stage() const { return stage_; }
   Backend& backend() const { return backend_; }
@@ -107,6 +114,11 @@ class Transformer {
   DropoutSite dropout_site(const PhiloxKey& key, double probability, const MicroBatch& batch) const;
   // The attention dropout of `layer` for this rank's heads (none when off).
   AttentionDropout attention_dropout(int64_t layer, const MicroBatch& batch) const;
+  // RMSNorm of the residual stream x[Nl,H] into h[N,H], the full sequence, and rstd[Nl]: with sequence
+  // parallelism the all-gather of the local rows (the ColumnParallelLinear entry), else the local output
+  // itself (the entry is the identity there).
+  void norm_gather(const double* x, const std::vector<double>& weight, int64_t windows,
+                   std::vector<double>& h, std::vector<double>& rstd) const;
   // Hidden dropout of a block's output out[Nl,H] in place, keeping its mask in `keep` (left empty when off).
   void hidden_dropout_forward(const PhiloxKey& key, const MicroBatch& batch, std::vector<double>& out,
                               std::vector<double>& keep) const;
@@ -118,14 +130,13 @@ class Transformer {
   void attention_block_forward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
                                LayerActivations& a, std::vector<double>& x) const;
   void attention_block_backward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
-                                const LayerActivations& a, std::vector<double>& dx,
-                                ParamTensors& grads) const;
+                                LayerActivations& a, std::vector<double>& dx, ParamTensors& grads) const;
   void mlp_block_forward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
                          LayerActivations& a, std::vector<double>& x) const;
   void mlp_block_backward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
-                          const LayerActivations& a, std::vector<double>& dx, ParamTensors& grads) const;
+                          LayerActivations& a, std::vector<double>& dx, ParamTensors& grads) const;
   void head_forward(const ParamTensors& params, const MicroBatch& batch, Activations& acts) const;
-  void head_backward(const ParamTensors& params, const MicroBatch& batch, const Activations& acts,
+  void head_backward(const ParamTensors& params, const MicroBatch& batch, Activations& acts,
                      double loss_weight, ParamTensors& grads, std::vector<double>& dx) const;
 
   ModelConfig model_;

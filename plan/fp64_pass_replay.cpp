@@ -1,13 +1,16 @@
 // Allocation replay of one micro-batch's forward and backward (model/transformer.cpp).
 //
 // Each function below mirrors one function of the model and allocates, in the same order, the buffers
-// it allocates (std::vector<double>: 8 bytes per element); buffers local to a function are freed when
-// it returns, stored activations when the executor drops the micro-batch's Activations.
+// it allocates (std::vector<double>: 8 bytes per element) and frees them where it frees them: buffers
+// local to a function when it returns or after their last use, stored activations one by one in the
+// backward (what is left when the executor drops the micro-batch's Activations).
 #include "plan/fp64_pass_replay.h"
 
+#include <algorithm>
 #include <string>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "model/transformer.h"
 
 namespace touchstone::plan {
 
@@ -34,11 +37,13 @@ Dims dims_of(const Fp64Rank& r) {
 // A stored activation: kept in `stored`, and named in `names` for the breakdown when asked.
 struct PassReplay::Keeper {
   BufferTally& l;
-  std::vector<int>& stored;
+  PassStored& stored;
   std::vector<NamedBytes>* names;
   int keep(double elements, const std::string& what) {
-    const int h = l.alloc(elements, what, BufferKind::kStored);
-    stored.push_back(h);
+    return add(l.alloc(elements, what, BufferKind::kStored), what);
+  }
+  int add(int h, const std::string& what) {
+    stored.all.push_back(h);
     if (names) names->push_back({what, l.bytes(h)});
     return h;
   }
@@ -61,55 +66,81 @@ int PassReplay::reduce(int partial, const std::string& what) {
   return local;
 }
 
-void PassReplay::attention_forward(Keeper k) {
-  k.keep(d_.Nl * d_.H, "x_in");
-  k.keep(d_.Nl, "rstd_attn");
-  const int h_local = l_.alloc(d_.Nl * d_.H, "h_local");
-  k.keep(d_.N * d_.H, "h_attn");  // gather of h_local
+// Transformer::norm_gather after its rstd [Nl] (allocated by the caller): the local norm output [Nl,H]
+// is h itself without sequence parallelism; with it the all-gather receives h [N,H] and the local rows
+// are freed on return. Returns h's handle, of `kind`.
+int PassReplay::norm_gather(const std::string& what, BufferKind kind) {
+  if (!d_.sp) return l_.alloc(d_.Nl * d_.H, what, kind);
+  const int local = l_.alloc(d_.Nl * d_.H, "h_local");
+  const int h = l_.alloc(d_.N * d_.H, what, kind);
+  l_.release(local);
+  return h;
+}
+
+// The backward's RMSNorm output again (no sequence parallelism): a scratch rstd [Nl] for the scope of
+// the call, and h [N,H].
+int PassReplay::recompute_norm(const std::string& what) {
+  const int rstd = l_.alloc(d_.Nl, "rstd (recomputed)");
+  const int h = norm_gather(what + " (recomputed)", BufferKind::kWorking);
+  l_.release(rstd);
+  return h;
+}
+
+LayerStored PassReplay::attention_forward(Keeper k) {
+  LayerStored s;
+  s.x_in = k.keep(d_.Nl * d_.H, "x_in");
+  s.rstd_attn = k.keep(d_.Nl, "rstd_attn");
+  // h_attn is stored with sequence parallelism only; without, the backward recomputes it.
+  const int h = norm_gather("h_attn", d_.sp ? BufferKind::kStored : BufferKind::kWorking);
+  if (d_.sp) s.h_attn = k.add(h, "h_attn");
   const int qkv = l_.alloc(d_.N * (d_.heads + 2 * d_.kv_heads) * d_.D, "qkv");
-  k.keep(d_.N * d_.heads * d_.D, "q");
-  k.keep(d_.N * d_.kv_heads * d_.D, "k");
-  k.keep(d_.N * d_.kv_heads * d_.D, "v");
-  k.keep(d_.windows * d_.heads * d_.T, "lse");
-  k.keep(d_.N * d_.heads * d_.D, "attn");
+  if (!d_.sp) l_.release(h);
+  s.q = k.keep(d_.N * d_.heads * d_.D, "q");
+  s.k = k.keep(d_.N * d_.kv_heads * d_.D, "k");
+  s.v = k.keep(d_.N * d_.kv_heads * d_.D, "v");
+  l_.release(qkv);
+  s.lse = k.keep(d_.windows * d_.heads * d_.T, "lse");
+  s.attn = k.keep(d_.N * d_.heads * d_.D, "attn");
   l_.release(l_.alloc(threads_ * d_.attention_forward_scratch, "attention tiles (per kernel thread)"));
   const int proj_partial = l_.alloc(d_.N * d_.H, "proj_partial");
   const int proj = reduce(proj_partial, "proj");
-  if (r_.hidden_dropout) k.keep(d_.Nl * d_.H, "hidden_attn_keep (dropout mask)");
-  l_.release({h_local, qkv, proj_partial, proj});
+  if (r_.hidden_dropout) s.attn_keep = k.keep(d_.Nl * d_.H, "hidden_attn_keep (dropout mask)");
+  l_.release({proj_partial, proj});
+  return s;
 }
 
-void PassReplay::mlp_forward(Keeper k) {
-  k.keep(d_.Nl * d_.H, "x_mid");
-  k.keep(d_.Nl, "rstd_mlp");
-  const int h_local = l_.alloc(d_.Nl * d_.H, "h_local");
-  k.keep(d_.N * d_.H, "h_mlp");
-  k.keep(d_.N * 2 * d_.ffn, "fc1");
-  k.keep(d_.N * d_.ffn, "act");
+void PassReplay::mlp_forward(Keeper k, LayerStored& s) {
+  s.x_mid = k.keep(d_.Nl * d_.H, "x_mid");
+  s.rstd_mlp = k.keep(d_.Nl, "rstd_mlp");
+  const int h = norm_gather("h_mlp", d_.sp ? BufferKind::kStored : BufferKind::kWorking);
+  if (d_.sp) s.h_mlp = k.add(h, "h_mlp");
+  s.fc1 = k.keep(d_.N * 2 * d_.ffn, "fc1");
+  if (!d_.sp) l_.release(h);
+  const int act = l_.alloc(d_.N * d_.ffn, "act");  // recomputed in the backward
   const int out_partial = l_.alloc(d_.N * d_.H, "out_partial");
+  l_.release(act);
   const int out = reduce(out_partial, "out");
-  if (r_.hidden_dropout) k.keep(d_.Nl * d_.H, "hidden_mlp_keep (dropout mask)");
-  l_.release({h_local, out_partial, out});
+  if (r_.hidden_dropout) s.mlp_keep = k.keep(d_.Nl * d_.H, "hidden_mlp_keep (dropout mask)");
+  l_.release({out_partial, out});
 }
 
-void PassReplay::head_forward(Keeper k) {
-  k.keep(d_.Nl, "rstd_final");
-  const int h_local = l_.alloc(d_.Nl * d_.H, "h_local");
-  k.keep(d_.N * d_.H, "h_final");
-  k.keep(d_.N * d_.vocab, "logits");
-  k.keep(d_.N, "row_max");
-  k.keep(d_.N, "sum_exp");
+void PassReplay::head_forward(Keeper k, PassStored& s) {
+  s.rstd_final = k.keep(d_.Nl, "rstd_final");
+  s.h_final = k.add(norm_gather("h_final", BufferKind::kStored), "h_final");
+  s.logits = k.keep(d_.N * d_.vocab, "logits");
+  s.row_max = k.keep(d_.N, "row_max");
+  s.sum_exp = k.keep(d_.N, "sum_exp");
   const int target_logit = l_.alloc(d_.N, "target_logit");
   // The row maxima go through MPI_Allreduce directly; the two sums through the scratch.
   tp_.all_reduce_sum(d_.N);
   tp_.all_reduce_sum(d_.N);
   k.keep(d_.N, "token_losses");
-  l_.release({h_local, target_logit});
+  l_.release(target_logit);
 }
 
-std::vector<int> PassReplay::forward(Fp64StepReplay* breakdown) {
+PassStored PassReplay::forward(Fp64StepReplay* breakdown) {
   const bool first_stage = r_.stage == 0, last_stage = r_.stage == r_.pp - 1;
-  std::vector<int> stored;
+  PassStored stored;
   int x = 0;
   if (first_stage) {
     const int partial = l_.alloc(d_.N * d_.H, "embedding partial");
@@ -119,69 +150,101 @@ std::vector<int> PassReplay::forward(Fp64StepReplay* breakdown) {
     x = l_.alloc(d_.Nl * d_.H, "x (copy of the received input)");
   }
   l_.store(x);  // the residual stream becomes x_final
-  stored.push_back(x);
+  stored.all.push_back(x);
+  stored.x_final = x;
   for (int64_t layer = 0; layer < r_.layers; ++layer) {
     l_.at("forward, layer " + std::to_string(r_.first_layer + layer));
     std::vector<NamedBytes>* names = breakdown && layer == 0 ? &breakdown->stored_per_layer : nullptr;
-    attention_forward(Keeper{l_, stored, names});
-    mlp_forward(Keeper{l_, stored, names});
+    stored.layers.push_back(attention_forward(Keeper{l_, stored, names}));
+    mlp_forward(Keeper{l_, stored, names}, stored.layers.back());
   }
   if (breakdown) breakdown->stored_head.push_back({"x_final", l_.bytes(x)});
   if (last_stage) {
     l_.at("forward, head");
-    head_forward(Keeper{l_, stored, breakdown ? &breakdown->stored_head : nullptr});
+    head_forward(Keeper{l_, stored, breakdown ? &breakdown->stored_head : nullptr}, stored);
   }
   return stored;
 }
 
 // The hidden dropout's backward writes the masked gradient into a scratch buffer of the local rows,
-// alive until the block's backward returns.
+// freed once the gather has copied it.
 std::vector<int> PassReplay::hidden_dropout_scratch() {
   if (!r_.hidden_dropout) return {};
   return {l_.alloc(d_.Nl * d_.H, "hidden dropout backward scratch")};
 }
 
-void PassReplay::attention_backward() {
+// The backward frees each buffer, stored or working, after its last use (model/transformer.cpp).
+void PassReplay::attention_backward(LayerStored& s) {
   const std::vector<int> scratch = hidden_dropout_scratch();
   const int dproj = gather("dproj");
+  l_.release(scratch);
+  free(s.attn_keep);
   const int dattn = l_.alloc(d_.N * d_.heads * d_.D, "dattn");
+  l_.release(dproj);
   const int dq = l_.alloc(d_.N * d_.heads * d_.D, "dq"), dk = l_.alloc(d_.N * d_.kv_heads * d_.D, "dk"),
             dv = l_.alloc(d_.N * d_.kv_heads * d_.D, "dv");
   l_.release(l_.alloc(threads_ * d_.attention_backward_scratch, "attention tiles (per kernel thread)"));
+  l_.release({dattn, s.q, s.k, s.v, s.attn, s.lse});
   const int dqkv = l_.alloc(d_.N * (d_.heads + 2 * d_.kv_heads) * d_.D, "dqkv");
-  const int dh_partial = l_.alloc(d_.N * d_.H, "dh_partial"), dnorm_in = l_.alloc(d_.Nl * d_.H, "dnorm_in");
+  l_.release({dq, dk, dv});
+  const int h = d_.sp ? s.h_attn : recompute_norm("h_attn");
+  const int dh_partial = l_.alloc(d_.N * d_.H, "dh_partial");
+  l_.release({dqkv, h});
   const int dh = reduce(dh_partial, "dh");
-  l_.release({dproj, dattn, dq, dk, dv, dqkv, dh_partial, dnorm_in, dh});
-  l_.release(scratch);
+  if (dh != dh_partial) l_.release(dh_partial);
+  const int dnorm_in = l_.alloc(d_.Nl * d_.H, "dnorm_in");
+  l_.release({dh, s.x_in, s.rstd_attn, dnorm_in});
 }
 
-void PassReplay::mlp_backward() {
+void PassReplay::mlp_backward(LayerStored& s) {
   const std::vector<int> scratch = hidden_dropout_scratch();
   const int dout = gather("dout");
-  const int dact = l_.alloc(d_.N * d_.ffn, "dact"), dfc1 = l_.alloc(d_.N * 2 * d_.ffn, "dfc1");
-  const int dh_partial = l_.alloc(d_.N * d_.H, "dh_partial"), dnorm_in = l_.alloc(d_.Nl * d_.H, "dnorm_in");
-  const int dh = reduce(dh_partial, "dh");
-  l_.release({dout, dact, dfc1, dh_partial, dnorm_in, dh});
   l_.release(scratch);
+  free(s.mlp_keep);
+  const int act = l_.alloc(d_.N * d_.ffn, "act (recomputed)");
+  const int dact = l_.alloc(d_.N * d_.ffn, "dact");
+  l_.release({dout, act});
+  const int dfc1 = l_.alloc(d_.N * 2 * d_.ffn, "dfc1");
+  l_.release({dact, s.fc1});
+  const int h = d_.sp ? s.h_mlp : recompute_norm("h_mlp");
+  const int dh_partial = l_.alloc(d_.N * d_.H, "dh_partial");
+  l_.release({dfc1, h});
+  const int dh = reduce(dh_partial, "dh");
+  if (dh != dh_partial) l_.release(dh_partial);
+  const int dnorm_in = l_.alloc(d_.Nl * d_.H, "dnorm_in");
+  l_.release({dh, s.x_mid, s.rstd_mlp, dnorm_in});
 }
 
-int PassReplay::backward() {
+// The cross entropy backward, block by block of rows through a scratch, overwrites the logits with
+// dlogits, so no second [N, V] buffer.
+int PassReplay::head_backward(PassStored& s) {
+  const double block_rows = std::min(d_.N, static_cast<double>(Transformer::kCrossEntropyRows));
+  l_.release(l_.alloc(block_rows * d_.vocab, "cross entropy backward block"));
+  l_.release({s.row_max, s.sum_exp});
+  const int dh_partial = l_.alloc(d_.N * d_.H, "dh_partial");
+  l_.release({s.logits, s.h_final});  // dlogits, in the logits' buffer
+  const int dh = reduce(dh_partial, "dh");
+  if (dh != dh_partial) l_.release(dh_partial);
+  const int dx = l_.alloc(d_.Nl * d_.H, "dx");
+  l_.release({s.x_final, s.rstd_final, dh});
+  return dx;
+}
+
+int PassReplay::backward(PassStored& stored) {
   const bool first_stage = r_.stage == 0, last_stage = r_.stage == r_.pp - 1;
   int dx = 0;
   if (last_stage) {
     l_.at("backward, head");
-    const int dlogits = l_.alloc(d_.N * d_.vocab, "dlogits"),
-              dh_partial = l_.alloc(d_.N * d_.H, "dh_partial");
-    const int dh = reduce(dh_partial, "dh");
-    dx = l_.alloc(d_.Nl * d_.H, "dx");
-    l_.release({dlogits, dh_partial, dh});
+    dx = head_backward(stored);
   } else {
+    l_.release(stored.x_final);  // sent (the send made its copy)
     dx = l_.alloc(d_.Nl * d_.H, "dx (copy of the received gradient)");
   }
   for (int64_t layer = r_.layers - 1; layer >= 0; --layer) {
     l_.at("backward, layer " + std::to_string(r_.first_layer + layer));
-    mlp_backward();
-    attention_backward();
+    LayerStored& s = stored.layers[static_cast<size_t>(layer)];
+    mlp_backward(s);
+    attention_backward(s);
   }
   if (!first_stage) return dx;
   l_.at("backward, embedding");

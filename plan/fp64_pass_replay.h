@@ -21,6 +21,18 @@ struct Dims {
 };
 Dims dims_of(const Fp64Rank& rank);
 
+// The handles of one micro-batch's stored activations (-1: not stored), which its backward frees one by
+// one as the model does.
+struct LayerStored {
+  int x_in = -1, rstd_attn = -1, h_attn = -1, q = -1, k = -1, v = -1, lse = -1, attn = -1, attn_keep = -1;
+  int x_mid = -1, rstd_mlp = -1, h_mlp = -1, fc1 = -1, mlp_keep = -1;
+};
+struct PassStored {
+  std::vector<int> all;  // every handle: the executor drops what the backward left
+  std::vector<LayerStored> layers;
+  int x_final = -1, rstd_final = -1, h_final = -1, logits = -1, row_max = -1, sum_exp = -1;
+};
+
 class PassReplay {
  public:
   PassReplay(BufferTally& tally, const Fp64Rank& rank, GroupScratch& tp_scratch)
@@ -32,21 +44,27 @@ class PassReplay {
 
   // One micro-batch's forward; returns the handles of what its Activations hold. With `breakdown`, the
   // first layer's and the head's stored tensors are named there.
-  std::vector<int> forward(Fp64StepReplay* breakdown);
-  // One micro-batch's backward; returns the handle of the input gradient it hands to the executor (-1 on
-  // the first stage).
-  int backward();
+  PassStored forward(Fp64StepReplay* breakdown);
+  // One micro-batch's backward, freeing `stored` as it goes; returns the handle of the input gradient it
+  // hands to the executor (-1 on the first stage).
+  int backward(PassStored& stored);
 
  private:
   struct Keeper;
+  void free(int handle) {
+    if (handle >= 0) l_.release(handle);
+  }
   int gather(const std::string& what);
   int reduce(int partial, const std::string& what);
-  void attention_forward(Keeper k);
-  void mlp_forward(Keeper k);
-  void head_forward(Keeper k);
+  int norm_gather(const std::string& what, BufferKind kind);
+  int recompute_norm(const std::string& what);
+  LayerStored attention_forward(Keeper k);
+  void mlp_forward(Keeper k, LayerStored& s);
+  void head_forward(Keeper k, PassStored& s);
   std::vector<int> hidden_dropout_scratch();
-  void attention_backward();
-  void mlp_backward();
+  void attention_backward(LayerStored& s);
+  void mlp_backward(LayerStored& s);
+  int head_backward(PassStored& s);
 
   BufferTally& l_;
   Dims d_;

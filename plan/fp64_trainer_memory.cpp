@@ -91,7 +91,7 @@ class StepReplay {
 std::vector<int> StepReplay::pipeline(Fp64StepReplay* breakdown) {
   PassReplay pass(l_, r_, groups_.tp);
   const auto m = static_cast<size_t>(r_.micro_batches);
-  std::vector<std::vector<int>> acts(m);
+  std::vector<PassStored> acts(m);
   std::vector<int> inputs(m, -1), d_outputs(m, -1), d_inputs(m, -1), token_records;
   int64_t stored = 0;
   for (const pipeline::Action& action : schedule()) {
@@ -109,7 +109,7 @@ std::vector<int> StepReplay::pipeline(Fp64StepReplay* breakdown) {
       case ActionKind::kForward:
         acts[j] = pass.forward(breakdown && j == 0 ? breakdown : nullptr);
         if (breakdown && j == 0) {
-          for (int h : acts[j]) breakdown->stored_per_micro_batch += l_.bytes(h);
+          for (int h : acts[j].all) breakdown->stored_per_micro_batch += l_.bytes(h);
         }
         if (inputs[j] >= 0) l_.release(inputs[j]);
         l_.set_stored_micro_batches(++stored);
@@ -122,8 +122,8 @@ std::vector<int> StepReplay::pipeline(Fp64StepReplay* breakdown) {
         d_outputs[j] = l_.alloc(d_.Nl * d_.H, "received gradient");
         break;
       case ActionKind::kBackward:
-        d_inputs[j] = pass.backward();
-        l_.release(acts[j]);
+        d_inputs[j] = pass.backward(acts[j]);
+        l_.release(acts[j].all);  // what the backward left
         l_.set_stored_micro_batches(--stored);
         if (d_outputs[j] >= 0) l_.release(d_outputs[j]);
         break;

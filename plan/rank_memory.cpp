@@ -46,12 +46,12 @@ void print_rank_memory(const std::vector<RankMemory>& ranks, std::ostream& out) 
   out << "\nPer rank, bytes (the run's peak: its second step, once the communication scratch has grown):\n";
   char line[512];
   std::snprintf(line, sizeof line, "%5s %3s %3s %5s %11s %7s %30s %11s %11s %11s  %s\n", "rank", "tp", "dp",
-                "stage", "state", "flight", "activations (k x per)", "transient", "staging", "total",
+                "stage", "state", "flight", "activations (k stored)", "transient", "staging", "total",
                 "peak at");
   out << line;
   for (const RankMemory& r : ranks) {
-    const std::string activations = std::to_string(r.peak.stored_micro_batches) + " x " +
-                                    grouped(r.stored_per_micro_batch) + " = " + grouped(r.activations());
+    const std::string activations =
+        std::to_string(r.peak.stored_micro_batches) + ": " + grouped(r.activations());
     std::snprintf(line, sizeof line, "%5d %3lld %3lld %5lld %11s %7lld %30s %11s %11s %11s  %s\n",
                   r.world_rank, static_cast<long long>(r.tp_rank), static_cast<long long>(r.dp_rank),
                   static_cast<long long>(r.stage), grouped(r.state.total()).c_str(),

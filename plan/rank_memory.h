@@ -4,8 +4,9 @@
 //   total = model state                  weights + grads (8 + 8 bytes per parameter the rank's ShardPlan
 //                                        holds) + Adam moments (16 bytes per parameter, or per element of
 //                                        the distributed optimizer's chunk)
-//         + activations                  micro-batches stored at the peak x bytes stored per micro-batch
-//                                        (the schedule's in-flight count when the peak is in a backward)
+//         + activations                  the stored activations live at the peak: of the micro-batches
+//                                        stored then (the schedule's in-flight count when the peak is in a
+//                                        backward), the one in its backward has freed some of its own
 //         + transient                    the working buffers live at the peak (pass gradients, received
 //                                        inputs, token-loss records, optimizer buffers)
 //         + communication staging        each group's reduction scratch and the copies of pending sends
@@ -38,9 +39,7 @@ struct RankMemory {
   PeakSnapshot peak;  // beyond the model state
   double total_sends_held = 0;
 
-  double activations() const {
-    return static_cast<double>(peak.stored_micro_batches) * stored_per_micro_batch;
-  }
+  double activations() const { return peak.stored; }
   double transient() const { return peak.at.bytes - activations() - peak.staging; }
   double total() const { return state.total() + peak.at.bytes; }
 };

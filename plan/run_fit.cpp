@@ -84,10 +84,13 @@ double lower_bound_bytes(const Config& c, const RunOutputs& outputs) {
   const auto dp = static_cast<double>(c.parallel.dp);
   // Weights and gradients of the share, and the AdamW moments at their most sharded.
   const double state = total_params(shape) / model_parallel * kElement * (2.0 + 2.0 / dp);
+  // Of the stored activations only one layer's attention log-sum-exp [b, heads, T]: the attention
+  // kernels keep no [T, T] probabilities (they recompute them per tile), and the replay of
+  // planned_bytes counts the rest.
   const double heads = static_cast<double>(c.model.num_heads) / static_cast<double>(c.parallel.tp);
   const auto t = static_cast<double>(c.model.seq_length);
-  const double probabilities = static_cast<double>(c.train.micro_batch_size) * heads * t * t * kElement;
-  return beside_trainer_bytes(c) + state + probabilities + output_bytes(c, outputs);
+  const double lse = static_cast<double>(c.train.micro_batch_size) * heads * t * kElement;
+  return beside_trainer_bytes(c) + state + lse + output_bytes(c, outputs);
 }
 
 double planned_bytes(const Config& config, const RunOutputs& outputs) {
