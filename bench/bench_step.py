@@ -66,6 +66,7 @@ def load_reference_module(name):
 
 
 load_reference_module("dropout_masks")  # imported by torch_reference
+load_reference_module("megatron_scheduler")  # imported by torch_reference
 ref = load_reference_module("torch_reference")
 
 # The step-1 loss and gradient norm of both sides must agree to this relative error (both are

@@ -246,7 +246,7 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
     char line[320];
     std::snprintf(line, sizeof line,
                   "step %lld/%lld | %s | loss %.6f | loss tokens %lld | grad norm %.4e | lr %.4e | %.3f s | "
-                  "%.0f tok/s | attention tiles %.0f%% skipped | ETA %s",
+                  "%.0f tok/s | attention tiles %.1f%% skipped | ETA %s",
                   static_cast<long long>(record.step), static_cast<long long>(steps),
                   option_name(config.precision).c_str(), record.loss,
                   static_cast<long long>(record.num_loss_tokens), record.grad_norm, record.lr, step_seconds,
