@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Long windows: step time and peak memory of the FP64 trainer at T = 512 ... 32,768, and the step's
+FLOP rate against OpenBLAS DGEMM on the step's own GEMM shapes, measured side by side in one run.
+
+Every case trains the bench model (bench/step_config.json) for 1 + --steps steps of the built-in data
+with `touchstone train`; step 1 is the warm-up, the later steps' printed times are the measurement,
+and the peak resident memory of the whole process comes from the kernel (wait4's ru_maxrss). The
+DGEMM rate is measured in this process on the same OpenBLAS library the binary links, on the
+forward and backward GEMM shapes of the 512 x 8 case's linear layers and logits.
+
+    /usr/bin/python3 bench/bench_long_window.py --markdown
+"""
+
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "bench", "step_config.json")
+TILE = 64  # kAttentionTile (kernels/attention_tiles.h)
+STEP_LINE = re.compile(r"^step (\d+)/\d+ \|.*\| ([0-9.]+) s \|.*attention tiles ([0-9.]+)% skipped")
+
+# (name, window T, windows per step, document masking): 512 x 16 and 8192 x 1 hold the same tokens.
+CASES = [
+    ("512 x 8", 512, 8, True),
+    ("512 x 16", 512, 16, True),
+    ("8192 x 1", 8192, 1, True),
+    ("8192 x 1, one document", 8192, 1, False),
+    ("32768 x 1", 32768, 1, True),
+]
+
+
+def run_case(binary, seq, windows, masking, steps):
+    """Trains the case; returns (median step seconds after the warm-up, skipped tile %, peak RSS bytes)."""
+    args = [binary, "train", "--config", CONFIG, "--set", f"model.seq_length={seq}",
+            "--set", f"train.global_batch_size={windows}", "--set", f"train.micro_batch_size={windows}",
+            "--set", f"train.steps={1 + steps}", "--set", f"data.document_masking={str(masking).lower()}"]
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        print("  " + line.rstrip(), file=sys.stderr, flush=True)  # progress
+    _, status, usage = os.wait4(process.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{''.join(lines)}")
+    times, skipped = {}, {}
+    for line in lines:
+        m = STEP_LINE.match(line)
+        if m:
+            times[int(m.group(1))] = float(m.group(2))
+            skipped[int(m.group(1))] = float(m.group(3))
+    if sorted(times) != list(range(1, steps + 2)):
+        raise RuntimeError("could not read the step lines:\n" + "".join(lines))
+    timed = [times[s] for s in range(2, steps + 2)]
+    return statistics.median(timed), skipped[2], usage.ru_maxrss * 1024
+
+
+def model_shape():
+    with open(CONFIG) as f:
+        m = json.load(f)["model"]
+    return m
+
+
+def gemm_shapes(m, rows):
+    """(M, N, K) of every GEMM of one step's linear layers and logits: forward y = x W^T, backward
+    dx = dy W and dW = dy^T x, per layer and for the output layer."""
+    h, heads, kv, f, v = m["hidden_size"], m["num_heads"], m["num_kv_heads"], m["ffn_hidden_size"], m["vocab_size"]
+    d = h // heads
+    layer = [(h, (heads + 2 * kv) * d), (heads * d, h), (h, 2 * f), (f, h)]  # (in, out)
+    shapes = []
+    for fan_in, fan_out in layer * m["num_layers"] + [(h, v)]:
+        shapes += [(rows, fan_out, fan_in), (rows, fan_in, fan_out), (fan_out, fan_in, rows)]
+    return shapes
+
+
+def step_flops(m, seq, windows, skipped_percent):
+    """FLOPs counted for one step: 2MNK per GEMM of gemm_shapes, and attention's computed tile pairs at
+    12 D per (query, key) entry (forward S and PV, backward dP, dV, dQ, dK; the backward's recomputed S
+    is work done but not counted)."""
+    gemm = sum(2 * a * b * c for a, b, c in gemm_shapes(m, seq * windows))
+    tiles = -(-seq // TILE)
+    pairs = tiles * tiles * (1 - skipped_percent / 100) * windows * m["num_heads"] * m["num_layers"]
+    attention = pairs * TILE * TILE * 12 * (m["hidden_size"] // m["num_heads"])
+    return gemm + attention, gemm, attention
+
+
+def openblas(binary):
+    output = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
+    for line in output.splitlines():
+        if "blas" in line and "=>" in line:
+            return os.path.realpath(line.split("=>")[1].split()[0])
+    raise RuntimeError(f"{binary} links no BLAS library that ldd shows")
+
+
+def dgemm_rate(library_path, shapes, rounds=3):
+    """FLOP/s of cblas_dgemm on `shapes` (row-major, the way the trainer calls it): best of `rounds`."""
+    blas = ctypes.CDLL(library_path)
+    c_int, c_double, pointer = ctypes.c_int, ctypes.c_double, ctypes.c_void_p
+    blas.cblas_dgemm.argtypes = [c_int, c_int, c_int, c_int, c_int, c_int, c_double, pointer, c_int,
+                                 pointer, c_int, c_double, pointer, c_int]
+    row_major, no_trans = 101, 111
+    rng = numpy.random.default_rng(1)
+    operands = [(rng.standard_normal((m, k)), rng.standard_normal((k, n)), numpy.zeros((m, n)))
+                for m, n, k in shapes]
+    flops = sum(2 * m * n * k for m, n, k in shapes)
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for (m, n, k), (a, b, c) in zip(shapes, operands):
+            blas.cblas_dgemm(row_major, no_trans, no_trans, m, n, k, 1.0, a.ctypes.data, k, b.ctypes.data, n,
+                             0.0, c.ctypes.data, n)
+        best = min(best, time.perf_counter() - start)
+    blas.openblas_get_config.restype = ctypes.c_char_p
+    return flops / best, blas.openblas_get_config().decode(), int(blas.openblas_get_num_threads())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--touchstone", default=os.path.join(ROOT, "build", "tools", "touchstone"))
+    parser.add_argument("--steps", type=int, default=1, help="timed steps per case after the warm-up")
+    parser.add_argument("--cases", default="all", help="comma-separated case names (default: all)")
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    m = model_shape()
+    chosen = [c for c in CASES if args.cases == "all" or c[0] in args.cases.split(",")]
+    results = {}
+    for name, seq, windows, masking in chosen:
+        print(f"{name}:", file=sys.stderr, flush=True)
+        seconds, skipped, rss = run_case(args.touchstone, seq, windows, masking, args.steps)
+        flops, gemm, attention = step_flops(m, seq, windows, skipped)
+        results[name] = dict(seq=seq, windows=windows, seconds=seconds, skipped=skipped, rss=rss, flops=flops,
+                             gemm=gemm, attention=attention)
+    library = openblas(args.touchstone)
+    rate, config, threads = dgemm_rate(library, gemm_shapes(m, 512 * 8))
+    version = subprocess.run([args.touchstone, "--version"], capture_output=True, text=True).stdout.strip()
+    print(f"Measured {datetime.date.today()} with `{version}`; {len(os.sched_getaffinity(0))} cores; "
+          f"OpenBLAS {threads} threads (`{config}`); {args.steps} timed step(s) per case after one warm-up.")
+    print()
+    print("| window T x windows | tokens | attention tile pairs skipped | step s | FLOPs counted | GFLOP/s | "
+          "peak RSS GB |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, r in results.items():
+        print(f"| {name} | {r['seq'] * r['windows']:,} | {r['skipped']:.1f}% | {r['seconds']:.2f} | "
+              f"{r['flops'] / 1e9:.1f} G | {r['flops'] / r['seconds'] / 1e9:.1f} | {r['rss'] / 1e9:.2f} |")
+    print()
+    print(f"DGEMM on the 512 x 8 step's GEMM shapes (same library, this process): {rate / 1e9:.1f} GFLOP/s.")
+    if "512 x 8" in results:
+        r = results["512 x 8"]
+        print(f"512 x 8: the step runs at {r['flops'] / r['seconds'] / rate:.0%} of the DGEMM rate.")
+    if "512 x 16" in results and "8192 x 1" in results:
+        print(f"8192 x 1 against 512 x 16 (same tokens): {results['8192 x 1']['seconds'] / results['512 x 16']['seconds']:.2f}x "
+              "the step time.")
+    if "8192 x 1, one document" in results and "8192 x 1" in results:
+        one, docs = results["8192 x 1, one document"], results["8192 x 1"]
+        print(f"One document filling the 8192 window: {one['seconds'] / docs['seconds']:.2f}x the time of the built-in "
+              f"documents for {one['flops'] / docs['flops']:.2f}x the FLOPs counted.")
+
+
+if __name__ == "__main__":
+    main()
