@@ -10,9 +10,9 @@
 namespace touchstone {
 
 namespace {
-std::vector<double> buffer(int64_t n) { return std::vector<double>(static_cast<size_t>(n)); }
+ActivationBuffer buffer(int64_t n) { return ActivationBuffer(static_cast<size_t>(n)); }
 // Frees the buffer at once (clear() would keep the capacity).
-void release(std::vector<double>& v) { std::vector<double>().swap(v); }
+void release(ActivationBuffer& v) { ActivationBuffer().swap(v); }
 }  // namespace
 
 LayerDropoutKeys layer_dropout_keys(int64_t seed, int64_t layer) {
@@ -41,10 +41,10 @@ AttentionShape Transformer::attention_shape(int64_t windows) const {
 }
 
 void Transformer::norm_gather(const double* x, const std::vector<double>& weight, int64_t windows,
-                              std::vector<double>& h, std::vector<double>& rstd) const {
+                              ActivationBuffer& h, ActivationBuffer& rstd) const {
   const int64_t N = windows * model_.seq_length, Nl = tp_.local_rows(N), H = model_.hidden_size;
   rstd = buffer(Nl);
-  std::vector<double> h_local = buffer(Nl * H);
+  ActivationBuffer h_local = buffer(Nl * H);
   backend_.rmsnorm_forward(x, weight.data(), Nl, H, model_.norm_eps, h_local.data(), rstd.data());
   if (!tp_.sequence_parallel()) {
     h = std::move(h_local);  // what the identity gather would copy
@@ -71,8 +71,8 @@ AttentionDropout Transformer::attention_dropout(int64_t layer, const MicroBatch&
                           tp_.tp_rank() * attention_shape(batch.windows).num_heads};
 }
 
-void Transformer::hidden_dropout_forward(const PhiloxKey& key, const MicroBatch& batch,
-                                         std::vector<double>& out, std::vector<double>& keep) const {
+void Transformer::hidden_dropout_forward(const PhiloxKey& key, const MicroBatch& batch, ActivationBuffer& out,
+                                         ActivationBuffer& keep) const {
   if (model_.hidden_dropout == 0.0) return;  // off: no mask, the output untouched
   const int64_t N = batch.windows * model_.seq_length, Nl = tp_.local_rows(N), H = model_.hidden_size;
   keep = buffer(Nl * H);
@@ -83,9 +83,9 @@ void Transformer::hidden_dropout_forward(const PhiloxKey& key, const MicroBatch&
   backend_.dropout_forward(out.data(), keep.data(), Nl * H, out.data());
 }
 
-const std::vector<double>& Transformer::hidden_dropout_backward(const std::vector<double>& dx,
-                                                                const std::vector<double>& keep,
-                                                                std::vector<double>& scratch) const {
+const ActivationBuffer& Transformer::hidden_dropout_backward(const ActivationBuffer& dx,
+                                                             const ActivationBuffer& keep,
+                                                             ActivationBuffer& scratch) const {
   if (keep.empty()) return dx;
   scratch = buffer(static_cast<int64_t>(dx.size()));
   backend_.dropout_backward(dx.data(), keep.data(), static_cast<int64_t>(dx.size()), scratch.data());
@@ -95,14 +95,14 @@ const std::vector<double>& Transformer::hidden_dropout_backward(const std::vecto
 // ---- attention block: x += Dropout(RowParallel(attention(RoPE(split(ColumnParallel(RMSNorm(x))))))) ----
 
 void Transformer::attention_block_forward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
-                                          LayerActivations& a, std::vector<double>& x) const {
+                                          LayerActivations& a, ActivationBuffer& x) const {
   const LayerParamIds& ids = table_.layer(layer);
   const AttentionShape s = attention_shape(batch.windows);
   const int64_t N = batch.windows * s.seq, Nl = tp_.local_rows(N), H = model_.hidden_size, D = s.head_dim;
   const int64_t qkv_cols = (s.num_heads + 2 * s.num_kv_heads) * D;  // this rank's whole KV groups
   a.x_in = x;
   norm_gather(x.data(), params[ids.input_norm], batch.windows, a.h_attn, a.rstd_attn);
-  std::vector<double> qkv = buffer(N * qkv_cols);
+  ActivationBuffer qkv = buffer(N * qkv_cols);
   backend_.linear_forward(a.h_attn.data(), params[ids.qkv].data(), N, H, qkv_cols, qkv.data());
   // Without sequence parallelism the backward recomputes h_attn from x_in (a local RMSNorm). With it, h_attn
   // is kept: recomputing it would repeat the all-gather (as Megatron-LM does), changing the communication.
@@ -119,7 +119,7 @@ void Transformer::attention_block_forward(const ParamTensors& params, int64_t la
   a.attn = buffer(N * s.num_heads * D);
   backend_.attention_forward(a.q.data(), a.k.data(), a.v.data(), batch.document_ids, document_masking_,
                              attention_dropout(layer, batch), s, a.attn.data(), a.lse.data());
-  std::vector<double> proj_partial = buffer(N * H), proj;
+  ActivationBuffer proj_partial = buffer(N * H), proj;
   backend_.linear_forward(a.attn.data(), params[ids.proj].data(), N, s.num_heads * D, H, proj_partial.data());
   tp_.reduce(proj_partial, N, H, proj);  // RowParallelLinear exit
   hidden_dropout_forward(dropout_keys_[layer].hidden_attention, batch, proj, a.hidden_attn_keep);
@@ -127,7 +127,7 @@ void Transformer::attention_block_forward(const ParamTensors& params, int64_t la
 }
 
 void Transformer::attention_block_backward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
-                                           LayerActivations& a, std::vector<double>& dx,
+                                           LayerActivations& a, ActivationBuffer& dx,
                                            ParamTensors& grads) const {
   const LayerParamIds& ids = table_.layer(layer);
   const AttentionShape s = attention_shape(batch.windows);
@@ -135,48 +135,48 @@ void Transformer::attention_block_backward(const ParamTensors& params, int64_t l
   const int64_t qkv_cols = (s.num_heads + 2 * s.num_kv_heads) * D;
   // Backward of the hidden dropout, then of the RowParallelLinear exit.
   // Every buffer, stored or not, is freed after its last use.
-  std::vector<double> dproj, scratch;  // [N,H], [Nl,H]
+  ActivationBuffer dproj, scratch;  // [N,H], [Nl,H]
   tp_.gather(hidden_dropout_backward(dx, a.hidden_attn_keep, scratch), N, H, dproj);
   release(scratch);
   release(a.hidden_attn_keep);
-  std::vector<double> dattn = buffer(N * s.num_heads * D);
+  ActivationBuffer dattn = buffer(N * s.num_heads * D);
   backend_.linear_backward(dproj.data(), a.attn.data(), params[ids.proj].data(), N, s.num_heads * D, H,
                            dattn.data(), grads[ids.proj].data());
   release(dproj);
-  std::vector<double> dq = buffer(N * s.num_heads * D), dk = buffer(N * s.num_kv_heads * D),
-                      dv = buffer(N * s.num_kv_heads * D);
+  ActivationBuffer dq = buffer(N * s.num_heads * D), dk = buffer(N * s.num_kv_heads * D),
+                   dv = buffer(N * s.num_kv_heads * D);
   backend_.attention_backward(dattn.data(), a.q.data(), a.k.data(), a.v.data(), a.attn.data(), a.lse.data(),
                               batch.document_ids, document_masking_, attention_dropout(layer, batch), s,
                               dq.data(), dk.data(), dv.data());
-  for (std::vector<double>* t : {&dattn, &a.q, &a.k, &a.v, &a.attn, &a.lse}) release(*t);
+  for (ActivationBuffer* t : {&dattn, &a.q, &a.k, &a.v, &a.attn, &a.lse}) release(*t);
   backend_.rope(dq.data(), batch.position_ids, s.windows, s.num_heads, s.seq, D, model_.rope_theta, true);
   backend_.rope(dk.data(), batch.position_ids, s.windows, s.num_kv_heads, s.seq, D, model_.rope_theta, true);
-  std::vector<double> dqkv = buffer(N * qkv_cols);
+  ActivationBuffer dqkv = buffer(N * qkv_cols);
   backend_.qkv_merge(dq.data(), dk.data(), dv.data(), s, dqkv.data());
-  for (std::vector<double>* t : {&dq, &dk, &dv}) release(*t);
+  for (ActivationBuffer* t : {&dq, &dk, &dv}) release(*t);
   // h_attn [N,H] again: the forward's RMSNorm call on x_in, its rstd [Nl] equal to rstd_attn.
   if (!tp_.sequence_parallel()) {
-    std::vector<double> rstd;
+    ActivationBuffer rstd;
     norm_gather(a.x_in.data(), params[ids.input_norm], batch.windows, a.h_attn, rstd);
   }
-  std::vector<double> dh_partial = buffer(N * H), dh;  // [N,H], [Nl,H]
+  ActivationBuffer dh_partial = buffer(N * H), dh;  // [N,H], [Nl,H]
   backend_.linear_backward(dqkv.data(), a.h_attn.data(), params[ids.qkv].data(), N, H, qkv_cols,
                            dh_partial.data(), grads[ids.qkv].data());
   release(dqkv);
   release(a.h_attn);
   tp_.reduce(dh_partial, N, H, dh);  // backward of the ColumnParallelLinear entry
   release(dh_partial);               // kept by the reduce-scatter; moved from by the all-reduce
-  std::vector<double> dnorm_in = buffer(Nl * H);
+  ActivationBuffer dnorm_in = buffer(Nl * H);
   backend_.rmsnorm_backward(dh.data(), a.x_in.data(), params[ids.input_norm].data(), a.rstd_attn.data(), Nl,
                             H, dnorm_in.data(), grads[ids.input_norm].data());
-  for (std::vector<double>* t : {&dh, &a.x_in, &a.rstd_attn}) release(*t);
+  for (ActivationBuffer* t : {&dh, &a.x_in, &a.rstd_attn}) release(*t);
   backend_.add_inplace(dx.data(), dnorm_in.data(), Nl * H);  // the residual branch joins the skip path
 }
 
 // ---- MLP block: x += Dropout(RowParallel(silu(gate) * up)), [gate | up] = ColumnParallel(RMSNorm(x)) ---
 
 void Transformer::mlp_block_forward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
-                                    LayerActivations& a, std::vector<double>& x) const {
+                                    LayerActivations& a, ActivationBuffer& x) const {
   const LayerParamIds& ids = table_.layer(layer);
   const int64_t N = batch.windows * model_.seq_length, Nl = tp_.local_rows(N), H = model_.hidden_size;
   const int64_t F = model_.ffn_hidden_size / tp_.tp_size();
@@ -185,9 +185,9 @@ void Transformer::mlp_block_forward(const ParamTensors& params, int64_t layer, c
   a.fc1 = buffer(N * 2 * F);
   backend_.linear_forward(a.h_mlp.data(), params[ids.fc1].data(), N, H, 2 * F, a.fc1.data());
   if (!tp_.sequence_parallel()) release(a.h_mlp);  // recomputed in the backward, as h_attn
-  std::vector<double> act = buffer(N * F);  // [N,Fl] silu(gate) * up, recomputed from fc1 in the backward
+  ActivationBuffer act = buffer(N * F);  // [N,Fl] silu(gate) * up, recomputed from fc1 in the backward
   backend_.swiglu_forward(a.fc1.data(), N, F, act.data());
-  std::vector<double> out_partial = buffer(N * H), out;
+  ActivationBuffer out_partial = buffer(N * H), out;
   backend_.linear_forward(act.data(), params[ids.fc2].data(), N, F, H, out_partial.data());
   release(act);
   tp_.reduce(out_partial, N, H, out);
@@ -196,41 +196,40 @@ void Transformer::mlp_block_forward(const ParamTensors& params, int64_t layer, c
 }
 
 void Transformer::mlp_block_backward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
-                                     LayerActivations& a, std::vector<double>& dx,
-                                     ParamTensors& grads) const {
+                                     LayerActivations& a, ActivationBuffer& dx, ParamTensors& grads) const {
   const LayerParamIds& ids = table_.layer(layer);
   const int64_t N = batch.windows * model_.seq_length, Nl = tp_.local_rows(N), H = model_.hidden_size;
   const int64_t F = model_.ffn_hidden_size / tp_.tp_size();
-  std::vector<double> dout, scratch;  // [N,H], [Nl,H]
+  ActivationBuffer dout, scratch;  // [N,H], [Nl,H]
   tp_.gather(hidden_dropout_backward(dx, a.hidden_mlp_keep, scratch), N, H, dout);
   release(scratch);
   release(a.hidden_mlp_keep);
-  std::vector<double> act = buffer(N * F);  // [N,Fl] the forward's SwiGLU call on the stored fc1 again
+  ActivationBuffer act = buffer(N * F);  // [N,Fl] the forward's SwiGLU call on the stored fc1 again
   backend_.swiglu_forward(a.fc1.data(), N, F, act.data());
-  std::vector<double> dact = buffer(N * F);
+  ActivationBuffer dact = buffer(N * F);
   backend_.linear_backward(dout.data(), act.data(), params[ids.fc2].data(), N, F, H, dact.data(),
                            grads[ids.fc2].data());
   release(dout);
   release(act);
-  std::vector<double> dfc1 = buffer(N * 2 * F);
+  ActivationBuffer dfc1 = buffer(N * 2 * F);
   backend_.swiglu_backward(dact.data(), a.fc1.data(), N, F, dfc1.data());
   release(dact);
   release(a.fc1);
   if (!tp_.sequence_parallel()) {  // h_mlp [N,H] again, as h_attn in the attention block
-    std::vector<double> rstd;
+    ActivationBuffer rstd;
     norm_gather(a.x_mid.data(), params[ids.pre_mlp_norm], batch.windows, a.h_mlp, rstd);
   }
-  std::vector<double> dh_partial = buffer(N * H), dh;  // [N,H], [Nl,H]
+  ActivationBuffer dh_partial = buffer(N * H), dh;  // [N,H], [Nl,H]
   backend_.linear_backward(dfc1.data(), a.h_mlp.data(), params[ids.fc1].data(), N, H, 2 * F,
                            dh_partial.data(), grads[ids.fc1].data());
   release(dfc1);
   release(a.h_mlp);
   tp_.reduce(dh_partial, N, H, dh);
   release(dh_partial);
-  std::vector<double> dnorm_in = buffer(Nl * H);
+  ActivationBuffer dnorm_in = buffer(Nl * H);
   backend_.rmsnorm_backward(dh.data(), a.x_mid.data(), params[ids.pre_mlp_norm].data(), a.rstd_mlp.data(), Nl,
                             H, dnorm_in.data(), grads[ids.pre_mlp_norm].data());
-  for (std::vector<double>* t : {&dh, &a.x_mid, &a.rstd_mlp}) release(*t);
+  for (ActivationBuffer* t : {&dh, &a.x_mid, &a.rstd_mlp}) release(*t);
   backend_.add_inplace(dx.data(), dnorm_in.data(), Nl * H);
 }
 
@@ -245,7 +244,7 @@ void Transformer::head_forward(const ParamTensors& params, const MicroBatch& bat
   backend_.linear_forward(acts.h_final.data(), params[table_.output()].data(), N, H, V, acts.logits.data());
   acts.row_max = buffer(N);
   acts.sum_exp = buffer(N);
-  std::vector<double> target_logit = buffer(N);
+  ActivationBuffer target_logit = buffer(N);
   backend_.logits_row_max(acts.logits.data(), N, V, acts.row_max.data());
   tp.all_reduce_max(acts.row_max.data(), N, {N});
   backend_.cross_entropy_partials(acts.logits.data(), batch.targets, N, V, vocab_start(), acts.row_max.data(),
@@ -258,7 +257,7 @@ void Transformer::head_forward(const ParamTensors& params, const MicroBatch& bat
 }
 
 void Transformer::head_backward(const ParamTensors& params, const MicroBatch& batch, Activations& acts,
-                                double loss_weight, ParamTensors& grads, std::vector<double>& dx) const {
+                                double loss_weight, ParamTensors& grads, ActivationBuffer& dx) const {
   const int64_t N = batch.windows * model_.seq_length, Nl = tp_.local_rows(N), H = model_.hidden_size;
   const int64_t V = vocab_local();
   // dlogits take the logits' place, so that two [N,Vl] buffers (the largest at long T) are never alive
@@ -267,7 +266,7 @@ void Transformer::head_backward(const ParamTensors& params, const MicroBatch& ba
   // of one call over all N rows.
   {
     const int64_t block_rows = std::min(N, kCrossEntropyRows);
-    std::vector<double> block = buffer(block_rows * V);
+    ActivationBuffer block = buffer(block_rows * V);
     for (int64_t first = 0; first < N; first += block_rows) {
       const int64_t rows = std::min(block_rows, N - first);
       double* logits = acts.logits.data() + first * V;
@@ -277,10 +276,10 @@ void Transformer::head_backward(const ParamTensors& params, const MicroBatch& ba
       std::copy_n(block.data(), rows * V, logits);
     }
   }
-  std::vector<double> dlogits = std::move(acts.logits);  // [N,Vl]
+  ActivationBuffer dlogits = std::move(acts.logits);  // [N,Vl]
   release(acts.row_max);
   release(acts.sum_exp);
-  std::vector<double> dh_partial = buffer(N * H), dh;  // [N,H], [Nl,H]
+  ActivationBuffer dh_partial = buffer(N * H), dh;  // [N,H], [Nl,H]
   // With tied embeddings output() is the embedding, so both uses add into one gradient.
   backend_.linear_backward(dlogits.data(), acts.h_final.data(), params[table_.output()].data(), N, H, V,
                            dh_partial.data(), grads[table_.output()].data());
@@ -297,12 +296,12 @@ void Transformer::head_backward(const ParamTensors& params, const MicroBatch& ba
 
 // ---- one stage: [embedding] -> layers -> [head] ----------------------------------------------------------
 
-void Transformer::forward(const ParamTensors& params, const MicroBatch& batch,
-                          const std::vector<double>* input, Activations& acts) const {
+void Transformer::forward(const ParamTensors& params, const MicroBatch& batch, const ActivationBuffer* input,
+                          Activations& acts) const {
   const int64_t N = batch.windows * model_.seq_length, H = model_.hidden_size;
-  std::vector<double> x;  // [Nl,H] the residual stream
+  ActivationBuffer x;  // [Nl,H] the residual stream
   if (stage_.first_stage) {
-    std::vector<double> partial = buffer(N * H);  // VocabParallelEmbedding: rows outside the slice are 0
+    ActivationBuffer partial = buffer(N * H);  // VocabParallelEmbedding: rows outside the slice are 0
     backend_.embedding_forward(batch.tokens, params[table_.embedding()].data(), N, H, vocab_start(),
                                vocab_local(), partial.data());
     tp_.reduce(partial, N, H, x);
@@ -320,10 +319,10 @@ void Transformer::forward(const ParamTensors& params, const MicroBatch& batch,
 }
 
 void Transformer::backward(const ParamTensors& params, const MicroBatch& batch, Activations& acts,
-                           double loss_weight, const std::vector<double>* d_output, ParamTensors& grads,
-                           std::vector<double>* d_input) const {
+                           double loss_weight, const ActivationBuffer* d_output, ParamTensors& grads,
+                           ActivationBuffer* d_input) const {
   const int64_t N = batch.windows * model_.seq_length, H = model_.hidden_size;
-  std::vector<double> dx;  // [Nl,H]
+  ActivationBuffer dx;  // [Nl,H]
   if (stage_.last_stage) {
     head_backward(params, batch, acts, loss_weight, grads, dx);
   } else {
@@ -336,7 +335,7 @@ void Transformer::backward(const ParamTensors& params, const MicroBatch& batch, 
     attention_block_backward(params, l, batch, a, dx, grads);
   }
   if (stage_.first_stage) {
-    std::vector<double> dfull;
+    ActivationBuffer dfull;
     tp_.gather(dx, N, H, dfull);
     backend_.embedding_backward(batch.tokens, dfull.data(), N, H, vocab_start(), vocab_local(),
                                 grads[table_.embedding()].data());

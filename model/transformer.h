@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/activation_arena.h"
 #include "common/config.h"
 #include "kernels/backend.h"
 #include "model/param_table.h"
@@ -47,37 +48,37 @@ struct StageRange {
 // kernel call on the same stored input (so with the same bits): the SwiGLU output silu(gate) * up from
 // fc1, and without sequence parallelism (SP) the RMSNorm outputs from x_in and x_mid.
 struct LayerActivations {
-  std::vector<double> x_in;       // [Nl,H]       residual stream entering the layer
-  std::vector<double> rstd_attn;  // [Nl]
-  std::vector<double> h_attn;     // [N,H]        input_layernorm output, full sequence; SP only
-  std::vector<double> q;          // [b,NHl,T,D]  after RoPE
-  std::vector<double> k;          // [b,NKVl,T,D] after RoPE
-  std::vector<double> v;          // [b,NKVl,T,D]
-  std::vector<double> lse;        // [b,NHl,T]    log-sum-exp of each query's scores (the softmax, in O(T))
-  std::vector<double> attn;       // [N,NHl*D]    attention output before linear_proj
-  std::vector<double> x_mid;      // [Nl,H]       residual stream after attention
-  std::vector<double> rstd_mlp;   // [Nl]
-  std::vector<double> h_mlp;      // [N,H]        pre_mlp_layernorm output, full sequence; SP only
-  std::vector<double> fc1;        // [N,2Fl]      [gate | up]
+  ActivationBuffer x_in;       // [Nl,H]       residual stream entering the layer
+  ActivationBuffer rstd_attn;  // [Nl]
+  ActivationBuffer h_attn;     // [N,H]        input_layernorm output, full sequence; SP only
+  ActivationBuffer q;          // [b,NHl,T,D]  after RoPE
+  ActivationBuffer k;          // [b,NKVl,T,D] after RoPE
+  ActivationBuffer v;          // [b,NKVl,T,D]
+  ActivationBuffer lse;        // [b,NHl,T]    log-sum-exp of each query's scores (the softmax, in O(T))
+  ActivationBuffer attn;       // [N,NHl*D]    attention output before linear_proj
+  ActivationBuffer x_mid;      // [Nl,H]       residual stream after attention
+  ActivationBuffer rstd_mlp;   // [Nl]
+  ActivationBuffer h_mlp;      // [N,H]        pre_mlp_layernorm output, full sequence; SP only
+  ActivationBuffer fc1;        // [N,2Fl]      [gate | up]
 
   // Hidden dropout masks, 0 or 1/(1-p); each empty when its dropout is off. (The attention dropout mask
   // is drawn inside the attention kernels, tile by tile, forward and backward alike.)
-  std::vector<double> hidden_attn_keep;  // [Nl,H]       of the attention block's output
-  std::vector<double> hidden_mlp_keep;   // [Nl,H]       of the MLP block's output
+  ActivationBuffer hidden_attn_keep;  // [Nl,H]       of the attention block's output
+  ActivationBuffer hidden_mlp_keep;   // [Nl,H]       of the MLP block's output
 };
 
 struct Activations {
   std::vector<LayerActivations> layers;  // this stage's layers
-  std::vector<double> x_final;           // [Nl,H] residual stream after the stage's last layer (the stage's
+  ActivationBuffer x_final;              // [Nl,H] residual stream after the stage's last layer (the stage's
                                          //        output, sent to the next stage when not the last)
   // Last stage only:
-  std::vector<double> rstd_final;    // [Nl]
-  std::vector<double> h_final;       // [N,H]  final_layernorm output (the final hidden states)
-  std::vector<double> logits;        // [N,Vl] this rank's vocabulary slice (the head's backward overwrites
-                                     //        it with dlogits, then frees it)
-  std::vector<double> row_max;       // [N]    over the whole vocabulary
-  std::vector<double> sum_exp;       // [N]
-  std::vector<double> token_losses;  // [N]    cross entropy per position, 0 where target = -100
+  ActivationBuffer rstd_final;    // [Nl]
+  ActivationBuffer h_final;       // [N,H]  final_layernorm output (the final hidden states)
+  ActivationBuffer logits;        // [N,Vl] this rank's vocabulary slice (the head's backward overwrites
+                                  //        it with dlogits, then frees it)
+  ActivationBuffer row_max;       // [N]    over the whole vocabulary
+  ActivationBuffer sum_exp;       // [N]
+  ActivationBuffer token_losses;  // [N]    cross entropy per position, 0 where target = -100
 };
 
 class Transformer {
@@ -91,7 +92,7 @@ class Transformer {
               Backend& backend, const TensorParallelRegion& tp, const StageRange& stage);
 
   // `input` is the previous stage's output [Nl,H]; unused (may be null) on the first stage.
-  void forward(const ParamTensors& params, const MicroBatch& batch, const std::vector<double>* input,
+  void forward(const ParamTensors& params, const MicroBatch& batch, const ActivationBuffer* input,
                Activations& acts) const;
 
   // Adds the gradient of sum_n loss_weight * token_losses[n] to grads. On the last stage the loss is the
@@ -99,7 +100,7 @@ class Transformer {
   // than the first stage, d_input receives the gradient of the stage's input [Nl,H]. Consumes `acts`: it
   // frees each stored tensor once its last use is done (what is left is the caller's to drop).
   void backward(const ParamTensors& params, const MicroBatch& batch, Activations& acts, double loss_weight,
-                const std::vector<double>* d_output, ParamTensors& grads, std::vector<double>* d_input) const;
+                const ActivationBuffer* d_output, ParamTensors& grads, ActivationBuffer* d_input) const;
 
   const StageRange& stage() const { return stage_; }
   Backend& backend() const { return backend_; }
@@ -117,27 +118,26 @@ class Transformer {
   // RMSNorm of the residual stream x[Nl,H] into h[N,H], the full sequence, and rstd[Nl]: with sequence
   // parallelism the all-gather of the local rows (the ColumnParallelLinear entry), else the local output
   // itself (the entry is the identity there).
-  void norm_gather(const double* x, const std::vector<double>& weight, int64_t windows,
-                   std::vector<double>& h, std::vector<double>& rstd) const;
+  void norm_gather(const double* x, const std::vector<double>& weight, int64_t windows, ActivationBuffer& h,
+                   ActivationBuffer& rstd) const;
   // Hidden dropout of a block's output out[Nl,H] in place, keeping its mask in `keep` (left empty when off).
-  void hidden_dropout_forward(const PhiloxKey& key, const MicroBatch& batch, std::vector<double>& out,
-                              std::vector<double>& keep) const;
+  void hidden_dropout_forward(const PhiloxKey& key, const MicroBatch& batch, ActivationBuffer& out,
+                              ActivationBuffer& keep) const;
   // The gradient before the hidden dropout: dx * keep in `scratch`, or dx itself when off.
-  const std::vector<double>& hidden_dropout_backward(const std::vector<double>& dx,
-                                                     const std::vector<double>& keep,
-                                                     std::vector<double>& scratch) const;
+  const ActivationBuffer& hidden_dropout_backward(const ActivationBuffer& dx, const ActivationBuffer& keep,
+                                                  ActivationBuffer& scratch) const;
 
   void attention_block_forward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
-                               LayerActivations& a, std::vector<double>& x) const;
+                               LayerActivations& a, ActivationBuffer& x) const;
   void attention_block_backward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
-                                LayerActivations& a, std::vector<double>& dx, ParamTensors& grads) const;
+                                LayerActivations& a, ActivationBuffer& dx, ParamTensors& grads) const;
   void mlp_block_forward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
-                         LayerActivations& a, std::vector<double>& x) const;
+                         LayerActivations& a, ActivationBuffer& x) const;
   void mlp_block_backward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
-                          LayerActivations& a, std::vector<double>& dx, ParamTensors& grads) const;
+                          LayerActivations& a, ActivationBuffer& dx, ParamTensors& grads) const;
   void head_forward(const ParamTensors& params, const MicroBatch& batch, Activations& acts) const;
   void head_backward(const ParamTensors& params, const MicroBatch& batch, Activations& acts,
-                     double loss_weight, ParamTensors& grads, std::vector<double>& dx) const;
+                     double loss_weight, ParamTensors& grads, ActivationBuffer& dx) const;
 
   ModelConfig model_;
   bool document_masking_;

@@ -149,6 +149,8 @@ StepRecord Trainer::step(const GlobalBatch& batch, bool collect_outputs) {
   timeline_.take_events();
   timeline_.reset_origin();
   const LossScaling scaling = loss_scaling(batch, starts, mbs, loss_tokens, config_.train.loss_normalization);
+  // The passes' and the optimizer's buffers come from the arena (common/activation_arena.h).
+  const ActivationArena::Step arena_step(arena_.get());
   const PipelineResult run = run_pipeline(
       config_.parallel.schedule, model_, bf16_copy.tensors.empty() ? params_ : bf16_copy, micro_batches,
       scaling.loss_weights, scaling.backward_weights, context_, record.step, true, record.grads, &timeline_);

@@ -91,6 +91,8 @@ class Trainer {
   AdamWState optimizer_moments() const { return optimizer_->moments(); }
   const Transformer& model() const { return model_; }
   pipeline::TimelineRecorder& timeline() { return timeline_; }
+  // The passes' buffers: from the second step on, one block laid out after the first (docs/planning.md).
+  const ActivationArena& arena() const { return *arena_; }
 
  private:
   // The token losses of the whole global batch [B*T] on world rank 0 (empty elsewhere).
@@ -107,6 +109,7 @@ class Trainer {
   ParamTensors params_;
   std::unique_ptr<DataParallelOptimizer> optimizer_;
   pipeline::TimelineRecorder timeline_;
+  std::unique_ptr<ActivationArena> arena_ = std::make_unique<ActivationArena>();
   int64_t steps_done_ = 0;
 };
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/activation_arena.h"
 #include "plan/memory_plan.h"
 
 namespace touchstone::plan {
@@ -16,20 +17,30 @@ enum class BufferKind {
   kStored,   // an activation the forward keeps for the backward
   kWorking,  // a buffer of the passes, the executor, the loss gather or the optimizer update
   kStaging,  // the communication layer's own buffers (parallel/comm/mpi_group.cpp)
+  kArena,    // the free part of the activation arena's block (common/activation_arena.h), which is
+             // allocated at the first step's end; the buffers in it count as stored or working
 };
 
 // What was live at the largest total.
 struct PeakSnapshot {
   NamedBytes at;  // where in the step, and all live bytes
-  double stored = 0, working = 0, staging = 0;
+  double stored = 0, working = 0, staging = 0, arena = 0;
   int64_t stored_micro_batches = 0;         // micro-batches whose stored activations were all live
   std::vector<NamedBytes> staging_buffers;  // each live staging buffer
 };
 
 class BufferTally {
  public:
-  // Elements of 8 bytes (FP64); returns the handle to release.
+  // Elements of 8 bytes (FP64); returns the handle to release. Inside an arena step a stored or working
+  // buffer is an ActivationBuffer: with its header and rounding while the arena records (the first
+  // step), and inside the block (no bytes of its own) once the arena has its layout.
   int alloc(double elements, const std::string& what, BufferKind kind = BufferKind::kWorking);
+  // A std::vector made inside an arena step (a kernel's scratch, a copy the caller keeps): on the heap.
+  int alloc_outside_arena(double elements, const std::string& what);
+  // The scope of ActivationArena::Step (Trainer::step's passes); its end lays out a recorded step's
+  // buffers (plan_arena_layout) and allocates the block, which stays live.
+  void begin_arena_step();
+  void end_arena_step();
   void release(int handle);  // releasing twice (a moved-from buffer) frees nothing
   void release(const std::vector<int>& handles);
   // A working buffer moved into the micro-batch's Activations (the residual stream becomes x_final).
@@ -50,13 +61,19 @@ class BufferTally {
     double bytes;
     BufferKind kind;
     std::string name;  // staging buffers only: named in the peak's breakdown
+    int64_t lifetime;  // index in the arena step's record, or -1
+    bool in_block;     // placed in the arena's block: its bytes are part of the block's
   };
+  int add(double bytes, const std::string& what, BufferKind kind, int64_t lifetime);
   double& live_of(BufferKind kind);
   void take_snapshot(const std::string& what);
 
   std::vector<Buffer> buffers_;
   std::vector<int> live_staging_;
-  double live_ = 0, stored_ = 0, working_ = 0, staging_ = 0;
+  double live_ = 0, stored_ = 0, working_ = 0, staging_ = 0, arena_ = 0;
+  bool in_arena_step_ = false, arena_planned_ = false;
+  std::vector<ArenaLifetime> arena_record_;
+  int64_t arena_events_ = 0;
   int64_t stored_micro_batches_ = 0;
   PeakSnapshot peak_;
   std::string context_, where_;

@@ -101,7 +101,8 @@ LayerStored PassReplay::attention_forward(Keeper k) {
   l_.release(qkv);
   s.lse = k.keep(d_.windows * d_.heads * d_.T, "lse");
   s.attn = k.keep(d_.N * d_.heads * d_.D, "attn");
-  l_.release(l_.alloc(threads_ * d_.attention_forward_scratch, "attention tiles (per kernel thread)"));
+  l_.release(
+      l_.alloc_outside_arena(threads_ * d_.attention_forward_scratch, "attention tiles (per kernel thread)"));
   const int proj_partial = l_.alloc(d_.N * d_.H, "proj_partial");
   const int proj = reduce(proj_partial, "proj");
   if (r_.hidden_dropout) s.attn_keep = k.keep(d_.Nl * d_.H, "hidden_attn_keep (dropout mask)");
@@ -183,7 +184,8 @@ void PassReplay::attention_backward(LayerStored& s) {
   l_.release(dproj);
   const int dq = l_.alloc(d_.N * d_.heads * d_.D, "dq"), dk = l_.alloc(d_.N * d_.kv_heads * d_.D, "dk"),
             dv = l_.alloc(d_.N * d_.kv_heads * d_.D, "dv");
-  l_.release(l_.alloc(threads_ * d_.attention_backward_scratch, "attention tiles (per kernel thread)"));
+  l_.release(l_.alloc_outside_arena(threads_ * d_.attention_backward_scratch,
+                                    "attention tiles (per kernel thread)"));
   l_.release({dattn, s.q, s.k, s.v, s.attn, s.lse});
   const int dqkv = l_.alloc(d_.N * (d_.heads + 2 * d_.kv_heads) * d_.D, "dqkv");
   l_.release({dq, dk, dv});

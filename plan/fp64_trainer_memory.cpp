@@ -113,7 +113,7 @@ std::vector<int> StepReplay::pipeline(Fp64StepReplay* breakdown) {
         }
         if (inputs[j] >= 0) l_.release(inputs[j]);
         l_.set_stored_micro_batches(++stored);
-        if (last_stage()) token_records.push_back(l_.alloc(d_.N, "token-loss record"));
+        if (last_stage()) token_records.push_back(l_.alloc_outside_arena(d_.N, "token-loss record"));
         break;
       case ActionKind::kSendActivation:
         groups_.pp_sends.send(d_.Nl * d_.H, "activation of " + micro_batch);
@@ -152,7 +152,7 @@ int StepReplay::gather_token_losses() {
   for (int64_t j = 0; last_stage() && j < r_.micro_batches; ++j) {
     if (size + d_.N > capacity) {
       capacity = size + std::max(size, d_.N);
-      const int grown = l_.alloc(capacity, "token losses of this rank");
+      const int grown = l_.alloc_outside_arena(capacity, "token losses of this rank");
       if (mine >= 0) l_.release(mine);
       mine = grown;
     }
@@ -164,9 +164,10 @@ int StepReplay::gather_token_losses() {
   }
   int all = -1;
   if (r_.world_rank_zero()) {
-    all = l_.alloc(token_losses_per_rank() * static_cast<double>(r_.dp), "token losses of the global batch");
+    all = l_.alloc_outside_arena(token_losses_per_rank() * static_cast<double>(r_.dp),
+                                 "token losses of the global batch");
     for (int64_t from = 0; from < r_.dp; ++from) {
-      l_.release(l_.alloc(token_losses_per_rank(), "token losses of one dp rank"));
+      l_.release(l_.alloc_outside_arena(token_losses_per_rank(), "token losses of one dp rank"));
     }
   }
   if (mine >= 0) l_.release(mine);
@@ -196,7 +197,7 @@ void StepReplay::optimizer_update() {
     groups_.world.all_reduce_sum(1);
     double largest = 0;
     for (const HeldTensor& t : r_.held) largest = std::max(largest, t.numel);
-    l_.release(l_.alloc(largest, "scaled gradient of the largest tensor"));
+    l_.release(l_.alloc_outside_arena(largest, "scaled gradient of the largest tensor"));
   } else {
     update.push_back(l_.alloc(chunk, "gradient chunk"));
     groups_.dp.reduce_scatter_sum(chunk);
@@ -218,6 +219,7 @@ void StepReplay::optimizer_update() {
 // Trainer::step. In FP64 the passes read the weights themselves (only BF16 makes a copy); the
 // loss-token count is an integer all-reduce, which goes to MPI without scratch.
 void StepReplay::step(Fp64StepReplay* breakdown) {
+  l_.begin_arena_step();  // Trainer::step's ActivationArena::Step, from the passes to the update
   const std::vector<int> token_records = pipeline(breakdown);
   l_.context("");
   l_.at("loss");
@@ -225,6 +227,7 @@ void StepReplay::step(Fp64StepReplay* breakdown) {
   const int all = r_.collect_outputs ? gather_token_losses() : -1;
   finalize_grads();
   optimizer_update();
+  l_.end_arena_step();
   if (all >= 0) l_.release(all);
   l_.release(token_records);
 }

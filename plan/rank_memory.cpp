@@ -45,18 +45,19 @@ std::vector<RankMemory> predict_rank_memory(const Config& config) {
 void print_rank_memory(const std::vector<RankMemory>& ranks, std::ostream& out) {
   out << "\nPer rank, bytes (the run's peak: its second step, once the communication scratch has grown):\n";
   char line[512];
-  std::snprintf(line, sizeof line, "%5s %3s %3s %5s %11s %7s %30s %11s %11s %11s  %s\n", "rank", "tp", "dp",
-                "stage", "state", "flight", "activations (k stored)", "transient", "staging", "total",
-                "peak at");
+  std::snprintf(line, sizeof line, "%5s %3s %3s %5s %11s %7s %30s %11s %11s %11s %11s  %s\n", "rank", "tp",
+                "dp", "stage", "state", "flight", "activations (k stored)", "transient", "arena free",
+                "staging", "total", "peak at");
   out << line;
   for (const RankMemory& r : ranks) {
     const std::string activations =
         std::to_string(r.peak.stored_micro_batches) + ": " + grouped(r.activations());
-    std::snprintf(line, sizeof line, "%5d %3lld %3lld %5lld %11s %7lld %30s %11s %11s %11s  %s\n",
+    std::snprintf(line, sizeof line, "%5d %3lld %3lld %5lld %11s %7lld %30s %11s %11s %11s %11s  %s\n",
                   r.world_rank, static_cast<long long>(r.tp_rank), static_cast<long long>(r.dp_rank),
                   static_cast<long long>(r.stage), grouped(r.state.total()).c_str(),
                   static_cast<long long>(r.in_flight), activations.c_str(), grouped(r.transient()).c_str(),
-                  grouped(r.peak.staging).c_str(), grouped(r.total()).c_str(), r.peak.at.name.c_str());
+                  grouped(r.arena_free()).c_str(), grouped(r.peak.staging).c_str(),
+                  grouped(r.total()).c_str(), r.peak.at.name.c_str());
     out << line;
   }
   out << "Staging buffers live at each rank's peak:\n";

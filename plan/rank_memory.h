@@ -9,6 +9,10 @@
 //                                        backward), the one in its backward has freed some of its own
 //         + transient                    the working buffers live at the peak (pass gradients, received
 //                                        inputs, token-loss records, optimizer buffers)
+//         + arena free                   the part of the activation arena's block no buffer uses at the
+//                                        peak (common/activation_arena.h: the block is laid out after the
+//                                        first step and stays allocated, so from the second step on the
+//                                        stored and working buffers above live inside it)
 //         + communication staging        each group's reduction scratch and the copies of pending sends
 //
 // The copies of pipeline sends live until the peer has received them, which depends on timing: the
@@ -40,7 +44,8 @@ struct RankMemory {
   double total_sends_held = 0;
 
   double activations() const { return peak.stored; }
-  double transient() const { return peak.at.bytes - activations() - peak.staging; }
+  double arena_free() const { return peak.arena; }
+  double transient() const { return peak.at.bytes - activations() - arena_free() - peak.staging; }
   double total() const { return state.total() + peak.at.bytes; }
 };
 

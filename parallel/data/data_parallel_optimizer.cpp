@@ -31,7 +31,7 @@ DataParallelOptimizer::DataParallelOptimizer(const ShardPlan& plan, const OptimC
 
 // Each element of the model is counted by exactly one rank: the primary shard of its tensor
 // (ShardPlan::is_primary) and, over dp, the rank whose chunk holds it (distributed) or dp rank 0.
-double DataParallelOptimizer::global_grad_norm(const std::vector<double>& flat_grads, int64_t begin,
+double DataParallelOptimizer::global_grad_norm(const ActivationBuffer& flat_grads, int64_t begin,
                                                int64_t end) const {
   double partial = 0.0;
   for (const FlatBuffer::Segment& s : flat_.segments()) {
@@ -48,7 +48,7 @@ UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, Pa
                                          bool want_full_grads, double grad_scale) {
   const int dp_rank = context_.dp.rank();
   const int64_t chunk = flat_.chunk_size(), begin = dp_rank * chunk, end = begin + chunk;
-  std::vector<double> flat = flat_.flatten(grads);
+  ActivationBuffer flat = flat_.flatten(grads);
   UpdateResult result;
   result.lr = learning_rate(optim_, update);
   steps_done_ += 1;
@@ -64,7 +64,7 @@ UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, Pa
     return result;
   }
 
-  std::vector<double> grad_chunk(static_cast<size_t>(chunk));
+  ActivationBuffer grad_chunk(static_cast<size_t>(chunk));
   context_.dp.reduce_scatter_sum(flat.data(), grad_chunk.data(), chunk, {flat_.padded_size()});
   backend_.round(TensorRole::kState, grad_chunk.data(), chunk);
   scale_gradient(backend_, grad_scale, grad_chunk.data(), chunk);
@@ -73,11 +73,11 @@ UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, Pa
   result.clip_coefficient = clip_coefficient(result.grad_norm, optim_.clip_grad);
 
   // AdamW on this rank's chunk, one run per tensor overlapping it (weight decay is per tensor).
-  std::vector<double> param_flat = flat_.flatten(params);
+  ActivationBuffer param_flat = flat_.flatten(params);
   for (const FlatBuffer::Segment& s : flat_.segments()) {
     const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
     if (lo >= hi) continue;
-    std::vector<double> scaled(grad_chunk.begin() + (lo - begin), grad_chunk.begin() + (hi - begin));
+    ActivationBuffer scaled(grad_chunk.begin() + (lo - begin), grad_chunk.begin() + (hi - begin));
     for (double& g : scaled) g *= result.clip_coefficient;
     const AdamWStep adam{result.lr,
                          optim_.beta1,
@@ -88,12 +88,12 @@ UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, Pa
     backend_.adamw_update(param_flat.data() + lo, scaled.data(), chunk_m_.data() + (lo - begin),
                           chunk_v_.data() + (lo - begin), hi - lo, adam);
   }
-  std::vector<double> updated(static_cast<size_t>(flat_.padded_size()));
+  ActivationBuffer updated(static_cast<size_t>(flat_.padded_size()));
   context_.dp.all_gather(param_flat.data() + begin, updated.data(), chunk, {chunk});
   flat_.unflatten(updated, params);
 
   if (want_full_grads) {  // only for outputs: the replicas' other chunks of the summed gradient
-    std::vector<double> full(static_cast<size_t>(flat_.padded_size()));
+    ActivationBuffer full(static_cast<size_t>(flat_.padded_size()));
     context_.dp.all_gather(grad_chunk.data(), full.data(), chunk, {chunk});
     flat_.unflatten(full, grads);
   }
@@ -107,7 +107,7 @@ AdamWState DataParallelOptimizer::moments() const {
   state.exp_avg = shapes;
   state.exp_avg_sq = shapes;
   const int64_t chunk = flat_.chunk_size();
-  std::vector<double> full(static_cast<size_t>(flat_.padded_size()));
+  ActivationBuffer full(static_cast<size_t>(flat_.padded_size()));
   context_.dp.all_gather(chunk_m_.data(), full.data(), chunk, {chunk});
   flat_.unflatten(full, state.exp_avg);
   context_.dp.all_gather(chunk_v_.data(), full.data(), chunk, {chunk});
@@ -123,7 +123,7 @@ void DataParallelOptimizer::restore(const AdamWState& moments) {
     return;
   }
   const int64_t chunk = flat_.chunk_size(), begin = context_.dp.rank() * chunk;
-  const std::vector<double> m = flat_.flatten(moments.exp_avg), v = flat_.flatten(moments.exp_avg_sq);
+  const ActivationBuffer m = flat_.flatten(moments.exp_avg), v = flat_.flatten(moments.exp_avg_sq);
   std::copy_n(m.begin() + begin, chunk, chunk_m_.begin());
   std::copy_n(v.begin() + begin, chunk, chunk_v_.begin());
 }

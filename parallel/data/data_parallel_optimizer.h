@@ -52,7 +52,7 @@ class DataParallelOptimizer {
   void restore(const AdamWState& moments);
 
  private:
-  double global_grad_norm(const std::vector<double>& flat_grads, int64_t begin, int64_t end) const;
+  double global_grad_norm(const ActivationBuffer& flat_grads, int64_t begin, int64_t end) const;
 
   const ShardPlan& plan_;
   OptimConfig optim_;

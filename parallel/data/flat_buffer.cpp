@@ -16,13 +16,14 @@ FlatBuffer::FlatBuffer(const ParamTensors& shapes, int dp_size) : dp_size_(dp_si
   padded_size_ = (offset + dp_size - 1) / dp_size * dp_size;
 }
 
-std::vector<double> FlatBuffer::flatten(const ParamTensors& tensors) const {
-  std::vector<double> flat(static_cast<size_t>(padded_size_), 0.0);
-  for (const Segment& s : segments_) std::copy(tensors[s.id].begin(), tensors[s.id].end(), flat.begin() + s.offset);
+ActivationBuffer FlatBuffer::flatten(const ParamTensors& tensors) const {
+  ActivationBuffer flat(static_cast<size_t>(padded_size_), 0.0);
+  for (const Segment& s : segments_)
+    std::copy(tensors[s.id].begin(), tensors[s.id].end(), flat.begin() + s.offset);
   return flat;
 }
 
-void FlatBuffer::unflatten(const std::vector<double>& flat, ParamTensors& tensors) const {
+void FlatBuffer::unflatten(const ActivationBuffer& flat, ParamTensors& tensors) const {
   for (const Segment& s : segments_) {
     std::copy_n(flat.begin() + s.offset, s.numel, tensors[s.id].begin());
   }

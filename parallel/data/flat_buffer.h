@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/activation_arena.h"
 #include "model/param_table.h"
 
 namespace touchstone {
@@ -24,8 +25,8 @@ class FlatBuffer {
   int64_t chunk_size() const { return padded_size_ / dp_size_; }  // elements owned per dp rank
   const std::vector<Segment>& segments() const { return segments_; }
 
-  std::vector<double> flatten(const ParamTensors& tensors) const;
-  void unflatten(const std::vector<double>& flat, ParamTensors& tensors) const;
+  ActivationBuffer flatten(const ParamTensors& tensors) const;
+  void unflatten(const ActivationBuffer& flat, ParamTensors& tensors) const;
 
  private:
   std::vector<Segment> segments_;

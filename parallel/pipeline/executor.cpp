@@ -22,9 +22,9 @@ PipelineResult run_pipeline(PipelineSchedule schedule, const Transformer& model,
   const int64_t H = model.hidden_size();
 
   std::vector<Activations> acts(static_cast<size_t>(m));
-  std::vector<std::vector<double>> inputs(static_cast<size_t>(m));     // received activations
-  std::vector<std::vector<double>> d_outputs(static_cast<size_t>(m));  // received gradients
-  std::vector<std::vector<double>> d_inputs(static_cast<size_t>(m));   // gradients to send back
+  std::vector<ActivationBuffer> inputs(static_cast<size_t>(m));     // received activations
+  std::vector<ActivationBuffer> d_outputs(static_cast<size_t>(m));  // received gradients
+  std::vector<ActivationBuffer> d_inputs(static_cast<size_t>(m));   // gradients to send back
   PipelineResult result;
   if (context.last_stage()) result.token_losses.resize(static_cast<size_t>(m));
 
@@ -38,7 +38,7 @@ PipelineResult run_pipeline(PipelineSchedule schedule, const Transformer& model,
     const int64_t rows = model.local_rows(batch.windows);
     const Shape shape{rows, H};
     const pipeline::TimelineRecorder::Scope event(recorder, action.kind, action.micro_batch);
-    const auto receive = [&](std::vector<double>& buffer, int tag) {
+    const auto receive = [&](ActivationBuffer& buffer, int tag) {
       buffer.resize(static_cast<size_t>(rows * H));
       context.pp.recv(buffer.data(), rows * H, action.peer_stage, tag, shape);
     };
@@ -51,12 +51,12 @@ PipelineResult run_pipeline(PipelineSchedule schedule, const Transformer& model,
         context.set_phase(step, action.micro_batch, "forward");
         model.forward(params, batch, context.first_stage() ? nullptr : &inputs[j], acts[j]);
         // A new empty vector frees the buffer; `= {}` would assign an empty list and keep the capacity.
-        inputs[j] = std::vector<double>();
+        inputs[j] = ActivationBuffer();
         if (context.last_stage()) {
           double sum = 0.0;
           for (double loss : acts[j].token_losses) sum += loss;
           result.weighted_loss += loss_weights[j] * sum;
-          result.token_losses[j] = acts[j].token_losses;
+          result.token_losses[j].assign(acts[j].token_losses.begin(), acts[j].token_losses.end());
         }
         // Without a backward the activations are done with once the next stage has them.
         if (!with_gradients && context.last_stage()) acts[j] = {};
@@ -77,7 +77,7 @@ PipelineResult run_pipeline(PipelineSchedule schedule, const Transformer& model,
                        context.last_stage() ? nullptr : &d_outputs[j], grads,
                        context.first_stage() ? nullptr : &d_inputs[j]);
         acts[j] = {};
-        d_outputs[j] = std::vector<double>();
+        d_outputs[j] = ActivationBuffer();
         break;
       case ActionKind::kSendGradient:
         context.set_phase(step, action.micro_batch, "backward");

@@ -3,8 +3,8 @@
 
 namespace touchstone {
 
-void TensorParallelRegion::gather(const std::vector<double>& local, int64_t rows, int64_t cols,
-                                  std::vector<double>& full) const {
+void TensorParallelRegion::gather(const ActivationBuffer& local, int64_t rows, int64_t cols,
+                                  ActivationBuffer& full) const {
   if (!sequence_parallel_) {
     full = local;
     return;
@@ -13,8 +13,8 @@ void TensorParallelRegion::gather(const std::vector<double>& local, int64_t rows
   tp_.all_gather(local.data(), full.data(), local_rows(rows) * cols, {local_rows(rows), cols});
 }
 
-void TensorParallelRegion::reduce(std::vector<double>& partial, int64_t rows, int64_t cols,
-                                  std::vector<double>& local) const {
+void TensorParallelRegion::reduce(ActivationBuffer& partial, int64_t rows, int64_t cols,
+                                  ActivationBuffer& local) const {
   if (!sequence_parallel_) {
     tp_.all_reduce_sum(partial.data(), rows * cols, {rows, cols});
     local = std::move(partial);
@@ -22,7 +22,8 @@ void TensorParallelRegion::reduce(std::vector<double>& partial, int64_t rows, in
     local.resize(static_cast<size_t>(local_rows(rows) * cols));
     tp_.reduce_scatter_sum(partial.data(), local.data(), local_rows(rows) * cols, {rows, cols});
   }
-  if (tp_.size() > 1) backend_.round(TensorRole::kActivation, local.data(), static_cast<int64_t>(local.size()));
+  if (tp_.size() > 1)
+    backend_.round(TensorRole::kActivation, local.data(), static_cast<int64_t>(local.size()));
 }
 
 }  // namespace touchstone

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/activation_arena.h"
 #include "kernels/backend.h"
 #include "parallel/comm/process_group.h"
 
@@ -42,10 +43,10 @@ class TensorParallelRegion {
   }
 
   // local[local_rows, cols] -> full[rows, cols]
-  void gather(const std::vector<double>& local, int64_t rows, int64_t cols, std::vector<double>& full) const;
+  void gather(const ActivationBuffer& local, int64_t rows, int64_t cols, ActivationBuffer& full) const;
   // partial[rows, cols] (this rank's partial sums) -> local[local_rows, cols] holding the sum, stored
   // as an activation (a BF16 sum in BF16 mode, as a BF16 all-reduce delivers it)
-  void reduce(std::vector<double>& partial, int64_t rows, int64_t cols, std::vector<double>& local) const;
+  void reduce(ActivationBuffer& partial, int64_t rows, int64_t cols, ActivationBuffer& local) const;
 
  private:
   ProcessGroup& tp_;

@@ -78,7 +78,7 @@ class PlanCli(unittest.TestCase):
     def test_memory_fp64_trainer_from_config(self):
         out = self.ok("memory", "--set", "train.steps=1", "--breakdown")
         self.assertIn("Touchstone's FP64 trainer", out)
-        self.assertIn("lse: 4,096", out)  # attention keeps its log-sum-exp, no [T, T] probabilities
+        self.assertIn("lse: 4,160", out)  # its log-sum-exp (4,096 bytes and the arena header), no [T, T]
         self.assertNotIn("probs", out)
         self.assertRegex(out, r"Peak: model state 4,007,936 \+ [0-9,]+ at micro-batch 3, backward")
 

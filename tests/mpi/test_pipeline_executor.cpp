@@ -92,7 +92,7 @@ Reference whole_model_reference(const Config& c, const ParamTable& table, const 
     double sum = 0.0;
     for (double loss : acts.token_losses) sum += loss;
     reference.weighted_loss += loss_weights(m)[static_cast<size_t>(j)] * sum;
-    reference.token_losses.push_back(acts.token_losses);
+    reference.token_losses.emplace_back(acts.token_losses.begin(), acts.token_losses.end());
     model.backward(params, micro_batches[static_cast<size_t>(j)], acts,
                    backward_weights(m)[static_cast<size_t>(j)], nullptr, reference.grads, nullptr);
   }

@@ -27,6 +27,8 @@ namespace {
 
 using testing::MpiTest;
 
+ActivationBuffer as_buffer(const std::vector<double>& values) { return {values.begin(), values.end()}; }
+
 class TensorRegionTest : public MpiTest {};
 
 constexpr int64_t kRows = 12;  // divisible by every tp size tested (2 and 4)
@@ -67,8 +69,8 @@ double entry(int replica, int rank, int64_t row, int64_t col) {
 }
 
 // rows x cols of entry(replica, rank, first_row + i, c).
-std::vector<double> block(int replica, int rank, int64_t first_row, int64_t rows) {
-  std::vector<double> values(static_cast<size_t>(rows * kCols));
+ActivationBuffer block(int replica, int rank, int64_t first_row, int64_t rows) {
+  ActivationBuffer values(static_cast<size_t>(rows * kCols));
   for (int64_t i = 0; i < rows; ++i) {
     for (int64_t c = 0; c < kCols; ++c)
       values[static_cast<size_t>(i * kCols + c)] = entry(replica, rank, first_row + i, c);
@@ -96,9 +98,9 @@ TEST_F(TensorRegionTest, GatherWithoutSequenceParallelismIsTheIdentity) {
   auto backend = make_cpu_backend();
   for_every_tp_group([&](const Grid& grid, ProcessGroup& tp) {
     const TensorParallelRegion region(tp, false, *backend);
-    const std::vector<double> local = block(grid.coordinates().dp_rank, tp.rank(), 0, kRows);
+    const ActivationBuffer local = block(grid.coordinates().dp_rank, tp.rank(), 0, kRows);
     const int64_t calls_before = tp.counts().total_calls();
-    std::vector<double> full;
+    ActivationBuffer full;
     region.gather(local, kRows, kCols, full);
     EXPECT_EQ(full, local);
     EXPECT_EQ(tp.counts().total_calls(), calls_before) << "the identity must not transfer anything";
@@ -112,8 +114,8 @@ TEST_F(TensorRegionTest, GatherWithSequenceParallelismConcatenatesTheBlocksInRan
     const int replica = grid.coordinates().dp_rank;
     const int64_t local_rows = region.local_rows(kRows);
     // Rank r holds rows [r L, (r + 1) L) of the full tensor, row i being entry(replica, 0, i, c).
-    const std::vector<double> local = block(replica, 0, region.first_local_row(kRows), local_rows);
-    std::vector<double> full;
+    const ActivationBuffer local = block(replica, 0, region.first_local_row(kRows), local_rows);
+    ActivationBuffer full;
     region.gather(local, kRows, kCols, full);
     EXPECT_EQ(full, block(replica, 0, 0, kRows));
   });
@@ -121,10 +123,10 @@ TEST_F(TensorRegionTest, GatherWithSequenceParallelismConcatenatesTheBlocksInRan
 
 // The closed form of sum over tp ranks r of entry(replica, r, row, c), written without the reduction
 // order: the integers are exact, so any order gives these bits.
-std::vector<double> sum_over_ranks(int replica, int tp_size, int64_t first_row, int64_t rows) {
-  std::vector<double> sum(static_cast<size_t>(rows * kCols), 0.0);
+ActivationBuffer sum_over_ranks(int replica, int tp_size, int64_t first_row, int64_t rows) {
+  ActivationBuffer sum(static_cast<size_t>(rows * kCols), 0.0);
   for (int r = 0; r < tp_size; ++r) {
-    const std::vector<double> part = block(replica, r, first_row, rows);
+    const ActivationBuffer part = block(replica, r, first_row, rows);
     for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
   }
   return sum;
@@ -134,7 +136,7 @@ TEST_F(TensorRegionTest, ReduceSumsThePartialSumsWholeOrThisRanksBlock) {
   auto backend = make_cpu_backend();
   for_every_region(*backend,
                    [&](const Grid&, ProcessGroup& tp, const TensorParallelRegion& region, int replica) {
-                     std::vector<double> partial = block(replica, tp.rank(), 0, kRows), local;
+                     ActivationBuffer partial = block(replica, tp.rank(), 0, kRows), local;
                      region.reduce(partial, kRows, kCols, local);
                      const int64_t first = region.first_local_row(kRows), rows = region.local_rows(kRows);
                      EXPECT_EQ(local, sum_over_ranks(replica, tp.size(), first, rows));
@@ -151,13 +153,14 @@ TEST_F(TensorRegionTest, Bf16ReduceRoundsTheSumOnceThroughFp32) {
       SCOPED_TRACE(sequence_parallel ? "sequence parallel" : "plain tp");
       const TensorParallelRegion region(tp, sequence_parallel, *bf16_backend);
       // Each rank's partial sums are BF16 values (the output of a BF16 GEMM); their sum needs more bits.
-      std::vector<double> partial = testing::bf16_values(kRows * kCols, 3.0, seed_of(tp.rank())), local;
+      ActivationBuffer partial = as_buffer(testing::bf16_values(kRows * kCols, 3.0, seed_of(tp.rank()))),
+                       local;
       region.reduce(partial, kRows, kCols, local);
 
       const int64_t first = region.first_local_row(kRows) * kCols;
-      std::vector<double> exact(static_cast<size_t>(kRows * kCols), 0.0);
+      ActivationBuffer exact(static_cast<size_t>(kRows * kCols), 0.0);
       for (int r = 0; r < tp.size(); ++r) {
-        const std::vector<double> part = testing::bf16_values(kRows * kCols, 3.0, seed_of(r));
+        const ActivationBuffer part = as_buffer(testing::bf16_values(kRows * kCols, 3.0, seed_of(r)));
         for (size_t i = 0; i < exact.size(); ++i) exact[i] += part[i];  // exact: few BF16 terms
       }
       if (local.size() != static_cast<size_t>(region.local_rows(kRows) * kCols)) {
@@ -183,7 +186,7 @@ TEST_F(TensorRegionTest, Bf16ReduceRoundsTheSumOnceThroughFp32) {
 // in rank order; the values here are exact integers, so the order does not matter.
 double sum_over_tp_group(const Grid& grid, double local) {
   const int n = testing::world_size();
-  std::vector<double> all(static_cast<size_t>(n));
+  ActivationBuffer all(static_cast<size_t>(n));
   MPI_Allgather(&local, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, MPI_COMM_WORLD);
   double total = 0.0;
   for (int r = 0; r < n; ++r) {
@@ -193,7 +196,7 @@ double sum_over_tp_group(const Grid& grid, double local) {
   return total;
 }
 
-double dot(const std::vector<double>& a, const std::vector<double>& b) {
+double dot(const ActivationBuffer& a, const ActivationBuffer& b) {
   double sum = 0.0;
   for (size_t i = 0; i < a.size(); ++i) sum += a[i] * b[i];
   return sum;
@@ -201,8 +204,8 @@ double dot(const std::vector<double>& a, const std::vector<double>& b) {
 
 // With a replicated tensor (plain tp) every rank holds the same copy, which is one tensor: its dot
 // product is counted once, on this rank. A sharded one (sequence parallel) is the sum over the group.
-double dot_of_region_tensor(const Grid& grid, bool sequence_parallel, const std::vector<double>& a,
-                            const std::vector<double>& b) {
+double dot_of_region_tensor(const Grid& grid, bool sequence_parallel, const ActivationBuffer& a,
+                            const ActivationBuffer& b) {
   return sequence_parallel ? sum_over_tp_group(grid, dot(a, b)) : dot(a, b);
 }
 
@@ -216,9 +219,9 @@ TEST_F(TensorRegionTest, ReduceIsTheBackwardOfGatherAndGatherOfReduce) {
 
         // Gather G: x (the region's input, held as the residual stream is) -> the full tensor on every
         // rank; y_r: rank r's partial gradient of that full tensor. sum_r <G(x)_r, y_r> = <x, R(y)>.
-        const std::vector<double> x = block(replica, shard_rank, first, rows);
-        const std::vector<double> y = block(replica + 3, tp.rank() + 1, 0, kRows);
-        std::vector<double> gathered_x, y_consumed = y, reduced_y;
+        const ActivationBuffer x = block(replica, shard_rank, first, rows);
+        const ActivationBuffer y = block(replica + 3, tp.rank() + 1, 0, kRows);
+        ActivationBuffer gathered_x, y_consumed = y, reduced_y;
         region.gather(x, kRows, kCols, gathered_x);
         region.reduce(y_consumed, kRows, kCols, reduced_y);
         const double through_gather = sum_over_tp_group(grid, dot(gathered_x, y));
@@ -228,9 +231,9 @@ TEST_F(TensorRegionTest, ReduceIsTheBackwardOfGatherAndGatherOfReduce) {
 
         // Reduce R: p_r (rank r's partial sums) -> the sum, held as the residual stream is; z: the
         // gradient of that sum. <R(p), z> = sum_r <p_r, G(z)_r>.
-        const std::vector<double> p = block(replica + 5, tp.rank() + 2, 0, kRows);
-        const std::vector<double> z = block(replica + 1, shard_rank, first, rows);
-        std::vector<double> p_consumed = p, reduced_p, gathered_z;
+        const ActivationBuffer p = block(replica + 5, tp.rank() + 2, 0, kRows);
+        const ActivationBuffer z = block(replica + 1, shard_rank, first, rows);
+        ActivationBuffer p_consumed = p, reduced_p, gathered_z;
         region.reduce(p_consumed, kRows, kCols, reduced_p);
         region.gather(z, kRows, kCols, gathered_z);
         const double through_reduce = dot_of_region_tensor(grid, sequence_parallel, reduced_p, z);
