@@ -21,6 +21,11 @@ std::vector<const ActivationArena*>& registry() {
   static std::vector<const ActivationArena*> arenas;
   return arenas;
 }
+// A heap block of `bytes`, header included, aligned as the arena's blocks are.
+void* heap_block(int64_t bytes) {
+  return ::operator new (static_cast<size_t>(bytes), std::align_val_t{ActivationArena::kAlignment});
+}
+
 bool registered(const ActivationArena* arena) {
   const std::lock_guard<std::mutex> lock(g_registry_mutex);
   const auto& arenas = registry();
@@ -82,6 +87,11 @@ ArenaLayout plan_arena_layout(const std::vector<ArenaLifetime>& lifetimes) {
   return layout;
 }
 
+ActivationArena::ActivationArena() {
+  const std::lock_guard<std::mutex> lock(g_registry_mutex);
+  registry().push_back(this);
+}
+
 ActivationArena::~ActivationArena() {
   {
     const std::lock_guard<std::mutex> lock(g_registry_mutex);
@@ -93,11 +103,6 @@ ActivationArena::~ActivationArena() {
 
 ActivationArena::Step::Step(ActivationArena* arena) : arena_(arena), previous_(t_current) {
   if (arena_ == nullptr) return;
-  {
-    const std::lock_guard<std::mutex> lock(g_registry_mutex);
-    auto& arenas = registry();
-    if (std::find(arenas.begin(), arenas.end(), arena_) == arenas.end()) arenas.push_back(arena_);
-  }
   arena_->begin_step();
   t_current = arena_;
 }
@@ -127,8 +132,7 @@ void ActivationArena::end_step() {
       ::operator delete (block_, std::align_val_t{kAlignment});
       block_ = nullptr;
       block_size_ = 0;
-      block_ = static_cast<char*>(
-          ::operator new (static_cast<size_t>(layout.bytes), std::align_val_t{kAlignment}));
+      block_ = static_cast<char*>(heap_block(layout.bytes));
       block_size_ = layout.bytes;
     }
     plan_offsets_ = layout.offsets;
@@ -177,7 +181,7 @@ void* ActivationArena::take(int64_t data_bytes) {
       ++stats_.heap;
     }
   }
-  if (memory == nullptr) memory = ::operator new (static_cast<size_t>(bytes), std::align_val_t{kAlignment});
+  if (memory == nullptr) memory = heap_block(bytes);
   auto* header = static_cast<Header*>(memory);
   static_assert(sizeof(Header) <= kHeader);
   *header = Header{this, serial, index, offset};
@@ -205,8 +209,7 @@ void* ActivationArena::allocate(size_t data_bytes) {
   if (t_current != nullptr) {
     data = t_current->take(static_cast<int64_t>(data_bytes));
   } else {
-    void* memory = ::operator new (static_cast<size_t>(block_bytes(static_cast<int64_t>(data_bytes))),
-                                   std::align_val_t{kAlignment});
+    void* memory = heap_block(block_bytes(static_cast<int64_t>(data_bytes)));
     *static_cast<Header*>(memory) = Header{nullptr, 0, 0, -1};
     data = static_cast<char*>(memory) + kHeader;
   }

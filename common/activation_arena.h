@@ -54,7 +54,7 @@ class ActivationArena {
     int64_t steps = 0;
   };
 
-  ActivationArena() = default;
+  ActivationArena();  // registers it, so buffers freed after it is gone are told apart
   ~ActivationArena();
   ActivationArena(const ActivationArena&) = delete;
   ActivationArena& operator=(const ActivationArena&) = delete;
