@@ -2,13 +2,18 @@
 """Long windows: step time and peak memory of the FP64 trainer at T = 512 ... 32,768, and the step's
 FLOP rate against OpenBLAS DGEMM on the step's own GEMM shapes, measured side by side in one run.
 
-Every case trains the bench model (bench/step_config.json) for 1 + --steps steps of the built-in data
-with `touchstone train`; step 1 is the warm-up, the later steps' printed times are the measurement,
-and the peak resident memory of the whole process comes from the kernel (wait4's ru_maxrss). The
-DGEMM rate is measured in this process on the same OpenBLAS library the binary links, on the
-forward and backward GEMM shapes of the 512 x 8 case's linear layers and logits.
+Every case trains the bench model (bench/step_config.json) on the built-in data with `touchstone
+train`: step 1 is the warm-up (it also records the activation arena's layout), the later steps' printed
+times are the measurement, and the peak resident memory of the whole process comes from the kernel
+(wait4's ru_maxrss). The built-in data lays its documents out relative to the window (24 windows:
+runs of 2- and 3-token documents, windows filled by one document, short and medium ones; see
+data/builtin_acceptance.cpp), so a case with one window per step sees a different kind of window at
+every step: the 8192 x 1 case times windows 1 to 8, the FLOPs are counted per step from that step's
+skipped tile share, and the rate is the timed steps' FLOPs over their time. The DGEMM rate is measured
+in this process on the same OpenBLAS library the binary links, on the forward and backward GEMM shapes
+of the 512 x 8 case's linear layers and logits.
 
-    /usr/bin/python3 bench/bench_long_window.py --markdown
+    OPENBLAS_CORETYPE=SkylakeX /usr/bin/python3 bench/bench_long_window.py --markdown [--cases "512 x 8; 8192 x 1"]
 """
 
 import argparse
@@ -17,7 +22,6 @@ import datetime
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -29,18 +33,19 @@ CONFIG = os.path.join(ROOT, "bench", "step_config.json")
 TILE = 64  # kAttentionTile (kernels/attention_tiles.h)
 STEP_LINE = re.compile(r"^step (\d+)/\d+ \|.*\| ([0-9.]+) s \|.*attention tiles ([0-9.]+)% skipped")
 
-# (name, window T, windows per step, document masking): 512 x 16 and 8192 x 1 hold the same tokens.
+# (name, window T, windows per step, document masking, timed steps after the warm-up, what they see):
+# 512 x 16 and 8192 x 1 hold the same tokens per step.
 CASES = [
-    ("512 x 8", 512, 8, True),
-    ("512 x 16", 512, 16, True),
-    ("8192 x 1", 8192, 1, True),
-    ("8192 x 1, one document", 8192, 1, False),
-    ("32768 x 1", 32768, 1, True),
+    ("512 x 8", 512, 8, True, 3, "built-in windows 8-31"),
+    ("512 x 16", 512, 16, True, 3, "built-in windows 16-63"),
+    ("8192 x 1", 8192, 1, True, 8, "built-in windows 1-8"),
+    ("8192 x 1, one document", 8192, 1, False, 2, "document masking off: plain causal"),
+    ("32768 x 1", 32768, 1, True, 1, "built-in window 1: documents of 2 and 3 tokens"),
 ]
 
 
 def run_case(binary, seq, windows, masking, steps):
-    """Trains the case; returns (median step seconds after the warm-up, skipped tile %, peak RSS bytes)."""
+    """Trains the case; returns ([(seconds, skipped tile %) of each timed step], peak RSS bytes)."""
     args = [binary, "train", "--config", CONFIG, "--set", f"model.seq_length={seq}",
             "--set", f"train.global_batch_size={windows}", "--set", f"train.micro_batch_size={windows}",
             "--set", f"train.steps={1 + steps}", "--set", f"data.document_masking={str(masking).lower()}"]
@@ -60,8 +65,7 @@ def run_case(binary, seq, windows, masking, steps):
             skipped[int(m.group(1))] = float(m.group(3))
     if sorted(times) != list(range(1, steps + 2)):
         raise RuntimeError("could not read the step lines:\n" + "".join(lines))
-    timed = [times[s] for s in range(2, steps + 2)]
-    return statistics.median(timed), skipped[2], usage.ru_maxrss * 1024
+    return [(times[s], skipped[s]) for s in range(2, steps + 2)], usage.ru_maxrss * 1024
 
 
 def model_shape():
@@ -126,43 +130,47 @@ def dgemm_rate(library_path, shapes, rounds=3):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--touchstone", default=os.path.join(ROOT, "build", "tools", "touchstone"))
-    parser.add_argument("--steps", type=int, default=1, help="timed steps per case after the warm-up")
-    parser.add_argument("--cases", default="all", help="comma-separated case names (default: all)")
+    parser.add_argument("--cases", default="all", help="case names separated by ';' (default: all)")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     m = model_shape()
-    chosen = [c for c in CASES if args.cases == "all" or c[0] in args.cases.split(",")]
+    wanted = [name.strip() for name in args.cases.split(";")]
+    chosen = [c for c in CASES if args.cases == "all" or c[0] in wanted]
+    if not chosen:
+        parser.error(f"no case named {args.cases!r}; the cases: {'; '.join(c[0] for c in CASES)}")
     results = {}
-    for name, seq, windows, masking in chosen:
+    for name, seq, windows, masking, steps, what in chosen:
         print(f"{name}:", file=sys.stderr, flush=True)
-        seconds, skipped, rss = run_case(args.touchstone, seq, windows, masking, args.steps)
-        flops, gemm, attention = step_flops(m, seq, windows, skipped)
-        results[name] = dict(seq=seq, windows=windows, seconds=seconds, skipped=skipped, rss=rss, flops=flops,
-                             gemm=gemm, attention=attention)
+        timed, rss = run_case(args.touchstone, seq, windows, masking, steps)
+        seconds = sum(t for t, _ in timed)
+        flops = sum(step_flops(m, seq, windows, skipped)[0] for _, skipped in timed)
+        results[name] = dict(seq=seq, windows=windows, what=what, steps=len(timed), seconds=seconds / len(timed),
+                             rate=flops / seconds, flops=flops / len(timed), rss=rss,
+                             skipped=", ".join(f"{skipped:.1f}%" for _, skipped in timed),
+                             each=", ".join(f"{t:.1f}" for t, _ in timed))
     library = openblas(args.touchstone)
     rate, config, threads = dgemm_rate(library, gemm_shapes(m, 512 * 8))
     version = subprocess.run([args.touchstone, "--version"], capture_output=True, text=True).stdout.strip()
     print(f"Measured {datetime.date.today()} with `{version}`; {len(os.sched_getaffinity(0))} cores; "
-          f"OpenBLAS {threads} threads (`{config}`); {args.steps} timed step(s) per case after one warm-up.")
+          f"OpenBLAS {threads} threads (`{config}`); each case one warm-up step, then its timed steps.")
     print()
-    print("| window T x windows | tokens | attention tile pairs skipped | step s | FLOPs counted | GFLOP/s | "
-          "peak RSS GB |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| window T x windows | timed steps: what they see | tokens per step | attention tile pairs skipped | "
+          "step s (each) | mean step s | FLOPs counted per step | GFLOP/s | peak RSS GB |")
+    print("|---|---|---:|---|---|---:|---:|---:|---:|")
     for name, r in results.items():
-        print(f"| {name} | {r['seq'] * r['windows']:,} | {r['skipped']:.1f}% | {r['seconds']:.2f} | "
-              f"{r['flops'] / 1e9:.1f} G | {r['flops'] / r['seconds'] / 1e9:.1f} | {r['rss'] / 1e9:.2f} |")
+        print(f"| {name} | {r['steps']}: {r['what']} | {r['seq'] * r['windows']:,} | {r['skipped']} | {r['each']} | "
+              f"{r['seconds']:.2f} | {r['flops'] / 1e9:.1f} G | {r['rate'] / 1e9:.1f} | {r['rss'] / 1e9:.2f} |")
     print()
     print(f"DGEMM on the 512 x 8 step's GEMM shapes (same library, this process): {rate / 1e9:.1f} GFLOP/s.")
     if "512 x 8" in results:
-        r = results["512 x 8"]
-        print(f"512 x 8: the step runs at {r['flops'] / r['seconds'] / rate:.0%} of the DGEMM rate.")
+        print(f"512 x 8: the step runs at {results['512 x 8']['rate'] / rate:.0%} of the DGEMM rate.")
     if "512 x 16" in results and "8192 x 1" in results:
         print(f"8192 x 1 against 512 x 16 (same tokens): {results['8192 x 1']['seconds'] / results['512 x 16']['seconds']:.2f}x "
-              "the step time.")
+              "the mean step time.")
     if "8192 x 1, one document" in results and "8192 x 1" in results:
         one, docs = results["8192 x 1, one document"], results["8192 x 1"]
-        print(f"One document filling the 8192 window: {one['seconds'] / docs['seconds']:.2f}x the time of the built-in "
-              f"documents for {one['flops'] / docs['flops']:.2f}x the FLOPs counted.")
+        print(f"One document filling the 8192 window: {one['seconds'] / docs['seconds']:.2f}x the mean step time of the "
+              f"built-in windows for {one['flops'] / docs['flops']:.2f}x their mean FLOPs counted.")
 
 
 if __name__ == "__main__":

@@ -134,6 +134,10 @@ void ActivationArena::end_step() {
       block_size_ = 0;
       block_ = static_cast<char*>(heap_block(layout.bytes));
       block_size_ = layout.bytes;
+      // Touch every page now, so that the kernel's page faults and zero-fill land here, at the end of
+      // the recording step, and not in the next step, the first to use the block.
+      constexpr int64_t kPage = 4096;
+      for (int64_t at = 0; at < block_size_; at += kPage) block_[at] = 0;
     }
     plan_offsets_ = layout.offsets;
     plan_bytes_.clear();
