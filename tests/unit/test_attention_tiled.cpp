@@ -448,7 +448,8 @@ TEST(AttentionTiled, FullTilePairsHaveEveryKeyVisible) {
           EXPECT_TRUE(mask.tile_needed(qt, kt)) << c.name;
           ++full;
         } else if (c.exact && every && kt < qt) {
-          ADD_FAILURE() << c.name << " pair (" << qt << ", " << kt << ") is all visible but not taken as full";
+          ADD_FAILURE() << c.name << " pair (" << qt << ", " << kt
+                        << ") is all visible but not taken as full";
         }
       }
     }
