@@ -49,15 +49,6 @@ class WindowMask {
     return tile_max_[static_cast<size_t>(kt)] >= tile_min_[static_cast<size_t>(qt)] &&
            tile_min_[static_cast<size_t>(kt)] <= tile_max_[static_cast<size_t>(qt)];
   }
-  // Whether every key of key tile kt is visible to every query of query tile qt, without a bias: the
-  // tile lies wholly below the diagonal (kt < qt) and, when masking, both tiles hold one and the same
-  // document. The kernels then skip the per-element mask test; the values they compute are the same.
-  bool tile_full(int64_t qt, int64_t kt) const {
-    if (added_ || kt >= qt) return false;
-    if (!masking_) return true;
-    const auto q = static_cast<size_t>(qt), k = static_cast<size_t>(kt);
-    return tile_min_[q] == tile_max_[q] && tile_min_[k] == tile_max_[k] && tile_min_[q] == tile_min_[k];
-  }
   // The pairs of the window, counted (once per query head).
   AttentionTileCount count() const {
     AttentionTileCount c;

@@ -121,23 +121,14 @@ AttentionTileCount forward_tile(Precision p, const AttentionShape& s, const Wind
     cpu::gemm(p, scores_format(p), false, true, tq, tk, D, s.scale(), x.q + i0 * D, D, x.k + j0 * D, D,
               Store::kOverwrite, scores, tk);
     if (dropout) dropout->fill(x, i0, tq, j0, tk, keep);
-    // A full tile (every key visible, no bias) takes the same arithmetic without the per-element test.
-    const bool full = mask.tile_full(qt, kt);
     for (int64_t r = 0; r < tq; ++r) {
       const int64_t i = i0 + r;
       double* srow = scores + r * tk;
       C tile_max = -std::numeric_limits<C>::infinity();
-      if (full) {
-        for (int64_t c = 0; c < tk; ++c) {
-          srow[c] = static_cast<double>(static_cast<C>(srow[c]) + C(0));
-          tile_max = std::max(tile_max, static_cast<C>(srow[c]));
-        }
-      } else {
-        for (int64_t c = 0; c < tk; ++c) {
-          if (!mask.visible(i, j0 + c)) continue;
-          srow[c] = static_cast<double>(static_cast<C>(srow[c]) + static_cast<C>(mask.bias(i, j0 + c)));
-          tile_max = std::max(tile_max, static_cast<C>(srow[c]));
-        }
+      for (int64_t c = 0; c < tk; ++c) {
+        if (!mask.visible(i, j0 + c)) continue;
+        srow[c] = static_cast<double>(static_cast<C>(srow[c]) + static_cast<C>(mask.bias(i, j0 + c)));
+        tile_max = std::max(tile_max, static_cast<C>(srow[c]));
       }
       const C m_old = static_cast<C>(m[r]), m_new = std::max(m_old, tile_max);
       if (m_new == -std::numeric_limits<C>::infinity()) {  // no key visible to query i yet
@@ -148,7 +139,7 @@ AttentionTileCount forward_tile(Precision p, const AttentionShape& s, const Wind
       const C rescale = std::exp(m_old - m_new);
       C sum = 0;
       for (int64_t c = 0; c < tk; ++c) {
-        const C e = full || mask.visible(i, j0 + c) ? std::exp(static_cast<C>(srow[c]) - m_new) : C(0);
+        const C e = mask.visible(i, j0 + c) ? std::exp(static_cast<C>(srow[c]) - m_new) : C(0);
         sum += e;
         srow[c] = static_cast<double>(dropout ? e * static_cast<C>(keep[r * tk + c]) : e);
       }
@@ -201,23 +192,14 @@ void backward_head(Precision p, const AttentionShape& s, const WindowMask& mask,
       cpu::gemm(p, scores_format(p), false, true, tq, tk, D, s.scale(), x.q + i0 * D, D, x.k + j0 * D, D,
                 Store::kOverwrite, probs, tk);
       if (dropout) dropout->fill(x, i0, tq, j0, tk, keep);
-      if (mask.tile_full(qt, kt)) {  // every key visible, no bias: the same values without the test
-        for (int64_t r = 0; r < tq; ++r) {
-          const C row_lse = static_cast<C>(lse[i0 + r]);
-          double* prow = probs + r * tk;
-          for (int64_t c = 0; c < tk; ++c)
-            prow[c] = static_cast<double>(std::exp(static_cast<C>(prow[c]) + C(0) - row_lse));
-        }
-      } else {
-        for (int64_t r = 0; r < tq; ++r) {
-          for (int64_t c = 0; c < tk; ++c) {
-            const int64_t i = i0 + r, j = j0 + c;
-            double& e = probs[r * tk + c];
-            e = mask.visible(i, j)
-                    ? static_cast<double>(std::exp(static_cast<C>(e) + static_cast<C>(mask.bias(i, j)) -
-                                                   static_cast<C>(lse[i])))
-                    : 0.0;
-          }
+      for (int64_t r = 0; r < tq; ++r) {
+        for (int64_t c = 0; c < tk; ++c) {
+          const int64_t i = i0 + r, j = j0 + c;
+          double& e = probs[r * tk + c];
+          e = mask.visible(i, j)
+                  ? static_cast<double>(std::exp(static_cast<C>(e) + static_cast<C>(mask.bias(i, j)) -
+                                                 static_cast<C>(lse[i])))
+                  : 0.0;
         }
       }
       // dP' = dO_I V_J^T, before P is overwritten by P'

@@ -341,8 +341,8 @@ TEST(AttentionTiled, Fp64MatchesDenseOnEdgeShapes) {
       {"T65_gqa_masked_dropout", shape(65, 4, 2), two_windows({10, 55}), true, true},
       {"T130_gqa_masked_dropout", shape(130, 4, 2), two_windows({30, 50, 50}), true, true},
       {"T130_mha_unmasked", shape(130, 2, 2), two_windows({130}), false, false},
-      // Full tile pairs (WindowMask::tile_full) with masking: one document over the window, and a
-      // document starting on a tile edge (pair (2, 1) full, (1, 0) skipped).
+      // Masked windows whose tile pairs below the diagonal see every key: one document over the window,
+      // and a document starting on a tile edge (pair (2, 1) all visible, (1, 0) skipped).
       {"T130_gqa_masked_one_document_dropout", shape(130, 4, 2), two_windows({130}), true, true},
       {"T130_mha_masked_document_on_tile_edge", shape(130, 2, 2), two_windows({64, 66}), true, false},
       {"T130_gqa_unmasked_dropout", shape(130, 4, 2), two_windows({130}), false, true},
@@ -407,54 +407,6 @@ int64_t empty_pairs(const int32_t* docs, bool masking, int64_t seq) {
     }
   }
   return empty;
-}
-
-// A pair the kernels take as full must have every entry visible; on packed (monotone) ids and without
-// masking the rule finds every such pair below the diagonal.
-TEST(AttentionTiled, FullTilePairsHaveEveryKeyVisible) {
-  const int64_t T = 256;
-  std::vector<int32_t> alternating(static_cast<size_t>(T));
-  for (size_t i = 0; i < alternating.size(); ++i) alternating[i] = static_cast<int32_t>(i % 2);
-  struct FullCase {
-    const char* name;
-    std::vector<int32_t> documents;  // [T]
-    bool masking;
-    bool exact;  // every all-visible pair off the diagonal is found
-  };
-  const std::vector<FullCase> cases = {
-      {"one_document", packed({256}, 0), true, true},
-      {"documents_on_tile_edges", packed({64, 128, 64}, 0), true, true},
-      {"documents_off_tile_edges", packed({10, 150, 96}, 0), true, true},
-      {"unmasked", packed({10, 150, 96}, 0), false, true},
-      {"alternating_ids", alternating, true, false},
-      {"padding_tail", packed({100}, 0, 156), true, true},
-  };
-  const int64_t tiles = T / kAttentionTile;
-  for (const FullCase& c : cases) {
-    ASSERT_EQ(c.documents.size(), static_cast<size_t>(T)) << c.name;
-    const WindowMask mask(c.documents.data(), c.masking, false, T);
-    const WindowMask added(c.documents.data(), c.masking, true, T);
-    int64_t full = 0;
-    for (int64_t qt = 0; qt < tiles; ++qt) {
-      for (int64_t kt = 0; kt < tiles; ++kt) {
-        bool every = true;
-        for (int64_t i = qt * kAttentionTile; i < (qt + 1) * kAttentionTile; ++i) {
-          for (int64_t j = kt * kAttentionTile; j < (kt + 1) * kAttentionTile; ++j)
-            every = every && dense::visible(c.documents.data(), c.masking, i, j);
-        }
-        EXPECT_FALSE(added.tile_full(qt, kt)) << c.name << ": the added 0/1 mask has a bias everywhere";
-        if (mask.tile_full(qt, kt)) {
-          EXPECT_TRUE(every) << c.name << " pair (" << qt << ", " << kt << ") is not all visible";
-          EXPECT_TRUE(mask.tile_needed(qt, kt)) << c.name;
-          ++full;
-        } else if (c.exact && every && kt < qt) {
-          ADD_FAILURE() << c.name << " pair (" << qt << ", " << kt
-                        << ") is all visible but not taken as full";
-        }
-      }
-    }
-    std::cout << c.name << ": " << full << " full pairs of " << tiles * tiles << "\n";
-  }
 }
 
 TEST(AttentionTiled, SkipsExactlyTheEmptyTilePairs) {
@@ -530,8 +482,8 @@ TEST(AttentionTiled, Fp32AndBf16WithinTheirBounds) {
   const std::vector<Case> cases = {
       {"T130_gqa_masked_dropout", shape(130, 4, 2), two_windows({30, 50, 50}), true, true},
       {"T130_mha_unmasked", shape(130, 2, 2), two_windows({130}), false, false},
-      // Full tile pairs (WindowMask::tile_full) with masking: one document over the window, and a
-      // document starting on a tile edge (pair (2, 1) full, (1, 0) skipped).
+      // Masked windows whose tile pairs below the diagonal see every key: one document over the window,
+      // and a document starting on a tile edge (pair (2, 1) all visible, (1, 0) skipped).
       {"T130_gqa_masked_one_document_dropout", shape(130, 4, 2), two_windows({130}), true, true},
       {"T130_mha_masked_document_on_tile_edge", shape(130, 2, 2), two_windows({64, 66}), true, false},
   };
