@@ -94,7 +94,7 @@ def step_flops(m, seq, windows, skipped_percent):
     tiles = -(-seq // TILE)
     pairs = tiles * tiles * (1 - skipped_percent / 100) * windows * m["num_heads"] * m["num_layers"]
     attention = pairs * TILE * TILE * 12 * (m["hidden_size"] // m["num_heads"])
-    return gemm + attention, gemm, attention
+    return gemm + attention
 
 
 def openblas(binary):
@@ -143,7 +143,7 @@ def main():
         print(f"{name}:", file=sys.stderr, flush=True)
         timed, rss = run_case(args.touchstone, seq, windows, masking, steps)
         seconds = sum(t for t, _ in timed)
-        flops = sum(step_flops(m, seq, windows, skipped)[0] for _, skipped in timed)
+        flops = sum(step_flops(m, seq, windows, skipped) for _, skipped in timed)
         results[name] = dict(seq=seq, windows=windows, what=what, steps=len(timed), seconds=seconds / len(timed),
                              rate=flops / seconds, flops=flops / len(timed), rss=rss,
                              skipped=", ".join(f"{skipped:.1f}%" for _, skipped in timed),

@@ -153,6 +153,11 @@ class KillEverySyscall(unittest.TestCase):
         shutil.rmtree(directory)
         return failures
 
+    def commonest_count_before(self, name):
+        """The count of calls `name` before the save that the test's runs have made most often so far."""
+        with self.runs_lock:
+            return self.counts_before[name].most_common(1)[0][0]
+
     def kill_in_save(self, j):
         """Kills a run on entering call j of the save, then recovers it. The MPI runtime's own calls before
         the save (MPI_Init's wake-ups of its progress thread through an eventfd, other jobs' shared-memory
@@ -165,8 +170,7 @@ class KillEverySyscall(unittest.TestCase):
         name, line = self.window[j]
         in_window = count_of(name, self.window[:j + 1])
         where = f"kill at save call {j} ({line[:100]})"
-        with self.runs_lock:
-            before = self.counts_before[name].most_common(1)[0][0]
+        before = self.commonest_count_before(name)
         for _ in range(TRIES):
             directory, calls = self.killed_run(f"save_{j:04d}", name, before + in_window)
             if calls is None:
@@ -177,7 +181,7 @@ class KillEverySyscall(unittest.TestCase):
                 continue
             with self.runs_lock:
                 self.counts_before[name][count_of(name, calls[:start])] += 1
-                before = self.counts_before[name].most_common(1)[0][0]
+            before = self.commonest_count_before(name)
             if len(calls) - 1 == start + j and call_text(calls[-1][1], directory) == call_text(line, self.traced_dir):
                 return self.recover(directory, where)
         with self.runs_lock:

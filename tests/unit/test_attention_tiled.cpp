@@ -482,8 +482,7 @@ TEST(AttentionTiled, Fp32AndBf16WithinTheirBounds) {
   const std::vector<Case> cases = {
       {"T130_gqa_masked_dropout", shape(130, 4, 2), two_windows({30, 50, 50}), true, true},
       {"T130_mha_unmasked", shape(130, 2, 2), two_windows({130}), false, false},
-      // Masked windows whose tile pairs below the diagonal see every key: one document over the window,
-      // and a document starting on a tile edge (pair (2, 1) all visible, (1, 0) skipped).
+      // The masked windows of Fp64MatchesDenseOnEdgeShapes whose tile pairs see every key.
       {"T130_gqa_masked_one_document_dropout", shape(130, 4, 2), two_windows({130}), true, true},
       {"T130_mha_masked_document_on_tile_edge", shape(130, 2, 2), two_windows({64, 66}), true, false},
   };
