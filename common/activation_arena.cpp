@@ -101,7 +101,8 @@ ActivationArena::~ActivationArena() {
   if (live_.empty()) ::operator delete (block_, std::align_val_t{kAlignment});
 }
 
-ActivationArena::Step::Step(ActivationArena* arena) : arena_(arena), previous_(t_current) {
+ActivationArena::Step::Step(ActivationArena* arena, bool another_step_follows)
+    : arena_(arena), previous_(t_current), another_step_follows_(another_step_follows) {
   if (arena_ == nullptr) return;
   arena_->begin_step();
   t_current = arena_;
@@ -110,7 +111,7 @@ ActivationArena::Step::Step(ActivationArena* arena) : arena_(arena), previous_(t
 ActivationArena::Step::~Step() {
   if (arena_ == nullptr) return;
   t_current = previous_;
-  arena_->end_step();
+  arena_->end_step(another_step_follows_);
 }
 
 void ActivationArena::begin_step() {
@@ -121,12 +122,12 @@ void ActivationArena::begin_step() {
   misses_ = 0;
 }
 
-void ActivationArena::end_step() {
+void ActivationArena::end_step(bool make_layout) {
   const std::lock_guard<std::mutex> lock(mutex_);
   ++stats_.steps;
   // Plan after the first step, and again after a step the plan did not fit, once no planned buffer is
-  // alive (the block may then be replaced).
-  if ((plan_offsets_.empty() || misses_ > 0) && live_.empty() && !recorded_.empty()) {
+  // alive (the block may then be replaced); not after a last step, which no step would reuse.
+  if (make_layout && (plan_offsets_.empty() || misses_ > 0) && live_.empty() && !recorded_.empty()) {
     const ArenaLayout layout = plan_arena_layout(recorded_);
     if (layout.bytes > block_size_) {
       ::operator delete (block_, std::align_val_t{kAlignment});

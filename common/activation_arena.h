@@ -60,10 +60,11 @@ class ActivationArena {
   ActivationArena& operator=(const ActivationArena&) = delete;
 
   // Makes this the arena of the buffers allocated on this thread for one step; the destructor ends
-  // the step (and plans the layout after a recorded step).
+  // the step (and plans the layout after a recorded step). `another_step_follows` false (the run's
+  // last step): a recorded step makes no layout, so a run of one step never allocates the block.
   class Step {
    public:
-    explicit Step(ActivationArena* arena);
+    explicit Step(ActivationArena* arena, bool another_step_follows = true);
     ~Step();
     Step(const Step&) = delete;
     Step& operator=(const Step&) = delete;
@@ -71,6 +72,7 @@ class ActivationArena {
    private:
     ActivationArena* arena_;
     ActivationArena* previous_;
+    bool another_step_follows_;
   };
 
   Stats stats() const;
@@ -88,7 +90,7 @@ class ActivationArena {
   void give_back(Header* header) noexcept;
   bool range_free(int64_t offset, int64_t end) const;
   void begin_step();
-  void end_step();
+  void end_step(bool make_layout);
 
   mutable std::mutex mutex_;
   std::vector<ArenaLifetime> recorded_;  // this step's buffers in allocation order

@@ -1,6 +1,7 @@
 // Learning-rate schedule, gradient norm and clipping, and the AdamW driver.
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -63,17 +64,36 @@ AdamWState AdamWState::zeros_like(const ParamTensors& params) {
   return state;
 }
 
+void adamw_update_in_pieces(Backend& backend, const AdamWStep& step, double grad_scale, const double* grad,
+                            double* param, double* exp_avg, double* exp_avg_sq, int64_t n) {
+  const bool kept = exp_avg != nullptr;
+  const int64_t piece = std::min(n, kAdamWPiece);
+  std::vector<double> scaled(static_cast<size_t>(piece));
+  std::vector<double> m(kept ? 0 : static_cast<size_t>(piece)), v(m.size());
+  for (int64_t lo = 0; lo < n; lo += piece) {
+    const int64_t len = std::min(piece, n - lo);
+    for (int64_t i = 0; i < len; ++i) scaled[static_cast<size_t>(i)] = grad[lo + i] * grad_scale;
+    if (!kept) {
+      std::fill(m.begin(), m.end(), 0.0);
+      std::fill(v.begin(), v.end(), 0.0);
+    }
+    backend.adamw_update(param + lo, scaled.data(), kept ? exp_avg + lo : m.data(),
+                         kept ? exp_avg_sq + lo : v.data(), len, step);
+  }
+}
+
 void adamw_step(Backend& backend, const ParamTable& table, const OptimConfig& o, double lr, double grad_scale,
                 const ParamTensors& grads, ParamTensors& params, AdamWState& state) {
   state.step += 1;
+  const bool kept = !state.exp_avg.tensors.empty();
   for (int id = 0; id < table.size(); ++id) {
     if (params[id].empty()) continue;  // a tensor this rank does not hold
-    std::vector<double> scaled = grads[id];
-    for (double& g : scaled) g *= grad_scale;
     const AdamWStep step{lr,        o.beta1, o.beta2, o.eps, table[id].weight_decay ? o.weight_decay : 0.0,
                          state.step};
-    backend.adamw_update(params[id].data(), scaled.data(), state.exp_avg[id].data(),
-                         state.exp_avg_sq[id].data(), static_cast<int64_t>(scaled.size()), step);
+    adamw_update_in_pieces(backend, step, grad_scale, grads[id].data(), params[id].data(),
+                           kept ? state.exp_avg[id].data() : nullptr,
+                           kept ? state.exp_avg_sq[id].data() : nullptr,
+                           static_cast<int64_t>(params[id].size()));
   }
 }
 

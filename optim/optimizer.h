@@ -31,8 +31,20 @@ struct AdamWState {
   static AdamWState zeros_like(const ParamTensors& params);  // empty tensors stay empty
 };
 
+// AdamW calls run on pieces of at most this many elements, so that the scratch beside the model state
+// (the clipped gradient, and moments that are not kept) is 3 x 8 MiB whatever the tensor's size.
+inline constexpr int64_t kAdamWPiece = int64_t{1} << 20;
+
+// AdamW on n elements: each piece's gradient multiplied by `grad_scale` in scratch (`grad` itself, an
+// output, stays as it is), then Backend::adamw_update. With `exp_avg` and `exp_avg_sq` null the moments
+// start at zero and are not kept: each piece's are formed in zeroed scratch and dropped (the last update
+// of a run that saves no optimizer state; docs/planning.md). Elementwise, so the pieces change no bit.
+void adamw_update_in_pieces(Backend& backend, const AdamWStep& step, double grad_scale, const double* grad,
+                            double* param, double* exp_avg, double* exp_avg_sq, int64_t n);
+
 // One AdamW update of every (non-empty) tensor with gradients scaled by `grad_scale` (the clip
-// coefficient). Weight decay applies to the tensors the table marks (2 or more dimensions).
+// coefficient). Weight decay applies to the tensors the table marks (2 or more dimensions). A `state`
+// without tensors (moments at zero, not kept) stays without them; its step still counts.
 void adamw_step(Backend& backend, const ParamTable& table, const OptimConfig& optim, double lr,
                 double grad_scale, const ParamTensors& grads, ParamTensors& params, AdamWState& state);
 

@@ -147,11 +147,25 @@ std::vector<pipeline::TimelineEvent> gather_timeline(Trainer& trainer, const Par
   return all;
 }
 
-// The full tensors of one step on world rank 0 (empty elsewhere).
+// The full tensors of one step on world rank 0 (empty elsewhere). On a single rank `grads` and `params`
+// point at the trainer's own tensors (no copy: at production widths each is 5.6 GB); otherwise at the
+// tensors gathered from the shards. Not copyable: the pointers may point into it.
 struct StepOutputs {
   StepRecord record;
-  ParamTensors grads, params;
+  ParamTensors gathered_grads, gathered_params;
+  const ParamTensors* grads = &gathered_grads;
+  const ParamTensors* params = &gathered_params;
   AdamWState moments;
+
+  StepOutputs() = default;
+  StepOutputs(const StepOutputs&) = delete;
+  StepOutputs& operator=(const StepOutputs&) = delete;
+};
+
+// A low-precision step kept for the envelope until the FP64 run reaches it: copies.
+struct KeptStep {
+  StepRecord record;
+  ParamTensors grads, params;
 };
 
 // A golden file never holds a non-finite value, and a run that has diverged is no reference: the run
@@ -180,16 +194,18 @@ void require_finite(const StepOutputs& step, const ParamTable& table, Precision 
       }
     }
   };
-  check(step.grads, "the gradient of");
-  check(step.params, "the updated parameter");
+  check(*step.grads, "the gradient of");
+  check(*step.params, "the updated parameter");
   check(step.moments.exp_avg, "the AdamW exp_avg of");
   check(step.moments.exp_avg_sq, "the AdamW exp_avg_sq of");
 }
 
 // Trains every step of `run` with `config` (which may differ from run.config in precision only) and
-// calls `on_step` after each on every rank.
-void run_steps(const PreparedRun& run, const Config& config, const RunOptions& options, int local_rank,
-               Grid& grid, std::ostream& out, const std::function<void(const StepOutputs&)>& on_step) {
+// calls `on_step` after each on every rank. `last_pass`: no later call trains from `run` again, so
+// once the trainer holds its copy the run's full initial weights (and a checkpoint's state) are
+// released: at production widths each copy is 5.6 GB.
+void run_steps(PreparedRun& run, const Config& config, const RunOptions& options, int local_rank, Grid& grid,
+               std::ostream& out, bool last_pass, const std::function<void(const StepOutputs&)>& on_step) {
   const ParallelContext context = context_of(grid);
   const bool writer_rank = grid.global_rank() == 0;
   const bool outputs = !options.golden_path.empty();
@@ -199,6 +215,13 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
   if (run.resumed) {
     trainer.restore(run.resumed->step, run.resumed->params, run.resumed->exp_avg, run.resumed->exp_avg_sq);
   }
+  if (last_pass) {
+    run.initial_params = ParamTensors{};
+    if (run.resumed) run.resumed->params = run.resumed->exp_avg = run.resumed->exp_avg_sq = ParamTensors{};
+  }
+  // Moments nobody reads after the last update are not kept (a one-step run never holds them).
+  if (options.checkpoint.directory.empty() && !options.golden.save_optimizer_state)
+    trainer.drop_final_moments();
   const auto steps = static_cast<int64_t>(run.batches.size());
   const int64_t first_step = first_update(run);
   std::unique_ptr<RunRecorder> recorder;
@@ -219,10 +242,14 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
     const double step_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     if (options.trace) timeline = gather_timeline(trainer, context);
-    if (outputs) {
+    if (outputs && context.world.size() == 1) {
+      step.grads = &step.record.grads;
+      step.params = &trainer.params();
+      if (options.golden.save_optimizer_state) step.moments = trainer.optimizer_moments();
+    } else if (outputs) {
       context.set_phase(step.record.step, -1, "output");
-      step.grads = gather_full_tensors(trainer.plan(), context, step.record.grads);
-      step.params = gather_full_tensors(trainer.plan(), context, trainer.params());
+      step.gathered_grads = gather_full_tensors(trainer.plan(), context, step.record.grads);
+      step.gathered_params = gather_full_tensors(trainer.plan(), context, trainer.params());
       if (options.golden.save_optimizer_state) {
         const AdamWState local = trainer.optimizer_moments();
         step.moments.exp_avg = gather_full_tensors(trainer.plan(), context, local.exp_avg);
@@ -268,7 +295,7 @@ void run_steps(const PreparedRun& run, const Config& config, const RunOptions& o
 
 }  // namespace
 
-void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, std::ostream& out) {
+void execute_run(PreparedRun run, const RunOptions& options, Grid& grid, std::ostream& out) {
   const bool writer_rank = grid.global_rank() == 0;
   // The CPU kernels' threads share the machine's cores with the job's other ranks on it (collective).
   cpu::share_cores(node_local_ranks().size);
@@ -303,11 +330,11 @@ void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, 
     grid.set_observer(trace->observer());
   }
   // With --envelope the low-precision run goes first; the golden values are the FP64 run's.
-  std::vector<StepOutputs> low_precision;
+  std::vector<KeptStep> low_precision;
   Config golden_config = run.config;
   if (options.envelope) {
-    run_steps(run, run.config, options, local_rank, grid, out, [&](const StepOutputs& step) {
-      if (writer_rank) low_precision.push_back(step);
+    run_steps(run, run.config, options, local_rank, grid, out, false, [&](const StepOutputs& step) {
+      if (writer_rank) low_precision.push_back(KeptStep{step.record, *step.grads, *step.params});
     });
     golden_config.precision = Precision::kFp64;
   }
@@ -318,12 +345,12 @@ void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, 
                                             run.initial_params, options.golden,
                                             backend_description(options.backend, local_rank));
   }
-  run_steps(run, golden_config, options, local_rank, grid, out, [&](const StepOutputs& step) {
+  run_steps(run, golden_config, options, local_rank, grid, out, true, [&](const StepOutputs& step) {
     if (!golden) return;
-    golden->write_step(step.record, step.grads, step.params, &step.moments);
+    golden->write_step(step.record, *step.grads, *step.params, &step.moments);
     if (options.envelope) {
-      const StepOutputs& low = low_precision[static_cast<size_t>(step.record.step - 1)];
-      golden->write_envelope_step(low.record, low.grads, low.params, step.record, step.grads, step.params);
+      const KeptStep& low = low_precision[static_cast<size_t>(step.record.step - 1)];
+      golden->write_envelope_step(low.record, low.grads, low.params, step.record, *step.grads, *step.params);
     }
   });
   if (trace) {

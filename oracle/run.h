@@ -60,7 +60,8 @@ int64_t first_update(const PreparedRun& run);
 const GlobalBatch& batch_of_update(const PreparedRun& run, int64_t update);
 
 // Runs the steps on this rank; `out` receives the per-step lines (world rank 0 only) and, with
-// options.trace, this rank's transfer trace.
-void execute_run(const PreparedRun& run, const RunOptions& options, Grid& grid, std::ostream& out);
+// options.trace, this rank's transfer trace. Takes the run: its full initial weights are released once
+// the trainer holds them.
+void execute_run(PreparedRun run, const RunOptions& options, Grid& grid, std::ostream& out);
 
 }  // namespace touchstone

@@ -149,8 +149,10 @@ StepRecord Trainer::step(const GlobalBatch& batch, bool collect_outputs) {
   timeline_.take_events();
   timeline_.reset_origin();
   const LossScaling scaling = loss_scaling(batch, starts, mbs, loss_tokens, config_.train.loss_normalization);
-  // The passes' and the optimizer's buffers come from the arena (common/activation_arena.h).
-  const ActivationArena::Step arena_step(arena_.get());
+  // The passes' and the optimizer's buffers come from the arena (common/activation_arena.h); the run's
+  // last step lays out no block for a step that will not come.
+  const bool last_update = record.step >= config_.train.steps;
+  const ActivationArena::Step arena_step(arena_.get(), !last_update);
   const PipelineResult run = run_pipeline(
       config_.parallel.schedule, model_, bf16_copy.tensors.empty() ? params_ : bf16_copy, micro_batches,
       scaling.loss_weights, scaling.backward_weights, context_, record.step, true, record.grads, &timeline_);
@@ -165,8 +167,8 @@ StepRecord Trainer::step(const GlobalBatch& batch, bool collect_outputs) {
   finalize_model_grads(plan_, context_, config_.parallel.sequence_parallel, config_.model.tie_embeddings,
                        backend_, record.grads);
   context_.set_phase(record.step, -1, "optimizer");
-  const UpdateResult update =
-      optimizer_->step(record.step, record.grads, params_, collect_outputs, scaling.grad_scale);
+  const UpdateResult update = optimizer_->step(record.step, record.grads, params_, collect_outputs,
+                                               scaling.grad_scale, !(last_update && drop_final_moments_));
   record.grad_norm = update.grad_norm;
   record.clip_coefficient = update.clip_coefficient;
   record.lr = update.lr;

@@ -63,9 +63,9 @@ void BufferTally::begin_arena_step() {
   arena_events_ = 0;
 }
 
-void BufferTally::end_arena_step() {
+void BufferTally::end_arena_step(bool make_layout) {
   in_arena_step_ = false;
-  if (arena_planned_ || arena_record_.empty()) return;
+  if (!make_layout || arena_planned_ || arena_record_.empty()) return;
   arena_planned_ = true;
   add(static_cast<double>(plan_arena_layout(arena_record_).bytes), "activation arena", BufferKind::kArena,
       -1);

@@ -40,8 +40,8 @@ class BufferTally {
   // The scope of ActivationArena::Step (Trainer::step's passes); its end lays out a recorded step's
   // buffers (plan_arena_layout) and allocates the block, which stays live.
   void begin_arena_step();
-  void end_arena_step();
-  void release(int handle);  // releasing twice (a moved-from buffer) frees nothing
+  void end_arena_step(bool make_layout = true);  // false: the run's last step (no block)
+  void release(int handle);                      // releasing twice (a moved-from buffer) frees nothing
   void release(const std::vector<int>& handles);
   // A working buffer moved into the micro-batch's Activations (the residual stream becomes x_final).
   void store(int handle);

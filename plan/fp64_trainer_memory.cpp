@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/parallel_for.h"
 #include "model/param_table.h"
+#include "optim/optimizer.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/shard_plan.h"
 #include "plan/comm_staging.h"
@@ -52,6 +53,11 @@ class StepReplay {
   Fp64StepReplay run() {
     Fp64StepReplay result;
     step(&result);
+    result.in_flight = pipeline::peak_in_flight(schedule());
+    if (r_.moments_dropped) {  // a run of one step: no second step, no arena block
+      result.peak = l_.peak();
+      return result;
+    }
     PeakSnapshot first = l_.peak();
     l_.reset_peak();
     step(nullptr);
@@ -60,7 +66,6 @@ class StepReplay {
       result.peak = first;
       result.peak.at.name = "first step, " + first.at.name;
     }
-    result.in_flight = pipeline::peak_in_flight(schedule());
     return result;
   }
 
@@ -77,6 +82,7 @@ class StepReplay {
   int gather_token_losses();
   void finalize_grads();
   void optimizer_update();
+  void adamw_pieces(double elements);
 
   BufferTally l_;
   const Fp64Rank& r_;
@@ -184,10 +190,22 @@ void StepReplay::finalize_grads() {
   }
 }
 
+// optim/optimizer.cpp adamw_update_in_pieces on `elements`: the scaled gradient of one piece and, when
+// the moments are not kept, that piece's moments, together.
+void StepReplay::adamw_pieces(double elements) {
+  const double piece = std::min(elements, static_cast<double>(kAdamWPiece));
+  std::vector<int> scratch{l_.alloc_outside_arena(piece, "scaled gradient piece")};
+  if (r_.moments_dropped) {
+    scratch.push_back(l_.alloc_outside_arena(piece, "exp_avg piece"));
+    scratch.push_back(l_.alloc_outside_arena(piece, "exp_avg_sq piece"));
+  }
+  l_.release(scratch);
+}
+
 // parallel/data/data_parallel_optimizer.cpp: the flat gradient, then either the all-reduce over dp and
-// AdamW per tensor on a scaled copy of its gradient, or (distributed) the reduce-scattered chunk, the
-// flat parameters, AdamW on a scaled copy of each tensor's part of the chunk, the all-gathered
-// parameters and the all-gathered gradient. The gradient norm is one world all-reduce of one element.
+// AdamW per tensor in pieces, or (distributed) the reduce-scattered chunk, the flat parameters, AdamW in
+// pieces on each tensor's part of the chunk, the all-gathered parameters and the all-gathered
+// gradient. The gradient norm is one world all-reduce of one element.
 void StepReplay::optimizer_update() {
   l_.at("optimizer update");
   const double flat = r_.flat_size(), chunk = r_.chunk();
@@ -195,21 +213,19 @@ void StepReplay::optimizer_update() {
   if (!r_.distributed_optimizer) {
     groups_.dp.all_reduce_sum(flat);
     groups_.world.all_reduce_sum(1);
-    double largest = 0;
-    for (const HeldTensor& t : r_.held) largest = std::max(largest, t.numel);
-    l_.release(l_.alloc_outside_arena(largest, "scaled gradient of the largest tensor"));
+    for (const HeldTensor& t : r_.held) adamw_pieces(t.numel);
   } else {
     update.push_back(l_.alloc(chunk, "gradient chunk"));
     groups_.dp.reduce_scatter_sum(chunk);
     groups_.world.all_reduce_sum(1);
     update.push_back(l_.alloc(flat, "flat parameters"));
     const double begin = chunk * static_cast<double>(r_.dp_rank), end = begin + chunk;
-    double offset = 0, largest = 0;
+    double offset = 0;
     for (const HeldTensor& t : r_.held) {
-      largest = std::max(largest, std::min(end, offset + t.numel) - std::max(begin, offset));
+      const double part = std::min(end, offset + t.numel) - std::max(begin, offset);
+      if (part > 0) adamw_pieces(part);
       offset += t.numel;
     }
-    l_.release(l_.alloc(largest, "scaled gradient of one tensor's part of the chunk"));
     update.push_back(l_.alloc(flat, "gathered parameters"));
     if (r_.collect_outputs) update.push_back(l_.alloc(flat, "gathered gradient"));
   }
@@ -227,7 +243,7 @@ void StepReplay::step(Fp64StepReplay* breakdown) {
   const int all = r_.collect_outputs ? gather_token_losses() : -1;
   finalize_grads();
   optimizer_update();
-  l_.end_arena_step();
+  l_.end_arena_step(!r_.moments_dropped);  // a run of one step lays out no block
   if (all >= 0) l_.release(all);
   l_.release(token_records);
 }
@@ -268,6 +284,7 @@ Fp64Rank fp64_rank(const MemoryPlanInput& in, int64_t dp, int64_t micro_batches,
   rank.distributed_optimizer = in.distributed_optimizer;
   rank.kernel_threads = in.kernel_threads;
   rank.hidden_dropout = in.hidden_dropout;
+  rank.moments_dropped = in.moments_dropped;
   const Config config = config_for(in);
   const ParamTable table(config.model);
   const ShardPlan plan(table, config, static_cast<int>(tp_rank), static_cast<int>(in.tp),
@@ -300,6 +317,7 @@ MemoryPlanInput plan_input_from_config(const Config& c) {
   in.sequence_parallel = c.parallel.sequence_parallel;
   in.kernel_threads = cpu::kernel_threads();
   in.hidden_dropout = m.hidden_dropout > 0.0;
+  in.moments_dropped = c.train.steps == 1;
   in.activations = ActivationModel::kTouchstoneFp64;
   in.trainer_precision = c.precision;
   return in;

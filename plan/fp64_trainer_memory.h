@@ -38,7 +38,8 @@ struct Fp64Rank {
   int64_t first_layer = 0, layers = 0;
   PipelineSchedule schedule = PipelineSchedule::kOneForwardOneBackward;  // parallel/pipeline/schedule.h
   bool sequence_parallel = false, distributed_optimizer = false;
-  bool hidden_dropout = false;  // hidden dropout masks kept to the backward
+  bool hidden_dropout = false;   // hidden dropout masks kept to the backward
+  bool moments_dropped = false;  // MemoryPlanInput::moments_dropped: one step, moments in scratch pieces
   // The CPU kernels' threads (kernels/cpu/parallel_for.h): each holds its own attention tile scratch.
   int64_t kernel_threads = 1;
   // Trainer::step's collect_outputs (its default, and golden runs): world rank 0 assembles the token
@@ -71,7 +72,8 @@ struct Fp64StepReplay {
 };
 
 // Replays a run's first two steps and returns the larger peak: the communication scratch grows during
-// the first step and stays allocated, so from the second step on every step peaks at the same bytes.
+// the first step and stays allocated, so from the second step on every step peaks at the same bytes. A
+// run of one step (moments_dropped) replays that step alone, without an arena block after it.
 Fp64StepReplay replay_fp64_step(const Fp64Rank& rank);
 
 // The planner input that describes a Touchstone run's config (shapes, batch, layout, fp64 recipe).

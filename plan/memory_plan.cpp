@@ -183,6 +183,7 @@ LayoutPlan plan_layout(const MemoryPlanInput& in, int64_t dp) {
       if (s.last) params += head_params_per_rank(in.shape, in.tp, vocab, s.first);
     }
     s.state = model_state(params, in.recipe, in.distributed_optimizer, dp);
+    if (in.moments_dropped) s.state.moments = 0;
     s.in_flight = in_flight_micro_batches(stage, in.pp, plan.micro_batches);
     if (in.activations == ActivationModel::kMegatron16Bit) add_megatron_activations(in, s);
     if (in.activations == ActivationModel::kTouchstoneFp64)

@@ -40,6 +40,11 @@ struct MemoryPlanInput {
   // The FP64 trainer's CPU kernel threads, each with its attention tile scratch (kTouchstoneFp64 only):
   // those of the process that plans, unless set.
   int64_t kernel_threads = 1;
+  // The FP64 trainer runs one update and saves no optimizer state (no checkpoint, no moments in the
+  // golden file): it never holds AdamW's moments (each piece's are formed in scratch) and lays out no
+  // arena block after its only step (oracle/train_step.h drop_final_moments). A Touchstone config with
+  // train.steps = 1 plans so; a run that saves the state holds the moments as well.
+  bool moments_dropped = false;
   Recompute recompute = Recompute::kNone;
   bool flash_attention = false;  // 16-bit model: attention scores never stored
   ActivationModel activations = ActivationModel::kNone;

@@ -132,6 +132,10 @@ void print_memory_plan(const MemoryPlanInput& in, std::ostream& out) {
         << bytes_per_param_formula(in.recipe, false) << " without)";
   }
   out << "\n";
+  if (in.moments_dropped) {
+    out << "  train.steps = 1: the update forms AdamW's moments piece by piece and keeps none (a run that "
+           "saves a checkpoint or the optimizer state in its golden file holds them as well)\n";
+  }
   if (in.total_params > 0) {
     out << "  parameters per GPU: " << count(plans[0].stages[0].state.params) << " = " << count(params)
         << " / (TP " << in.tp << " x PP " << in.pp << "), every stage alike\n";

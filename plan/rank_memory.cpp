@@ -33,6 +33,7 @@ std::vector<RankMemory> predict_rank_memory(const Config& config) {
     r.state = model_state(rank.params(), in.recipe, false, 1);
     // The distributed optimizer keeps moments for its chunk of the padded flat buffer, not params / dp.
     if (in.distributed_optimizer) r.state.moments = in.recipe.moments * rank.chunk();
+    if (in.moments_dropped) r.state.moments = 0;
     r.in_flight = replay.in_flight;
     r.stored_per_micro_batch = replay.stored_per_micro_batch;
     r.peak = replay.peak;

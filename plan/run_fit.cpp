@@ -30,22 +30,39 @@ ModelShape shape_of(const Config& c) {
                     m.ffn_hidden_size, m.vocab_size,  m.seq_length, m.tie_embeddings};
 }
 
-// What every process holds beside the trainer: the full initial weights (PreparedRun), every step's
-// global batch (made before the first step), at least one packed window, the parameter bookkeeping.
-double beside_trainer_bytes(const Config& c) {
-  const auto params = total_params(shape_of(c));
+double full_weights_bytes(const Config& c) { return total_params(shape_of(c)) * kElement; }
+
+bool single_rank(const Config& c) { return c.parallel.tp * c.parallel.pp * c.parallel.dp == 1; }
+
+// What every process holds beside the trainer: every step's global batch (made before the first step),
+// at least one packed window, the parameter bookkeeping, and with --envelope the full initial weights
+// (PreparedRun), which the FP64 pass starts from again. Without it they are released once the trainer
+// holds its copy (oracle/run.cpp), before the first step.
+double beside_trainer_bytes(const Config& c, const RunOutputs& outputs) {
   const auto t = static_cast<double>(c.model.seq_length);
   const double batch = static_cast<double>(c.train.global_batch_size) * (8.0 + kTokenFields * t);
-  return params * kElement + static_cast<double>(c.train.steps) * batch + kTokenFields * t +
+  return (outputs.envelope ? full_weights_bytes(c) : 0.0) + static_cast<double>(c.train.steps) * batch +
+         kTokenFields * t +
          static_cast<double>(c.model.num_layers) * kTensorsPerLayer * kPerTensorBookkeeping;
 }
 
 // What world rank 0 holds for the outputs: one step's full gradients and parameters (and moments), and
-// with --envelope every step's low-precision ones until the FP64 run has written them.
+// with --envelope every step's low-precision ones until the FP64 run has written them. A single rank
+// writes its trainer's own gradients and parameters without a copy (oracle/run.cpp).
 double output_bytes(const Config& c, const RunOutputs& outputs) {
   if (!outputs.golden) return 0.0;
-  const double per_step = total_params(shape_of(c)) * kElement * (outputs.save_optimizer_state ? 4.0 : 2.0);
-  return per_step * (outputs.envelope ? static_cast<double>(c.train.steps) + 1.0 : 1.0);
+  const double copies = (single_rank(c) ? 0.0 : 2.0) + (outputs.save_optimizer_state ? 2.0 : 0.0);
+  const double kept = outputs.envelope ? 2.0 * static_cast<double>(c.train.steps) : 0.0;
+  return full_weights_bytes(c) * (copies + kept);
+}
+
+// A Touchstone config of one step plans without AdamW's moments (MemoryPlanInput::moments_dropped); a
+// run that saves them (a checkpoint, or the golden file's optimizer state) holds them as well.
+double saved_moments_bytes(const Config& c, const RunOutputs& outputs) {
+  const bool saved = outputs.save_optimizer_state || outputs.checkpoints;
+  if (c.train.steps != 1 || !saved) return 0.0;
+  const auto model_parallel = static_cast<double>(c.parallel.tp * c.parallel.pp);
+  return 2.0 * full_weights_bytes(c) / model_parallel;
 }
 
 std::string gb(double bytes) {
@@ -82,15 +99,17 @@ double lower_bound_bytes(const Config& c, const RunOutputs& outputs) {
   const ModelShape shape = shape_of(c);
   const auto model_parallel = static_cast<double>(c.parallel.tp * c.parallel.pp);
   const auto dp = static_cast<double>(c.parallel.dp);
-  // Weights and gradients of the share, and the AdamW moments at their most sharded.
-  const double state = total_params(shape) / model_parallel * kElement * (2.0 + 2.0 / dp);
+  // Weights and gradients of the share, and the AdamW moments at their most sharded (none in a run of
+  // one step that saves no optimizer state).
+  const bool moments = c.train.steps > 1 || outputs.save_optimizer_state || outputs.checkpoints;
+  const double state = total_params(shape) / model_parallel * kElement * (2.0 + (moments ? 2.0 / dp : 0.0));
   // Of the stored activations only one layer's attention log-sum-exp [b, heads, T]: the attention
   // kernels keep no [T, T] probabilities (they recompute them per tile), and the replay of
   // planned_bytes counts the rest.
   const double heads = static_cast<double>(c.model.num_heads) / static_cast<double>(c.parallel.tp);
   const auto t = static_cast<double>(c.model.seq_length);
   const double lse = static_cast<double>(c.train.micro_batch_size) * heads * t * kElement;
-  return beside_trainer_bytes(c) + state + lse + output_bytes(c, outputs);
+  return beside_trainer_bytes(c, outputs) + state + lse + output_bytes(c, outputs);
 }
 
 double planned_bytes(const Config& config, const RunOutputs& outputs) {
@@ -99,9 +118,13 @@ double planned_bytes(const Config& config, const RunOutputs& outputs) {
   const std::vector<RankMemory> ranks = predict_rank_memory(fp64);
   double largest = 0.0;
   for (const RankMemory& rank : ranks) {
-    largest = std::max(largest, rank.total() + (rank.world_rank == 0 ? output_bytes(config, outputs) : 0.0));
+    // Before the first step: the full initial weights and the trainer's copy of its share.
+    const double construction = full_weights_bytes(config) + rank.state.weights;
+    largest = std::max({largest, construction,
+                        rank.total() + saved_moments_bytes(config, outputs) +
+                            (rank.world_rank == 0 ? output_bytes(config, outputs) : 0.0)});
   }
-  return largest + beside_trainer_bytes(config);
+  return largest + beside_trainer_bytes(config, outputs);
 }
 
 void check_run_fits(const Config& config, const RunOutputs& outputs, int world_size,

@@ -18,6 +18,7 @@ struct RunOutputs {
   bool golden = false;                // gathers full gradients and parameters every step
   bool save_optimizer_state = false;  // and the full AdamW moments
   bool envelope = false;              // keeps every step's low-precision outputs until the FP64 run
+  bool checkpoints = false;           // saves checkpoints (reads the AdamW moments after the last step)
 };
 
 // The memory one process may plan to use, and where the number comes from.

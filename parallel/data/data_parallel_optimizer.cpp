@@ -2,6 +2,8 @@
 #include "parallel/data/data_parallel_optimizer.h"
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 namespace touchstone {
 
@@ -20,13 +22,19 @@ DataParallelOptimizer::DataParallelOptimizer(const ShardPlan& plan, const OptimC
       distributed_(distributed),
       context_(context),
       backend_(backend),
-      flat_(params, context.dp.size()) {
+      flat_(params, context.dp.size()) {}
+
+void DataParallelOptimizer::hold_moments() {
+  if (moments_held_) return;
+  moments_held_ = true;
   if (distributed_) {
     chunk_m_.assign(static_cast<size_t>(flat_.chunk_size()), 0.0);
     chunk_v_ = chunk_m_;
-  } else {
-    state_ = AdamWState::zeros_like(params);
+    return;
   }
+  ParamTensors zeros = plan_.zeros();
+  state_.exp_avg = zeros;
+  state_.exp_avg_sq = std::move(zeros);
 }
 
 // Each element of the model is counted by exactly one rank: the primary shard of its tensor
@@ -45,7 +53,10 @@ double DataParallelOptimizer::global_grad_norm(const ActivationBuffer& flat_grad
 }
 
 UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, ParamTensors& params,
-                                         bool want_full_grads, double grad_scale) {
+                                         bool want_full_grads, double grad_scale, bool keep_moments) {
+  // Moments start at zero: they are allocated by the first update that keeps them.
+  if (keep_moments) hold_moments();
+  dropped_moments_ = !moments_held_;
   const int dp_rank = context_.dp.rank();
   const int64_t chunk = flat_.chunk_size(), begin = dp_rank * chunk, end = begin + chunk;
   ActivationBuffer flat = flat_.flatten(grads);
@@ -77,16 +88,16 @@ UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, Pa
   for (const FlatBuffer::Segment& s : flat_.segments()) {
     const int64_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel);
     if (lo >= hi) continue;
-    ActivationBuffer scaled(grad_chunk.begin() + (lo - begin), grad_chunk.begin() + (hi - begin));
-    for (double& g : scaled) g *= result.clip_coefficient;
     const AdamWStep adam{result.lr,
                          optim_.beta1,
                          optim_.beta2,
                          optim_.eps,
                          plan_.table()[s.id].weight_decay ? optim_.weight_decay : 0.0,
                          steps_done_};
-    backend_.adamw_update(param_flat.data() + lo, scaled.data(), chunk_m_.data() + (lo - begin),
-                          chunk_v_.data() + (lo - begin), hi - lo, adam);
+    const int64_t at = lo - begin;
+    adamw_update_in_pieces(backend_, adam, result.clip_coefficient, grad_chunk.data() + at,
+                           param_flat.data() + lo, moments_held_ ? chunk_m_.data() + at : nullptr,
+                           moments_held_ ? chunk_v_.data() + at : nullptr, hi - lo);
   }
   ActivationBuffer updated(static_cast<size_t>(flat_.padded_size()));
   context_.dp.all_gather(param_flat.data() + begin, updated.data(), chunk, {chunk});
@@ -101,6 +112,14 @@ UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, Pa
 }
 
 AdamWState DataParallelOptimizer::moments() const {
+  if (dropped_moments_) {
+    throw std::logic_error("update " + std::to_string(steps_done_) +
+                           " was told its AdamW moments are read by nobody: they were not kept");
+  }
+  if (!moments_held_) {  // no update yet: the moments are zero
+    AdamWState zeros{plan_.zeros(), plan_.zeros(), steps_done_};
+    return zeros;
+  }
   if (!distributed_) return state_;
   AdamWState state = state_;
   ParamTensors shapes = plan_.zeros();
@@ -118,6 +137,8 @@ AdamWState DataParallelOptimizer::moments() const {
 
 void DataParallelOptimizer::restore(const AdamWState& moments) {
   steps_done_ = moments.step;
+  hold_moments();
+  dropped_moments_ = false;
   if (!distributed_) {
     state_ = moments;
     return;

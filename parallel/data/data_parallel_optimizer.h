@@ -42,10 +42,14 @@ class DataParallelOptimizer {
   // then `grads` is left as it came (this rank's own gradients) and the reduced chunk stays internal,
   // which saves the all-gather a step without outputs does not need. The norm, clipping and update see
   // the scaled, reduced gradients either way.
+  // `keep_moments` false: nothing reads the moments after this update (the last of a run that saves no
+  // optimizer state). Moments start at zero and are allocated by the first update that keeps them, so
+  // a run whose only update keeps none never holds them (2 x 8 bytes per parameter; docs/planning.md).
   UpdateResult step(int64_t update, ParamTensors& grads, ParamTensors& params, bool want_full_grads,
-                    double grad_scale = 1.0);
+                    double grad_scale = 1.0, bool keep_moments = true);
 
-  // Adam moments shaped like the parameters this rank holds (gathered over dp when distributed).
+  // Adam moments shaped like the parameters this rank holds (gathered over dp when distributed); zeros
+  // before the first update. std::logic_error after an update that kept none.
   AdamWState moments() const;
   // Continues from a checkpoint: `moments` shaped like the parameters this rank holds (each dp rank
   // keeps its own chunk when distributed), after `moments.step` updates.
@@ -53,6 +57,7 @@ class DataParallelOptimizer {
 
  private:
   double global_grad_norm(const ActivationBuffer& flat_grads, int64_t begin, int64_t end) const;
+  void hold_moments();  // allocates zero moments unless they are held
 
   const ShardPlan& plan_;
   OptimConfig optim_;
@@ -62,6 +67,8 @@ class DataParallelOptimizer {
   FlatBuffer flat_;
   AdamWState state_;                       // replicated mode: shaped like the params
   std::vector<double> chunk_m_, chunk_v_;  // distributed mode: this dp rank's chunk of the moments
+  bool moments_held_ = false;              // state_ or chunk_m_/chunk_v_ allocated
+  bool dropped_moments_ = false;           // the last update formed its moments in scratch only
   int64_t steps_done_ = 0;
 };
 

@@ -80,6 +80,11 @@ class PlanCli(unittest.TestCase):
         self.assertIn("Touchstone's FP64 trainer", out)
         self.assertIn("lse: 4,160", out)  # its log-sum-exp (4,096 bytes and the arena header), no [T, T]
         self.assertNotIn("probs", out)
+        # One step that saves no optimizer state: weights and gradients only (16 bytes per parameter).
+        self.assertIn("train.steps = 1: the update forms AdamW's moments piece by piece and keeps none", out)
+        self.assertRegex(out, r"Peak: model state 2,003,968 \+ [0-9,]+ at micro-batch 3, backward")
+        out = self.ok("memory", "--set", "train.steps=3", "--breakdown")  # and the moments with more steps
+        self.assertNotIn("keeps none", out)
         self.assertRegex(out, r"Peak: model state 4,007,936 \+ [0-9,]+ at micro-batch 3, backward")
 
     def test_memory_every_rank(self):

@@ -236,5 +236,53 @@ TEST(AdamW, TwoUpdatesByHandWithDecayOnlyOnMatrices) {
   EXPECT_EQ(state.step, 2);
 }
 
+// AdamW runs on pieces of kAdamWPiece elements: elementwise, so the pieces give the bits of one call on
+// the whole tensor, and moments formed in zeroed scratch (not kept) give the bits of held zero moments.
+TEST(AdamW, PiecesAndUnkeptMomentsGiveTheBitsOfOneWholeUpdate) {
+  ModelConfig model;
+  model.vocab_size = 4099;  // the embedding: 4099 x 300 = 1.23 pieces, the last one partial
+  model.hidden_size = 300;
+  model.num_layers = 1;
+  model.num_heads = 3;
+  model.num_kv_heads = 1;
+  model.ffn_hidden_size = 8;
+  const ParamTable table(model);
+  ASSERT_GT(static_cast<int64_t>(table[table.embedding()].numel()), kAdamWPiece);
+  OptimConfig o;
+  o.weight_decay = 0.1;
+  ParamTensors start = ParamTensors::zeros_like(table), grads = ParamTensors::zeros_like(table);
+  for (auto& t : start.tensors)
+    for (size_t i = 0; i < t.size(); ++i) t[i] = std::sin(0.37 * static_cast<double>(i) + 0.1);
+  for (auto& t : grads.tensors)
+    for (size_t i = 0; i < t.size(); ++i) t[i] = std::cos(0.11 * static_cast<double>(i)) * 1e-3;
+  auto backend = make_cpu_backend();
+  const double lr = 0.01, scale = 0.7;
+
+  ParamTensors whole = start;  // one Backend::adamw_update per tensor, as before the pieces
+  for (int id = 0; id < table.size(); ++id) {
+    std::vector<double> scaled = grads[id], m(scaled.size(), 0.0), v(scaled.size(), 0.0);
+    for (double& g : scaled) g *= scale;
+    const AdamWStep step{lr, o.beta1, o.beta2, o.eps, table[id].weight_decay ? o.weight_decay : 0.0, 1};
+    backend->adamw_update(whole[id].data(), scaled.data(), m.data(), v.data(),
+                          static_cast<int64_t>(scaled.size()), step);
+  }
+  ParamTensors kept = start, unkept = start;
+  AdamWState held = AdamWState::zeros_like(start), none;
+  adamw_step(*backend, table, o, lr, scale, grads, kept, held);
+  adamw_step(*backend, table, o, lr, scale, grads, unkept, none);
+  for (int id = 0; id < table.size(); ++id) {
+    EXPECT_EQ(kept[id], whole[id]) << table[id].name;
+    EXPECT_EQ(unkept[id], whole[id]) << table[id].name;
+  }
+  EXPECT_EQ(held.step, 1);
+  EXPECT_EQ(none.step, 1);
+  EXPECT_TRUE(none.exp_avg.tensors.empty()) << "unkept moments were allocated";
+  // The held moments are the first update's: (1 - beta1) g and (1 - beta2) g^2 of the scaled gradient.
+  const int e = table.embedding();
+  const double g = grads[e].back() * scale;
+  EXPECT_DOUBLE_EQ(held.exp_avg[e].back(), (1 - o.beta1) * g);
+  EXPECT_DOUBLE_EQ(held.exp_avg_sq[e].back(), (1 - o.beta2) * g * g);
+}
+
 }  // namespace
 }  // namespace touchstone

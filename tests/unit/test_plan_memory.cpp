@@ -246,10 +246,50 @@ TEST(PlanMemory, Fp64PredictionMatchesTheMeasuredPeak) {
   };
   for (const Variation& v : variations) {
     Config config;
-    config.train.steps = 1;
+    config.train.steps = 2;  // the two steps measured_step_peak runs
     v.apply(config);
     const StepPeakPrediction predicted = predict_single_process_step(config);
     const double measured = measured_step_peak(config);
+    const double difference = (measured - predicted.total) / measured;
+    std::printf("%-42s predicted %12.0f  measured %12.0f  difference %+.3f%%  (peak at %s)\n", v.name,
+                predicted.total, measured, 100 * difference, predicted.stage.peak.name.c_str());
+    EXPECT_GE(measured, predicted.total) << v.name << ": the trainer no longer allocates a predicted buffer";
+    EXPECT_LE(difference, kMeasuredMargin) << v.name;
+  }
+}
+
+// A run of one update that saves no optimizer state (a golden file without --save-optimizer-state)
+// holds no AdamW moments and lays out no arena block: its peak is the first step's, on the heap, and
+// the planner says so for a config with train.steps = 1 (MemoryPlanInput::moments_dropped).
+TEST(PlanMemory, OneStepRunWithoutMomentsMatchesTheMeasuredPeak) {
+  const std::vector<Variation> variations = {
+      {"default config", [](Config&) {}},
+      {"T = 16, b = 1, h = 256, V = 4096 (update peak)",
+       [](Config& c) {
+         c.model.seq_length = 16, c.train.micro_batch_size = 1, c.model.hidden_size = 256,
+         c.model.ffn_hidden_size = 704, c.model.vocab_size = 4096;
+       }},
+      {"distributed optimizer (DP 1)", [](Config& c) { c.parallel.distributed_optimizer = true; }},
+  };
+  for (const Variation& v : variations) {
+    Config config;
+    config.train.steps = 1;
+    v.apply(config);
+    const StepPeakPrediction predicted = predict_single_process_step(config);
+    EXPECT_EQ(predicted.state.moments, 0) << v.name;
+    const PreparedRun run = prepare_run(config, RunOptions{});
+    auto backend = make_cpu_backend();
+    SingleProcessContext single;
+    const int64_t before = alloc_tracker::live_bytes();
+    alloc_tracker::reset_peak();
+    double measured = 0;
+    {
+      Trainer trainer(config, run.initial_params, *backend, single.context());
+      trainer.drop_final_moments();
+      trainer.step(run.batches.front());
+      EXPECT_EQ(trainer.arena().stats().block_bytes, 0) << v.name;
+      measured = static_cast<double>(alloc_tracker::peak_bytes() - before);
+    }
     const double difference = (measured - predicted.total) / measured;
     std::printf("%-42s predicted %12.0f  measured %12.0f  difference %+.3f%%  (peak at %s)\n", v.name,
                 predicted.total, measured, 100 * difference, predicted.stage.peak.name.c_str());

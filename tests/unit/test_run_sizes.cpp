@@ -9,6 +9,7 @@
 
 #include "common/config.h"
 #include "common/errors.h"
+#include "model/param_table.h"
 #include "plan/run_fit.h"
 #include "test_files.h"
 
@@ -92,6 +93,28 @@ TEST(RunFit, TheLowerBoundIsBelowThePlanAndGrowsWithEveryCount) {
   EXPECT_TRUE(grows([](Config& c) { c.train.steps *= 2; }));
   EXPECT_TRUE(grows([](Config& c) { c.train.global_batch_size *= 2; }));
   EXPECT_GT(plan::lower_bound_bytes(base, {true, true, true}), lower);  // moments, envelope steps
+}
+
+// What a run holds beside the trainer (oracle/run.cpp): one process writes its trainer's own tensors
+// (no gathered copies), the initial weights are released before the first step unless an envelope run
+// needs them again, and a one-step run holds AdamW's moments only when it saves them.
+TEST(RunFit, OutputsInitialWeightsAndMomentsAreCountedWhereTheRunHoldsThem) {
+  Config one_step;
+  one_step.train.steps = 1;
+  const ParamTable table(one_step.model);
+  double full = 0;  // bytes of one full FP64 copy of the parameters
+  for (int id = 0; id < table.size(); ++id) full += static_cast<double>(table[id].numel()) * 8.0;
+  const plan::RunOutputs golden{true, false, false};
+  const double planned = plan::planned_bytes(one_step, golden);
+  EXPECT_DOUBLE_EQ(planned, plan::planned_bytes(one_step, {}));  // no copies on one rank
+  EXPECT_DOUBLE_EQ(plan::planned_bytes(one_step, {true, true, false}) - planned, 4 * full);  // held + copies
+  EXPECT_DOUBLE_EQ(plan::planned_bytes(one_step, {false, false, false, true}) - planned, 2 * full);
+  // The envelope keeps the initial weights and each step's low-precision gradients and parameters.
+  EXPECT_DOUBLE_EQ(plan::planned_bytes(one_step, {true, false, true}) - planned, 3 * full);
+  Config gathered = one_step;  // two ranks: rank 0 gathers the full gradients and parameters
+  gathered.parallel.dp = 2;
+  gathered.train.global_batch_size = 8;
+  EXPECT_DOUBLE_EQ(plan::planned_bytes(gathered, golden) - plan::planned_bytes(gathered, {}), 2 * full);
 }
 
 TEST(RunFit, TheLargestCountsStayFiniteAndAreRefusedWithBothNumbers) {

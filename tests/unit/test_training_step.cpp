@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/backend.h"
 #include "model/params.h"
@@ -217,6 +219,41 @@ TEST(EosRule, EosTargetsAreTrainedOnlyWithEosLoss) {
   }
   EXPECT_EQ(eos_targets, 4);
   EXPECT_EQ(with_eos.loss_tokens(0, 2) - without_eos.loss_tokens(0, 2), eos_targets);
+}
+
+// A run whose optimizer state nobody reads after its last update keeps no moments for that update
+// (Trainer::drop_final_moments): a one-step run never holds them and lays out no arena block, with the
+// bits of a run that keeps everything; a longer run still holds the moments of its earlier updates.
+TEST(FinalMoments, DroppingThemChangesNoBitAndFreesTheirMemory) {
+  for (const int64_t steps : {1, 2}) {
+    SCOPED_TRACE("steps " + std::to_string(steps));
+    Config config = acceptance_config();
+    config.train.steps = steps;
+    const PreparedRun run = prepare_run(config, RunOptions{});
+    auto backend = make_cpu_backend();
+    SingleProcessContext single;
+    Trainer keeping(config, run.initial_params, *backend, single.context());
+    Trainer dropping(config, run.initial_params, *backend, single.context());
+    dropping.drop_final_moments();
+    for (const GlobalBatch& batch : run.batches) {
+      const StepRecord kept = keeping.step(batch), dropped = dropping.step(batch);
+      EXPECT_EQ(dropped.loss, kept.loss);
+      EXPECT_EQ(dropped.grad_norm, kept.grad_norm);
+      EXPECT_EQ(testing::relative_l2(dropped.grads, kept.grads), 0.0);
+    }
+    for (size_t id = 0; id < keeping.params().tensors.size(); ++id)
+      EXPECT_EQ(dropping.params().tensors[id], keeping.params().tensors[id]) << "tensor " << id;
+    EXPECT_EQ(keeping.optimizer_moments().step, steps);
+    if (steps == 1) {
+      EXPECT_THROW(dropping.optimizer_moments(), std::logic_error);
+      EXPECT_EQ(dropping.arena().stats().block_bytes, 0) << "a one-step run laid out a block";
+    } else {
+      const AdamWState moments = dropping.optimizer_moments();  // held since the first update
+      EXPECT_EQ(moments.step, 2);
+      EXPECT_EQ(testing::relative_l2(moments.exp_avg, keeping.optimizer_moments().exp_avg), 0.0);
+      EXPECT_GT(dropping.arena().stats().block_bytes, 0);
+    }
+  }
 }
 
 }  // namespace

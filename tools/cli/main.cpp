@@ -5,6 +5,7 @@
 // after SIGINT or SIGTERM (common/signals.h), 1 anything else.
 #include <CLI/CLI.hpp>
 #include <iostream>
+#include <utility>
 
 #include "common/config.h"
 #include "common/errors.h"
@@ -65,7 +66,8 @@ int run(const ConfigOptions& config_options, const touchstone::RunFlags& run_fla
     });
     touchstone::plan::check_run_fits(
         config,
-        {!run_options.golden_path.empty(), run_options.golden.save_optimizer_state, run_options.envelope},
+        {!run_options.golden_path.empty(), run_options.golden.save_optimizer_state, run_options.envelope,
+         !run_options.checkpoint.directory.empty()},
         mpi.world_size(), budget);
     prepared = touchstone::prepare_run(config, run_options, mpi.world_size());
   } catch (const InputError& e) {
@@ -86,7 +88,7 @@ int run(const ConfigOptions& config_options, const touchstone::RunFlags& run_fla
   const auto create_grid = [&] { return touchstone::Grid::create(layout, comm); };
   auto grid = comm == touchstone::CommBackend::kNccl ? touchstone::naming_flag("--comm nccl", create_grid)
                                                      : create_grid();
-  touchstone::execute_run(prepared, run_options, *grid, std::cout);
+  touchstone::execute_run(std::move(prepared), run_options, *grid, std::cout);
   return 0;
 }
 
