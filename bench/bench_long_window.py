@@ -44,19 +44,26 @@ CASES = [
 ]
 
 
+def run_command(args):
+    """Runs args, echoing its output to stderr as progress; returns (its output lines, the peak resident
+    memory of the process in bytes, wait4's ru_maxrss). Raises with the output if it fails."""
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        print("  " + line.rstrip(), file=sys.stderr, flush=True)
+    _, status, usage = os.wait4(process.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{''.join(lines)}")
+    return lines, usage.ru_maxrss * 1024
+
+
 def run_case(binary, seq, windows, masking, steps):
     """Trains the case; returns ([(seconds, skipped tile %) of each timed step], peak RSS bytes)."""
     args = [binary, "train", "--config", CONFIG, "--set", f"model.seq_length={seq}",
             "--set", f"train.global_batch_size={windows}", "--set", f"train.micro_batch_size={windows}",
             "--set", f"train.steps={1 + steps}", "--set", f"data.document_masking={str(masking).lower()}"]
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    for line in process.stdout:
-        lines.append(line)
-        print("  " + line.rstrip(), file=sys.stderr, flush=True)  # progress
-    _, status, usage = os.wait4(process.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{' '.join(args)} failed:\n{''.join(lines)}")
+    lines, peak_rss = run_command(args)
     times, skipped = {}, {}
     for line in lines:
         m = STEP_LINE.match(line)
@@ -65,7 +72,7 @@ def run_case(binary, seq, windows, masking, steps):
             skipped[int(m.group(1))] = float(m.group(3))
     if sorted(times) != list(range(1, steps + 2)):
         raise RuntimeError("could not read the step lines:\n" + "".join(lines))
-    return [(times[s], skipped[s]) for s in range(2, steps + 2)], usage.ru_maxrss * 1024
+    return [(times[s], skipped[s]) for s in range(2, steps + 2)], peak_rss
 
 
 def model_shape():

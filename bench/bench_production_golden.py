@@ -23,7 +23,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_long_window import STEP_LINE, step_flops  # noqa: E402  (one FLOP count for both benchmarks)
+from bench_long_window import STEP_LINE, run_command, step_flops  # noqa: E402  (one FLOP count for both)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "bench", "production_config.json")
@@ -46,16 +46,8 @@ def run_golden(binary, path):
     """Runs the golden command; returns (wall seconds, its output lines, peak RSS bytes)."""
     args = [binary, "golden", "--config", CONFIG, "--out", path]
     start = time.perf_counter()
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    for line in process.stdout:
-        lines.append(line)
-        print("  " + line.rstrip(), file=sys.stderr, flush=True)  # progress
-    _, status, usage = os.wait4(process.pid, 0)
-    wall = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{' '.join(args)} failed:\n{''.join(lines)}")
-    return wall, lines, usage.ru_maxrss * 1024
+    lines, peak_rss = run_command(args)
+    return time.perf_counter() - start, lines, peak_rss
 
 
 def main():

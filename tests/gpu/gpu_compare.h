@@ -28,14 +28,18 @@ inline std::vector<double> random_values(const std::string& name, int64_t n, Pre
   return v;
 }
 
+// ||gpu - cpu||_2
+inline double l2_distance(const std::vector<double>& gpu, const std::vector<double>& cpu) {
+  double diff = 0.0;
+  for (size_t i = 0; i < cpu.size(); ++i) diff += (gpu[i] - cpu[i]) * (gpu[i] - cpu[i]);
+  return std::sqrt(diff);
+}
+
 // ||gpu - cpu||_2 / ||cpu||_2 (the absolute L2 norm when cpu is all zeros).
 inline double relative_l2(const std::vector<double>& gpu, const std::vector<double>& cpu) {
-  double diff = 0.0, norm = 0.0;
-  for (size_t i = 0; i < cpu.size(); ++i) {
-    diff += (gpu[i] - cpu[i]) * (gpu[i] - cpu[i]);
-    norm += cpu[i] * cpu[i];
-  }
-  return norm > 0.0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+  double norm = 0.0;
+  for (const double x : cpu) norm += x * x;
+  return norm > 0.0 ? l2_distance(gpu, cpu) / std::sqrt(norm) : l2_distance(gpu, cpu);
 }
 
 // The tolerance of a GPU result against the CPU reference of the same precision. Both sum the same
