@@ -225,6 +225,18 @@ struct Variation {
   void (*apply)(Config&);
 };
 
+// Prints the predicted and the measured peak of the config and checks the measured one lies within
+// kMeasuredMargin above the prediction.
+void expect_prediction_matches_measured_peak(const char* name, const Config& config,
+                                             const StepPeakPrediction& predicted) {
+  const double measured = measured_step_peak(config);
+  const double difference = (measured - predicted.total) / measured;
+  std::printf("%-42s predicted %12.0f  measured %12.0f  difference %+.3f%%  (peak at %s)\n", name,
+              predicted.total, measured, 100 * difference, predicted.stage.peak.name.c_str());
+  EXPECT_GE(measured, predicted.total) << name << ": the trainer no longer allocates a predicted buffer";
+  EXPECT_LE(difference, kMeasuredMargin) << name;
+}
+
 TEST(PlanMemory, Fp64PredictionMatchesTheMeasuredPeak) {
   const Variation variations[] = {
       {"default config", [](Config&) {}},
@@ -256,13 +268,7 @@ TEST(PlanMemory, Fp64PredictionMatchesTheMeasuredPeak) {
     Config config;
     config.train.steps = 2;  // the two steps measured_step_peak runs
     v.apply(config);
-    const StepPeakPrediction predicted = predict_single_process_step(config);
-    const double measured = measured_step_peak(config);
-    const double difference = (measured - predicted.total) / measured;
-    std::printf("%-42s predicted %12.0f  measured %12.0f  difference %+.3f%%  (peak at %s)\n", v.name,
-                predicted.total, measured, 100 * difference, predicted.stage.peak.name.c_str());
-    EXPECT_GE(measured, predicted.total) << v.name << ": the trainer no longer allocates a predicted buffer";
-    EXPECT_LE(difference, kMeasuredMargin) << v.name;
+    expect_prediction_matches_measured_peak(v.name, config, predict_single_process_step(config));
   }
 }
 
@@ -285,12 +291,7 @@ TEST(PlanMemory, OneStepRunWithoutMomentsMatchesTheMeasuredPeak) {
     v.apply(config);
     const StepPeakPrediction predicted = predict_single_process_step(config);
     EXPECT_EQ(predicted.state.moments, 0) << v.name;
-    const double measured = measured_step_peak(config);
-    const double difference = (measured - predicted.total) / measured;
-    std::printf("%-42s predicted %12.0f  measured %12.0f  difference %+.3f%%  (peak at %s)\n", v.name,
-                predicted.total, measured, 100 * difference, predicted.stage.peak.name.c_str());
-    EXPECT_GE(measured, predicted.total) << v.name << ": the trainer no longer allocates a predicted buffer";
-    EXPECT_LE(difference, kMeasuredMargin) << v.name;
+    expect_prediction_matches_measured_peak(v.name, config, predicted);
   }
 }
 
