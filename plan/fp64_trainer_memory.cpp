@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <stdexcept>
 
 #include "kernels/cpu/parallel_for.h"
 #include "model/param_table.h"
@@ -136,6 +137,10 @@ std::vector<int> StepReplay::pipeline(Fp64StepReplay* breakdown) {
       case ActionKind::kSendGradient:
         groups_.pp_sends.send(d_.Nl * d_.H, "gradient of " + micro_batch);
         break;
+      case ActionKind::kBackwardInput:
+      case ActionKind::kBackwardWeight:
+        // The trainer runs only the schedules of parallel.schedule, none of which splits the backward.
+        throw std::logic_error("memory plan: split backward " + micro_batch + " is not executed");
     }
   }
   l_.context("");

@@ -2,6 +2,8 @@
 // micro-batches apart (parallel/comm/message_tags.h).
 #include "parallel/pipeline/executor.h"
 
+#include <stdexcept>
+
 #include "parallel/comm/message_tags.h"
 #include "parallel/pipeline/schedule.h"
 
@@ -84,6 +86,12 @@ PipelineResult run_pipeline(PipelineSchedule schedule, const Transformer& model,
         context.pp.send(d_inputs[j].data(), rows * H, action.peer_stage,
                         message_tags::pipeline_gradient(action.micro_batch), shape);
         break;
+      case ActionKind::kBackwardInput:
+      case ActionKind::kBackwardWeight:
+        // Only the schedules built from parallel.schedule reach the executor, and none splits the
+        // backward (schedule.h lists the ones that exist as data only).
+        throw std::logic_error("pipeline executor: split backward " +
+                               pipeline::action_token(action.kind, action.micro_batch) + " is not executed");
     }
   }
   context.pp.wait_sends();

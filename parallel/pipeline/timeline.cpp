@@ -5,14 +5,18 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <stdexcept>
 #include <utility>
 
 namespace touchstone::pipeline {
 
-bool is_computation(ActionKind kind) { return kind == ActionKind::kForward || kind == ActionKind::kBackward; }
+bool is_computation(ActionKind kind) {
+  return kind == ActionKind::kForward || kind == ActionKind::kBackward ||
+         kind == ActionKind::kBackwardInput || kind == ActionKind::kBackwardWeight;
+}
 
-std::string action_token(ActionKind kind, int micro_batch) {
+std::string action_token(ActionKind kind, int micro_batch, int chunk) {
   const char* prefix = "";
   switch (kind) {
     case ActionKind::kForward:
@@ -33,8 +37,14 @@ std::string action_token(ActionKind kind, int micro_batch) {
     case ActionKind::kRecvGradient:
       prefix = "RG";
       break;
+    case ActionKind::kBackwardInput:
+      prefix = "I";
+      break;
+    case ActionKind::kBackwardWeight:
+      prefix = "W";
+      break;
   }
-  return prefix + std::to_string(micro_batch);
+  return prefix + std::to_string(micro_batch) + (chunk != 0 ? ":" + std::to_string(chunk) : "");
 }
 
 // ---- Recorder ----
@@ -52,12 +62,13 @@ void TimelineRecorder::reset_origin() { origin_ = clock_(); }
 
 double TimelineRecorder::now() const { return clock_() - origin_; }
 
-void TimelineRecorder::begin(ActionKind kind, int micro_batch) {
+void TimelineRecorder::begin(ActionKind kind, int micro_batch, int chunk) {
   if (open_) {
-    throw std::logic_error("timeline: begin " + action_token(kind, micro_batch) + " while " +
-                           action_token(current_.kind, current_.micro_batch) + " is still open");
+    throw std::logic_error("timeline: begin " + action_token(kind, micro_batch, chunk) + " while " +
+                           action_token(current_.kind, current_.micro_batch, current_.chunk) +
+                           " is still open");
   }
-  current_ = {stage_, kind, micro_batch, now(), 0.0};
+  current_ = {stage_, kind, micro_batch, now(), 0.0, chunk};
   open_ = true;
 }
 
@@ -68,9 +79,9 @@ void TimelineRecorder::end() {
   open_ = false;
 }
 
-TimelineRecorder::Scope::Scope(TimelineRecorder* recorder, ActionKind kind, int micro_batch)
+TimelineRecorder::Scope::Scope(TimelineRecorder* recorder, ActionKind kind, int micro_batch, int chunk)
     : recorder_(recorder) {
-  if (recorder_ != nullptr) recorder_->begin(kind, micro_batch);
+  if (recorder_ != nullptr) recorder_->begin(kind, micro_batch, chunk);
 }
 
 TimelineRecorder::Scope::~Scope() {
@@ -78,8 +89,8 @@ TimelineRecorder::Scope::~Scope() {
   if (recorder_ != nullptr && recorder_->open_) recorder_->end();
 }
 
-TimelineRecorder::Scope TimelineRecorder::scope(ActionKind kind, int micro_batch) {
-  return Scope(this, kind, micro_batch);
+TimelineRecorder::Scope TimelineRecorder::scope(ActionKind kind, int micro_batch, int chunk) {
+  return Scope(this, kind, micro_batch, chunk);
 }
 
 std::vector<TimelineEvent> TimelineRecorder::take_events() { return std::exchange(events_, {}); }
@@ -87,17 +98,17 @@ std::vector<TimelineEvent> TimelineRecorder::take_events() { return std::exchang
 // ---- Gather encoding ----
 
 namespace {
-constexpr std::size_t kValuesPerEvent = 5;
-constexpr int kLastKind = static_cast<int>(ActionKind::kRecvGradient);
+constexpr std::size_t kValuesPerEvent = 6;
+constexpr int kLastKind = static_cast<int>(ActionKind::kBackwardWeight);
 }  // namespace
 
 std::vector<double> encode_events(const std::vector<TimelineEvent>& events) {
   std::vector<double> values;
   values.reserve(events.size() * kValuesPerEvent);
   for (const TimelineEvent& event : events) {
-    values.insert(values.end(),
-                  {static_cast<double>(event.stage), static_cast<double>(event.kind),
-                   static_cast<double>(event.micro_batch), event.start_seconds, event.end_seconds});
+    values.insert(values.end(), {static_cast<double>(event.stage), static_cast<double>(event.kind),
+                                 static_cast<double>(event.micro_batch), event.start_seconds,
+                                 event.end_seconds, static_cast<double>(event.chunk)});
   }
   return values;
 }
@@ -109,13 +120,23 @@ std::vector<TimelineEvent> decode_events(const std::vector<double>& values) {
   }
   std::vector<TimelineEvent> events;
   for (std::size_t i = 0; i < values.size(); i += kValuesPerEvent) {
-    const double kind = values[i + 1];
-    if (!(kind >= 0 && kind <= kLastKind) || kind != std::floor(kind)) {
-      throw std::invalid_argument("timeline: encoded event " + std::to_string(i / kValuesPerEvent) +
-                                  " has no valid action kind");
-    }
-    events.push_back({static_cast<int>(values[i]), static_cast<ActionKind>(static_cast<int>(kind)),
-                      static_cast<int>(values[i + 2]), values[i + 3], values[i + 4]});
+    // Stage, kind, micro-batch and chunk travel as doubles; each must be a whole number an int holds
+    // before it is converted (a cast of anything else is undefined).
+    const auto whole = [&](std::size_t field, const char* name, double largest) {
+      const double value = values[i + field];
+      if (!(value >= 0 && value <= largest) || value != std::floor(value)) {
+        throw std::invalid_argument("timeline: encoded event " + std::to_string(i / kValuesPerEvent) +
+                                    " has no valid " + name);
+      }
+      return static_cast<int>(value);
+    };
+    constexpr double kLargestInt = std::numeric_limits<int>::max();
+    const int stage = whole(0, "stage", kLargestInt);
+    const int kind = whole(1, "action kind", kLastKind);
+    const int micro_batch = whole(2, "micro-batch", kLargestInt);
+    const int chunk = whole(5, "chunk", kLargestInt);
+    events.push_back(
+        {stage, static_cast<ActionKind>(kind), micro_batch, values[i + 3], values[i + 4], chunk});
   }
   return events;
 }
@@ -164,7 +185,7 @@ std::vector<std::string> render_order(const std::vector<TimelineEvent>& events, 
     std::string order;
     for (const TimelineEvent& event : row) {
       if (!order.empty()) order += ' ';
-      order += action_token(event.kind, event.micro_batch);
+      order += action_token(event.kind, event.micro_batch, event.chunk);
     }
     orders.push_back(std::move(order));
   }

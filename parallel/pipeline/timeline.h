@@ -10,6 +10,10 @@
 //   F3   forward of micro-batch 3        B3   backward of micro-batch 3
 //   RA3  receive its activation          SA3  send its activation (to the next stage)
 //   RG3  receive its gradient            SG3  send its gradient (to the previous stage)
+//   I3   input-gradient half of B3       W3   weight-gradient half of B3 (zero-bubble schedules split
+//                                             the backward: I3 sends its gradient on at once, W3 can wait)
+// With virtual stages (interleaved schedules) a token of model chunk c > 0 ends in ":c", so "F3:1" is
+// the forward of micro-batch 3 through the stage's second chunk; chunk 0 keeps the plain token.
 // The peer of a transfer is implied by the direction: activations go to stage + 1, gradients to
 // stage - 1, so the record does not need to carry it.
 #pragma once
@@ -24,10 +28,21 @@ namespace touchstone::pipeline {
 
 // Defined here rather than in schedule.h so that the record (and its renderers) does not depend on
 // the planner; schedule.h includes this header, so its users see ActionKind too.
-enum class ActionKind { kForward, kBackward, kSendActivation, kRecvActivation, kSendGradient, kRecvGradient };
+// The order is the gather encoding's (encode_events): new kinds go at the end.
+enum class ActionKind {
+  kForward,
+  kBackward,  // input and weight gradients in one pass
+  kSendActivation,
+  kRecvActivation,
+  kSendGradient,
+  kRecvGradient,
+  kBackwardInput,   // the input-gradient half of a backward ("B" of the zero-bubble paper)
+  kBackwardWeight,  // the weight-gradient half ("W"), which needs the activations kBackwardInput kept
+};
 
-bool is_computation(ActionKind kind);                        // forward or backward
-std::string action_token(ActionKind kind, int micro_batch);  // "F3", "RG0", ... (see above)
+bool is_computation(ActionKind kind);  // forward, backward or one of its halves
+// "F3", "RG0", "F3:1", ... (see above).
+std::string action_token(ActionKind kind, int micro_batch, int chunk = 0);
 
 struct TimelineEvent {
   int stage = 0;
@@ -35,6 +50,7 @@ struct TimelineEvent {
   int micro_batch = 0;
   double start_seconds = 0.0;  // relative to the recorder's origin (or unit time steps when simulated)
   double end_seconds = 0.0;
+  int chunk = 0;  // the model chunk (virtual stage) of the stage the event ran on; 0 without any
 };
 
 // Records one stage's events on a monotonic clock. Not thread-safe: one recorder per process.
@@ -51,7 +67,7 @@ class TimelineRecorder {
 
   // One event at a time: begin() while one is open, or end() with none open, throws std::logic_error,
   // because a nested or unterminated event would make the drawn timeline lie.
-  void begin(ActionKind kind, int micro_batch);
+  void begin(ActionKind kind, int micro_batch, int chunk = 0);
   void end();
 
   // Begins an event and ends it when it goes out of scope, also when the computation throws. A null
@@ -59,7 +75,7 @@ class TimelineRecorder {
   //   TimelineRecorder::Scope event(recorder, action.kind, action.micro_batch);
   class Scope {
    public:
-    Scope(TimelineRecorder* recorder, ActionKind kind, int micro_batch);
+    Scope(TimelineRecorder* recorder, ActionKind kind, int micro_batch, int chunk = 0);
     ~Scope();
     Scope(const Scope&) = delete;
     Scope& operator=(const Scope&) = delete;
@@ -67,7 +83,7 @@ class TimelineRecorder {
    private:
     TimelineRecorder* recorder_;
   };
-  [[nodiscard]] Scope scope(ActionKind kind, int micro_batch);
+  [[nodiscard]] Scope scope(ActionKind kind, int micro_batch, int chunk = 0);
 
   int stage() const { return stage_; }
   const std::vector<TimelineEvent>& events() const { return events_; }
@@ -84,7 +100,7 @@ class TimelineRecorder {
   std::vector<TimelineEvent> events_;
 };
 
-// Five doubles per event (stage, kind, micro-batch, start, end), so that the events of every stage
+// Six doubles per event (stage, kind, micro-batch, start, end, chunk), so that the events of every stage
 // can be gathered with one MPI_Gatherv of MPI_DOUBLE; the integers are exact in a double.
 std::vector<double> encode_events(const std::vector<TimelineEvent>& events);
 std::vector<TimelineEvent> decode_events(const std::vector<double>& values);  // throws std::invalid_argument

@@ -23,7 +23,8 @@ constexpr double kTransferHeight = 5.0;
 constexpr double kAxisHeight = 50.0;
 constexpr double kDigitWidth = 7.5;  // of a 12 px sans-serif digit, generously
 constexpr const char* kForwardFill = "#4c78a8";
-constexpr const char* kBackwardFill = "#f58518";
+constexpr const char* kBackwardFill = "#f58518";  // a whole backward, or its input-gradient half
+constexpr const char* kWeightFill = "#54a24b";    // the deferred weight-gradient half of a backward
 constexpr const char* kTransferFill = "#9d9d9d";
 constexpr const char* kAxisColour = "#333333";
 
@@ -66,9 +67,20 @@ std::string render_timeline_svg(const std::vector<TimelineEvent>& events, int nu
   svg.text({{"x", kLeft}, {"y", 26}, {"font-size", 16}, {"font-weight", "bold"}}, options.title);
 
   // Legend, on the title's right so that it never covers a row.
-  std::vector<std::pair<const char*, std::string>> legend = {{kForwardFill, "forward"},
-                                                             {kBackwardFill, "backward"}};
+  bool split_backward = false;
+  int last_chunk = 0;
+  for (const auto& row : rows) {
+    for (const TimelineEvent& event : row) {
+      split_backward = split_backward || event.kind == ActionKind::kBackwardInput ||
+                       event.kind == ActionKind::kBackwardWeight;
+      last_chunk = std::max(last_chunk, event.chunk);
+    }
+  }
+  std::vector<std::pair<const char*, std::string>> legend = {
+      {kForwardFill, "forward"}, {kBackwardFill, split_backward ? "backward, input gradients" : "backward"}};
+  if (split_backward) legend.emplace_back(kWeightFill, "backward, weight gradients");
   if (options.include_communication) legend.emplace_back(kTransferFill, "transfer (receive: waiting)");
+  if (last_chunk > 0) legend.emplace_back(kForwardFill, "lighter: later model chunks");
   double legend_x = kLeft;
   for (const auto& [fill, label] : legend) {
     svg.rect(
@@ -105,19 +117,31 @@ std::string render_timeline_svg(const std::vector<TimelineEvent>& events, int nu
     for (const TimelineEvent& event : rows[stage]) {
       const bool computation = is_computation(event.kind);
       const bool forward = event.kind == ActionKind::kForward;
+      const char* fill = !computation                                ? kTransferFill
+                         : forward                                   ? kForwardFill
+                         : event.kind == ActionKind::kBackwardWeight ? kWeightFill
+                                                                     : kBackwardFill;
+      // Each model chunk in its own shade: chunk 0 opaque, the last chunk at half opacity.
+      const double opacity =
+          1.0 - 0.5 * static_cast<double>(event.chunk) / static_cast<double>(std::max(last_chunk, 1));
       const double x = x_of(event.start_seconds);
       // A box stays visible however short the event, so that none silently disappears.
       const double w = std::max(x_of(event.end_seconds) - x, 1.0);
-      const std::string tooltip = action_token(event.kind, event.micro_batch) + " on stage " +
+      const std::string tooltip = action_token(event.kind, event.micro_batch, event.chunk) + " on stage " +
                                   std::to_string(stage) + ": " +
                                   markup::significant(event.start_seconds * scale, 6) + " to " +
                                   markup::significant(event.end_seconds * scale, 6) + " " + unit;
-      svg.rect({{"class", computation ? (forward ? "event forward" : "event backward") : "transfer"},
+      const char* css_class = !computation                                ? "transfer"
+                              : forward                                   ? "event forward"
+                              : event.kind == ActionKind::kBackwardWeight ? "event weight"
+                                                                          : "event backward";
+      svg.rect({{"class", css_class},
                 {"x", x},
                 {"y", computation ? top : top + kRowHeight - kTransferHeight},
                 {"width", w},
                 {"height", computation ? box_height : kTransferHeight},
-                {"fill", computation ? (forward ? kForwardFill : kBackwardFill) : kTransferFill},
+                {"fill", fill},
+                {"fill-opacity", markup::significant(opacity, 3)},
                 {"stroke", "#ffffff"},
                 {"stroke-width", 1}},
                tooltip);

@@ -20,8 +20,10 @@ struct SvgOptions {
 };
 
 // A self-contained SVG (no scripts, no external fonts or images): one row per stage, a box per
-// forward and backward with its micro-batch number inside when it fits (and a <title> tooltip
-// always), a time axis, the title and a legend. Every event box has class "event". Throws
+// forward and backward (or backward half: input gradients in the backward colour, weight gradients
+// in their own) with its micro-batch number inside when it fits (and a <title> tooltip always), each
+// model chunk of an interleaved schedule in a lighter shade than the one before, a time axis, the
+// title and a legend. Every event box has class "event". Throws
 // std::invalid_argument as events_by_stage (timeline.h) does.
 std::string render_timeline_svg(const std::vector<TimelineEvent>& events, int num_stages,
                                 const SvgOptions& options = {});

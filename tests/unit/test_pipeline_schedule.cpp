@@ -284,15 +284,22 @@ TEST(TimelineRecorder, SteadyClockIsMonotonic) {
 
 TEST(TimelineEncoding, RoundTripsAndRejectsGarbage) {
   const std::vector<TimelineEvent> events = {{0, ActionKind::kForward, 3, 0.25, 0.5},
-                                             {5, ActionKind::kRecvGradient, 9, 1.0, 1.125}};
+                                             {5, ActionKind::kRecvGradient, 9, 1.0, 1.125},
+                                             {1, ActionKind::kBackwardWeight, 2, 2.0, 2.5, 3}};
   const std::vector<TimelineEvent> back = decode_events(encode_events(events));
-  ASSERT_EQ(back.size(), 2u);
+  ASSERT_EQ(back.size(), 3u);
   EXPECT_EQ(back[1].stage, 5);
   EXPECT_EQ(back[1].kind, ActionKind::kRecvGradient);
   EXPECT_EQ(back[1].micro_batch, 9);
   EXPECT_EQ(back[1].end_seconds, 1.125);
-  EXPECT_THROW(decode_events({1.0, 2.0}), std::invalid_argument);
-  EXPECT_THROW(decode_events({0.0, 6.0, 0.0, 0.0, 1.0}), std::invalid_argument);
+  EXPECT_EQ(back[2].kind, ActionKind::kBackwardWeight);
+  EXPECT_EQ(back[2].chunk, 3);
+  EXPECT_THROW(decode_events({1.0, 2.0}), std::invalid_argument);                 // not whole events
+  EXPECT_THROW(decode_events({0.0, 0.0, 0.0, 0.0, 1.0}), std::invalid_argument);  // 5 values: old encoding
+  EXPECT_THROW(decode_events({0.0, 8.0, 0.0, 0.0, 1.0, 0.0}), std::invalid_argument);    // no such kind
+  EXPECT_THROW(decode_events({0.0, 0.0, 0.0, 0.0, 1.0, -1.0}), std::invalid_argument);   // negative chunk
+  EXPECT_THROW(decode_events({0.0, 0.0, 0.5, 0.0, 1.0, 0.0}), std::invalid_argument);    // half micro-batch
+  EXPECT_THROW(decode_events({1e300, 0.0, 0.0, 0.0, 1.0, 0.0}), std::invalid_argument);  // stage beyond int
 }
 
 // ---- Renderers ----
