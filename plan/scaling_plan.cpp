@@ -237,15 +237,28 @@ std::vector<std::string> comparability_warnings(const std::vector<ScalingRow>& r
 
 }  // namespace
 
-ScalingTable scaling_table(const std::vector<ScalingRun>& runs) {
+ScalingTable scaling_table(const std::vector<ScalingRun>& runs, int64_t virtual_stages) {
+  if (virtual_stages < 2 || virtual_stages > kMaxVirtualStages) {
+    throw InputError("plan scaling: virtual stages must lie in [2, " + std::to_string(kMaxVirtualStages) +
+                     "], got " + std::to_string(virtual_stages));
+  }
   ScalingTable table;
+  table.virtual_stages = virtual_stages;
   for (const ScalingRun& run : runs) {
     ScalingRow row;
     row.run = run;
     row.micro_batches = run.global_batch / (run.dp * run.micro_batch);
     row.window_s = run.window_end_s - run.window_start_s;
     row.tokens_per_s = run.tokens / row.window_s;
-    row.bubble = static_cast<double>(run.pp - 1) / static_cast<double>(row.micro_batches + run.pp - 1);
+    // Idle time over step time, in forwards of one micro-batch on a whole stage: each stage works 3m
+    // (forward 1, backward 2) and idles 3(pp - 1) under 1F1B; interleaving makes each fill and drain
+    // step one chunk, 1/v as long, 3(pp - 1)/v; ZB-H1 idles (pp - 1)(F + I - W) = pp - 1.
+    const auto m = static_cast<double>(row.micro_batches);
+    const auto idle = static_cast<double>(run.pp - 1);
+    const auto v = static_cast<double>(virtual_stages);
+    row.bubble = idle / (m + idle);
+    if (row.micro_batches % run.pp == 0) row.interleaved_bubble = idle / (v * m + idle);
+    if (row.micro_batches >= run.pp) row.zero_bubble_h1_bubble = idle / (3.0 * m + idle);
     table.rows.push_back(row);
   }
   std::stable_sort(table.rows.begin(), table.rows.end(),
@@ -260,27 +273,39 @@ ScalingTable scaling_table(const std::vector<ScalingRun>& runs) {
   return table;
 }
 
+namespace {
+std::string optional_percent(const std::optional<double>& share) { return share ? percent(*share, 1) : "-"; }
+}  // namespace
+
 void print_scaling_table(const ScalingTable& table, std::ostream& out) {
   const ScalingRow& reference = table.rows[table.reference];
   out << "Scaling against the smallest run (" << reference.run.gpus << " GPUs, line " << reference.run.line
-      << "); m = micro-batches per replica per update, bubble = (pp - 1) / (m + pp - 1) of 1F1B\n\n";
+      << "); m = micro-batches per replica per update\n"
+      << "Bubble = share of the step the pipeline idles, per schedule:\n"
+      << "  1F1B   (pp - 1) / (m + pp - 1)\n"
+      << "  v" << table.virtual_stages << "     interleaved 1F1B, v = " << table.virtual_stages
+      << " chunks per stage: (pp - 1) / (v m + pp - 1); - where m is not a multiple of pp\n"
+      << "  ZB-H1  with equal F, I and W: (pp - 1) / (3m + pp - 1); - where m < pp\n\n";
   char line[512];
-  std::snprintf(line, sizeof line, "%6s %3s %3s %4s %7s %3s %5s  %-17s %7s %15s %12s %8s %10s %7s %4s\n",
-                "GPUs", "TP", "PP", "DP", "batch", "mbs", "m", "window (s)", "updates", "tokens", "tokens/s",
-                "speedup", "efficiency", "bubble", "ckpt");
+  const std::string interleaved = "v" + std::to_string(table.virtual_stages);
+  std::snprintf(line, sizeof line,
+                "%6s %3s %3s %4s %7s %3s %5s  %-17s %7s %15s %12s %8s %10s %7s %7s %7s %4s\n", "GPUs", "TP",
+                "PP", "DP", "batch", "mbs", "m", "window (s)", "updates", "tokens", "tokens/s", "speedup",
+                "efficiency", "1F1B", interleaved.c_str(), "ZB-H1", "ckpt");
   out << line;
   for (const ScalingRow& row : table.rows) {
     const ScalingRun& r = row.run;
     const std::string window = fixed(r.window_start_s, 1) + "-" + fixed(r.window_end_s, 1);
-    std::snprintf(line, sizeof line,
-                  "%6lld %3lld %3lld %4lld %7lld %3lld %5lld  %-17s %7lld %15s %12s %8s %10s %7s %4s\n",
-                  static_cast<long long>(r.gpus), static_cast<long long>(r.tp), static_cast<long long>(r.pp),
-                  static_cast<long long>(r.dp), static_cast<long long>(r.global_batch),
-                  static_cast<long long>(r.micro_batch), static_cast<long long>(row.micro_batches),
-                  window.c_str(), static_cast<long long>(r.updates), grouped(r.tokens).c_str(),
-                  grouped(row.tokens_per_s).c_str(), (fixed(row.speedup, 2) + "x").c_str(),
-                  percent(row.efficiency, 0).c_str(), percent(row.bubble, 1).c_str(),
-                  r.checkpoint_in_window ? "yes" : "no");
+    std::snprintf(
+        line, sizeof line,
+        "%6lld %3lld %3lld %4lld %7lld %3lld %5lld  %-17s %7lld %15s %12s %8s %10s %7s %7s %7s %4s\n",
+        static_cast<long long>(r.gpus), static_cast<long long>(r.tp), static_cast<long long>(r.pp),
+        static_cast<long long>(r.dp), static_cast<long long>(r.global_batch),
+        static_cast<long long>(r.micro_batch), static_cast<long long>(row.micro_batches), window.c_str(),
+        static_cast<long long>(r.updates), grouped(r.tokens).c_str(), grouped(row.tokens_per_s).c_str(),
+        (fixed(row.speedup, 2) + "x").c_str(), percent(row.efficiency, 0).c_str(),
+        percent(row.bubble, 1).c_str(), optional_percent(row.interleaved_bubble).c_str(),
+        optional_percent(row.zero_bubble_h1_bubble).c_str(), r.checkpoint_in_window ? "yes" : "no");
     out << line;
   }
   out << "\nScaling efficiency = speedup / GPU ratio; speedup = tokens/s over the " << reference.run.gpus

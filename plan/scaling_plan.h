@@ -1,11 +1,12 @@
 // `touchstone plan scaling`: the scaling table of a set of measured runs (one CSV row each):
 // micro-batches per replica, tokens/s, speedup and scaling efficiency against the smallest run, and
-// the 1F1B pipeline bubble (p - 1) / (m + p - 1); plus warnings when the measurement windows are not
-// comparable. The CSV format is defined in docs/planning.md.
+// the share of the step the pipeline idles under 1F1B, interleaved 1F1B and ZB-H1; plus warnings when
+// the measurement windows are not comparable. The CSV format is defined in docs/planning.md.
 #pragma once
 
 #include <cstdint>
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,16 +41,29 @@ struct ScalingRow {
   double speedup = 0;     // tokens/s over the reference run's
   double gpu_ratio = 0;   // GPUs over the reference run's
   double efficiency = 0;  // speedup / gpu_ratio
-  double bubble = 0;      // (pp - 1) / (m + pp - 1)
+  // The share of the step each stage idles, bubble / (ideal + bubble), in units of one micro-batch's
+  // forward on a whole stage (pipeline::simulate_schedules reproduces each exactly):
+  double bubble = 0;  // 1F1B, backward = 2 forwards: (pp - 1) / (m + pp - 1)
+  // Interleaved 1F1B with v chunks per stage: (pp - 1) / (v m + pp - 1); none where Megatron-LM
+  // refuses m (not a multiple of pp).
+  std::optional<double> interleaved_bubble;
+  // ZB-H1 with forward = input-gradient half = weight-gradient half: (pp - 1) / (3m + pp - 1); none
+  // for m < pp, where the pipeline never fills and the formula does not hold.
+  std::optional<double> zero_bubble_h1_bubble;
 };
 
 struct ScalingTable {
   std::vector<ScalingRow> rows;  // sorted by GPU count (stable)
   size_t reference = 0;          // index of the smallest run
+  int64_t virtual_stages = 2;    // v of the interleaved column
   std::vector<std::string> warnings;
 };
 
-ScalingTable scaling_table(const std::vector<ScalingRun>& runs);
+// Model chunks per stage of the interleaved bubble: at least 2 (1 is 1F1B) and at most 2^20.
+inline constexpr int64_t kMaxVirtualStages = int64_t{1} << 20;
+
+// Throws InputError for virtual_stages outside [2, kMaxVirtualStages].
+ScalingTable scaling_table(const std::vector<ScalingRun>& runs, int64_t virtual_stages = 2);
 
 void print_scaling_table(const ScalingTable& table, std::ostream& out);
 

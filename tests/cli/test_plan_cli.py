@@ -135,6 +135,11 @@ class PlanCli(unittest.TestCase):
         self.assertEqual(rows[1][10], "320,000")
         self.assertEqual(rows[1][11], "1.78x")
         self.assertEqual(rows[1][12], "89%")
+        # Bubbles of 1F1B, interleaved 1F1B (v = 2) and ZB-H1 at m = 240, pp = 8.
+        self.assertEqual(rows[0][13:16], ["2.8%", "1.4%", "1.0%"])
+        v4 = self.ok("scaling", "--csv", ACCEPTANCE_CSV, "--virtual-stages", "4")
+        self.assertIn("interleaved 1F1B, v = 4 chunks per stage", v4)
+        self.assertIn(" 2.8%    0.7%    1.0% ", v4)  # 7 / (4 x 240 + 7)
         self.assertNotIn("warning", out)
         document = xml.dom.minidom.parse(svg)  # well-formed, self-contained
         self.assertEqual(document.documentElement.tagName, "svg")
@@ -159,6 +164,8 @@ class PlanCli(unittest.TestCase):
         self.assert_refused(["scaling", "--csv", not_dividing],
                             "batch.csv:2: global_batch 1920 is not divisible by dp")
         self.assert_refused(["scaling", "--csv", os.path.join(self.dir.name, "missing.csv")], "cannot open")
+        self.assert_refused(["scaling", "--csv", ACCEPTANCE_CSV, "--virtual-stages", "1"],
+                            "--virtual-stages: must lie in [2, 1048576], got 1")
         missing_dir = os.path.join(self.dir.name, "no", "x.svg")
         self.assert_refused(["scaling", "--csv", ACCEPTANCE_CSV, "--svg", missing_dir], "does not exist")
 

@@ -1,10 +1,15 @@
-// `touchstone plan scaling`: the stage-4 acceptance numbers, the bubble, the comparability warnings,
-// CSV errors naming the line, and the number formatting the acceptance digits depend on.
+// `touchstone plan scaling`: the stage-4 acceptance numbers, the bubbles of 1F1B, interleaved 1F1B and
+// ZB-H1 against the schedule simulator, the comparability warnings, CSV errors naming the line, and the
+// number formatting the acceptance digits depend on.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "common/errors.h"
+#include "parallel/pipeline/schedule.h"
 #include "plan/format.h"
 #include "plan/scaling_plan.h"
 
@@ -36,16 +41,82 @@ TEST(PlanScaling, Stage4AcceptanceNumbers) {
   EXPECT_EQ(percent(table.rows[1].efficiency, 0), "89%");
   EXPECT_DOUBLE_EQ(table.rows[0].bubble, 7.0 / 247.0);  // (p - 1) / (m + p - 1)
   EXPECT_DOUBLE_EQ(table.rows[3].bubble, 7.0 / 31.0);
+  ASSERT_TRUE(table.rows[0].interleaved_bubble && table.rows[0].zero_bubble_h1_bubble);
+  EXPECT_DOUBLE_EQ(*table.rows[0].interleaved_bubble, 7.0 / 487.0);     // (p - 1) / (v m + p - 1), v = 2
+  EXPECT_DOUBLE_EQ(*table.rows[0].zero_bubble_h1_bubble, 7.0 / 727.0);  // (p - 1) / (3m + p - 1)
   EXPECT_TRUE(table.warnings.empty());
   std::ostringstream out;
   print_scaling_table(table, out);
-  for (const char* text : {"180,000", "320,000", "1.78x", "89%", " 240 ", " 120 ", " 48 ", " 24 "}) {
+  for (const char* text :
+       {"180,000", "320,000", "1.78x", "89%", " 240 ", " 120 ", " 48 ", " 24 ", " 2.8%    1.4%    1.0% "}) {
     EXPECT_NE(out.str().find(text), std::string::npos) << text;
   }
   const std::string svg = scaling_chart_svg(table);
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_NE(svg.find("89%"), std::string::npos);
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
+}
+
+// The idle share of the step in the schedule simulator (pipeline/schedule.h), with the costs the
+// table's formulas assume: a whole stage's forward 1 and backward 2, each chunk 1/v of that, and the
+// split backward's halves 1 each.
+double simulated_bubble(const std::vector<std::vector<pipeline::Action>>& lists,
+                        const pipeline::UnitCosts& costs, double work) {
+  const pipeline::SimulationResult result = pipeline::simulate_schedules(lists, costs);
+  EXPECT_TRUE(result.completed);
+  double end = 0.0;
+  for (const auto& row : result.timeline) {
+    for (const pipeline::TimelineEvent& event : row) end = std::max(end, event.end_seconds);
+  }
+  return (end - work) / end;
+}
+
+TEST(PlanScaling, BubblesAreTheSimulatedIdleShareOfEverySchedule) {
+  for (int pp = 1; pp <= 8; ++pp) {
+    for (int m = 1; m <= 24; ++m) {
+      for (int v = 2; v <= 3; ++v) {
+        const std::string csv = kHeader + std::to_string(pp) + ",1," + std::to_string(pp) + ",1," +
+                                std::to_string(m) + ",1,0,10,1,1000,0,1\n";
+        const ScalingRow row = scaling_table(parse_scaling_csv(csv, "runs.csv"), v).rows.at(0);
+        const std::string layout =
+            "pp" + std::to_string(pp) + " m" + std::to_string(m) + " v" + std::to_string(v);
+        ASSERT_EQ(row.micro_batches, m) << layout;
+        // Rounding: a few hundred additions of 1/v in the simulation, well under 1e-12 relative.
+        const double work = 3.0 * m;
+        EXPECT_NEAR(
+            row.bubble,
+            simulated_bubble(pipeline::build_all_schedules(PipelineSchedule::kOneForwardOneBackward, pp, m),
+                             {}, work),
+            1e-12)
+            << layout;
+        std::vector<std::vector<pipeline::Action>> interleaved, zero_bubble;
+        for (int s = 0; s < pp; ++s) zero_bubble.push_back(pipeline::build_zero_bubble_h1_schedule(pp, s, m));
+        try {
+          for (int s = 0; s < pp; ++s)
+            interleaved.push_back(pipeline::build_interleaved_schedule(pp, v, s, m));
+        } catch (const std::invalid_argument&) {
+          interleaved.clear();  // Megatron-LM refuses this m; so does the table
+        }
+        ASSERT_EQ(row.interleaved_bubble.has_value(), !interleaved.empty()) << layout;
+        if (row.interleaved_bubble) {
+          pipeline::UnitCosts chunk;
+          chunk.forward = 1.0 / v;
+          chunk.backward = 2.0 / v;
+          EXPECT_NEAR(*row.interleaved_bubble, simulated_bubble(interleaved, chunk, work), 1e-12) << layout;
+        }
+        const double zero_bubble_simulated = simulated_bubble(zero_bubble, {}, work);
+        ASSERT_EQ(row.zero_bubble_h1_bubble.has_value(), m >= pp) << layout;
+        if (row.zero_bubble_h1_bubble) {
+          EXPECT_NEAR(*row.zero_bubble_h1_bubble, zero_bubble_simulated, 1e-12) << layout;
+        } else {
+          EXPECT_LE(zero_bubble_simulated, row.bubble)
+              << layout;  // short of the formula, never worse than 1F1B
+        }
+      }
+    }
+  }
+  EXPECT_THROW(scaling_table(parse_scaling_csv(kAcceptance, "runs.csv"), 1), InputError);
+  EXPECT_THROW(scaling_table(parse_scaling_csv(kAcceptance, "runs.csv"), kMaxVirtualStages + 1), InputError);
 }
 
 TEST(PlanScaling, ReferenceIsTheSmallestRunWhateverTheOrder) {

@@ -37,6 +37,7 @@ struct MemoryOptions {
 
 struct ScalingOptions {
   std::string csv_path, svg_path;
+  int64_t virtual_stages = 2;
 };
 
 struct CalendarOptions {
@@ -174,6 +175,10 @@ PlanCommandImpl::PlanCommandImpl(CLI::App& app) {
       ->required();
   add_output_option(scaling_, "--svg", s_.svg_path,
                     "Also write a chart of tokens/s and efficiency against GPUs (SVG)");
+  scaling_
+      ->add_option("--virtual-stages", s_.virtual_stages,
+                   "Model chunks per pipeline stage of the interleaved 1F1B bubble column (>= 2)")
+      ->capture_default_str();
 
   calendar_ = plan_->add_subcommand("calendar",
                                     "Pure compute days, calendar days and end date of the remaining "
@@ -321,7 +326,11 @@ int PlanCommandImpl::run_memory(std::ostream& out) const {
 }
 
 int PlanCommandImpl::run_scaling(std::ostream& out) const {
-  const ScalingTable table = scaling_table(read_scaling_csv(s_.csv_path));
+  if (s_.virtual_stages < 2 || s_.virtual_stages > kMaxVirtualStages) {
+    throw InputError("--virtual-stages: must lie in [2, " + std::to_string(kMaxVirtualStages) + "], got " +
+                     std::to_string(s_.virtual_stages));
+  }
+  const ScalingTable table = scaling_table(read_scaling_csv(s_.csv_path), s_.virtual_stages);
   if (!s_.svg_path.empty()) check_output_path(s_.svg_path, "--svg");
   print_scaling_table(table, out);
   if (!s_.svg_path.empty()) {
