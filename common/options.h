@@ -34,6 +34,7 @@ enum class LossNormalization {
 enum class PipelineSchedule {
   kOneForwardOneBackward,  // 1F1B with a flush (PipeDream-Flush, Megatron-LM's default)
   kAllForwardAllBackward,  // AFAB (GPipe)
+  kZeroBubbleH1,           // ZB-H1: 1F1B with the backward split into input and weight gradients
 };
 
 // `optim.schedule_convention`: which learning rate update s uses (optim/optimizer.h).
@@ -71,9 +72,10 @@ struct OptionTable<LossNormalization> {
 template <>
 struct OptionTable<PipelineSchedule> {
   static constexpr std::string_view key = "parallel.schedule";
-  static constexpr std::array<OptionName<PipelineSchedule>, 2> names{
+  static constexpr std::array<OptionName<PipelineSchedule>, 3> names{
       {{PipelineSchedule::kOneForwardOneBackward, "1f1b"},
-       {PipelineSchedule::kAllForwardAllBackward, "afab"}}};
+       {PipelineSchedule::kAllForwardAllBackward, "afab"},
+       {PipelineSchedule::kZeroBubbleH1, "zb_h1"}}};
 };
 
 template <>

@@ -85,7 +85,9 @@ class Backend {
   // y[N,out] = x[N,in] @ W[out,in]^T
   virtual void linear_forward(const double* x, const double* weight, int64_t rows, int64_t in, int64_t out,
                               double* y) = 0;
-  // dx[N,in] = dy[N,out] @ W[out,in];  dW_accum[out,in] += dy^T @ x
+  // dx[N,in] = dy[N,out] @ W[out,in];  dW_accum[out,in] += dy^T @ x. Either output may be null, and
+  // is then not computed: a split backward (ZB-H1) computes dx first and dW later, each with the same
+  // calls, and so the same bits, as the whole backward.
   virtual void linear_backward(const double* dy, const double* x, const double* weight, int64_t rows,
                                int64_t in, int64_t out, double* dx, double* dweight_accum) = 0;
 

@@ -127,8 +127,8 @@ void Transformer::attention_block_forward(const ParamTensors& params, int64_t la
 }
 
 void Transformer::attention_block_backward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
-                                           LayerActivations& a, ActivationBuffer& dx,
-                                           ParamTensors& grads) const {
+                                           LayerActivations& a, ActivationBuffer& dx, ParamTensors& grads,
+                                           DeferredWeightGradients* deferred) const {
   const LayerParamIds& ids = table_.layer(layer);
   const AttentionShape s = attention_shape(batch.windows);
   const int64_t N = batch.windows * s.seq, Nl = tp_.local_rows(N), H = model_.hidden_size, D = s.head_dim;
@@ -140,8 +140,8 @@ void Transformer::attention_block_backward(const ParamTensors& params, int64_t l
   release(scratch);
   release(a.hidden_attn_keep);
   ActivationBuffer dattn = buffer(N * s.num_heads * D);
-  backend_.linear_backward(dproj.data(), a.attn.data(), params[ids.proj].data(), N, s.num_heads * D, H,
-                           dattn.data(), grads[ids.proj].data());
+  linear_backward(dproj, a.attn, params[ids.proj].data(), N, s.num_heads * D, H, dattn.data(),
+                  grads[ids.proj].data(), deferred);
   release(dproj);
   ActivationBuffer dq = buffer(N * s.num_heads * D), dk = buffer(N * s.num_kv_heads * D),
                    dv = buffer(N * s.num_kv_heads * D);
@@ -160,8 +160,8 @@ void Transformer::attention_block_backward(const ParamTensors& params, int64_t l
     norm_gather(a.x_in.data(), params[ids.input_norm], batch.windows, a.h_attn, rstd);
   }
   ActivationBuffer dh_partial = buffer(N * H), dh;  // [N,H], [Nl,H]
-  backend_.linear_backward(dqkv.data(), a.h_attn.data(), params[ids.qkv].data(), N, H, qkv_cols,
-                           dh_partial.data(), grads[ids.qkv].data());
+  linear_backward(dqkv, a.h_attn, params[ids.qkv].data(), N, H, qkv_cols, dh_partial.data(),
+                  grads[ids.qkv].data(), deferred);
   release(dqkv);
   release(a.h_attn);
   tp_.reduce(dh_partial, N, H, dh);  // backward of the ColumnParallelLinear entry
@@ -196,7 +196,8 @@ void Transformer::mlp_block_forward(const ParamTensors& params, int64_t layer, c
 }
 
 void Transformer::mlp_block_backward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
-                                     LayerActivations& a, ActivationBuffer& dx, ParamTensors& grads) const {
+                                     LayerActivations& a, ActivationBuffer& dx, ParamTensors& grads,
+                                     DeferredWeightGradients* deferred) const {
   const LayerParamIds& ids = table_.layer(layer);
   const int64_t N = batch.windows * model_.seq_length, Nl = tp_.local_rows(N), H = model_.hidden_size;
   const int64_t F = model_.ffn_hidden_size / tp_.tp_size();
@@ -207,8 +208,7 @@ void Transformer::mlp_block_backward(const ParamTensors& params, int64_t layer, 
   ActivationBuffer act = buffer(N * F);  // [N,Fl] the forward's SwiGLU call on the stored fc1 again
   backend_.swiglu_forward(a.fc1.data(), N, F, act.data());
   ActivationBuffer dact = buffer(N * F);
-  backend_.linear_backward(dout.data(), act.data(), params[ids.fc2].data(), N, F, H, dact.data(),
-                           grads[ids.fc2].data());
+  linear_backward(dout, act, params[ids.fc2].data(), N, F, H, dact.data(), grads[ids.fc2].data(), deferred);
   release(dout);
   release(act);
   ActivationBuffer dfc1 = buffer(N * 2 * F);
@@ -220,8 +220,8 @@ void Transformer::mlp_block_backward(const ParamTensors& params, int64_t layer, 
     norm_gather(a.x_mid.data(), params[ids.pre_mlp_norm], batch.windows, a.h_mlp, rstd);
   }
   ActivationBuffer dh_partial = buffer(N * H), dh;  // [N,H], [Nl,H]
-  backend_.linear_backward(dfc1.data(), a.h_mlp.data(), params[ids.fc1].data(), N, H, 2 * F,
-                           dh_partial.data(), grads[ids.fc1].data());
+  linear_backward(dfc1, a.h_mlp, params[ids.fc1].data(), N, H, 2 * F, dh_partial.data(),
+                  grads[ids.fc1].data(), deferred);
   release(dfc1);
   release(a.h_mlp);
   tp_.reduce(dh_partial, N, H, dh);
@@ -257,7 +257,8 @@ void Transformer::head_forward(const ParamTensors& params, const MicroBatch& bat
 }
 
 void Transformer::head_backward(const ParamTensors& params, const MicroBatch& batch, Activations& acts,
-                                double loss_weight, ParamTensors& grads, ActivationBuffer& dx) const {
+                                double loss_weight, ParamTensors& grads, ActivationBuffer& dx,
+                                DeferredWeightGradients* deferred) const {
   const int64_t N = batch.windows * model_.seq_length, Nl = tp_.local_rows(N), H = model_.hidden_size;
   const int64_t V = vocab_local();
   // dlogits take the logits' place, so that two [N,Vl] buffers (the largest at long T) are never alive
@@ -281,8 +282,8 @@ void Transformer::head_backward(const ParamTensors& params, const MicroBatch& ba
   release(acts.sum_exp);
   ActivationBuffer dh_partial = buffer(N * H), dh;  // [N,H], [Nl,H]
   // With tied embeddings output() is the embedding, so both uses add into one gradient.
-  backend_.linear_backward(dlogits.data(), acts.h_final.data(), params[table_.output()].data(), N, H, V,
-                           dh_partial.data(), grads[table_.output()].data());
+  linear_backward(dlogits, acts.h_final, params[table_.output()].data(), N, H, V, dh_partial.data(),
+                  grads[table_.output()].data(), deferred);
   release(dlogits);
   release(acts.h_final);
   tp_.reduce(dh_partial, N, H, dh);
@@ -320,28 +321,59 @@ void Transformer::forward(const ParamTensors& params, const MicroBatch& batch, c
 
 void Transformer::backward(const ParamTensors& params, const MicroBatch& batch, Activations& acts,
                            double loss_weight, const ActivationBuffer* d_output, ParamTensors& grads,
-                           ActivationBuffer* d_input) const {
+                           ActivationBuffer* d_input, DeferredWeightGradients* deferred) const {
   const int64_t N = batch.windows * model_.seq_length, H = model_.hidden_size;
   ActivationBuffer dx;  // [Nl,H]
   if (stage_.last_stage) {
-    head_backward(params, batch, acts, loss_weight, grads, dx);
+    head_backward(params, batch, acts, loss_weight, grads, dx, deferred);
   } else {
     release(acts.x_final);  // the stage's output: its send made a copy
     dx = *d_output;
   }
   for (int64_t l = stage_.end_layer - 1; l >= stage_.first_layer; --l) {
     LayerActivations& a = acts.layers[static_cast<size_t>(l - stage_.first_layer)];
-    mlp_block_backward(params, l, batch, a, dx, grads);
-    attention_block_backward(params, l, batch, a, dx, grads);
+    mlp_block_backward(params, l, batch, a, dx, grads, deferred);
+    attention_block_backward(params, l, batch, a, dx, grads, deferred);
   }
   if (stage_.first_stage) {
     ActivationBuffer dfull;
     tp_.gather(dx, N, H, dfull);
-    backend_.embedding_backward(batch.tokens, dfull.data(), N, H, vocab_start(), vocab_local(),
-                                grads[table_.embedding()].data());
+    if (deferred != nullptr) {
+      deferred->embedding.push_back({std::move(dfull), batch.tokens, N, grads[table_.embedding()].data()});
+    } else {
+      backend_.embedding_backward(batch.tokens, dfull.data(), N, H, vocab_start(), vocab_local(),
+                                  grads[table_.embedding()].data());
+    }
   } else {
     *d_input = std::move(dx);
   }
+}
+
+void Transformer::linear_backward(ActivationBuffer& dy, const ActivationBuffer& x, const double* weight,
+                                  int64_t rows, int64_t in, int64_t out, double* dx, double* dweight,
+                                  DeferredWeightGradients* deferred) const {
+  if (deferred == nullptr) {
+    backend_.linear_backward(dy.data(), x.data(), weight, rows, in, out, dx, dweight);
+    return;
+  }
+  backend_.linear_backward(dy.data(), x.data(), weight, rows, in, out, dx, nullptr);
+  // x is still needed after this call in some blocks (attention's output, for the softmax backward),
+  // so W keeps a copy; dy is done with here.
+  ActivationBuffer x_kept = buffer(rows * in);
+  std::copy_n(x.data(), rows * in, x_kept.data());
+  deferred->linears.push_back({std::move(dy), std::move(x_kept), rows, in, out, dweight});
+}
+
+void Transformer::backward_weights(DeferredWeightGradients& deferred) const {
+  for (DeferredWeightGradients::Linear& call : deferred.linears) {
+    backend_.linear_backward(call.dy.data(), call.x.data(), nullptr, call.rows, call.in, call.out, nullptr,
+                             call.dweight);
+  }
+  for (DeferredWeightGradients::Embedding& call : deferred.embedding) {
+    backend_.embedding_backward(call.tokens, call.dy.data(), call.rows, model_.hidden_size, vocab_start(),
+                                vocab_local(), call.dtable);
+  }
+  deferred = {};
 }
 
 }  // namespace touchstone

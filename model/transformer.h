@@ -81,6 +81,29 @@ struct Activations {
   ActivationBuffer token_losses;  // [N]    cross entropy per position, 0 where target = -100
 };
 
+// The weight-gradient half of a split backward (ZB-H1's W, docs/parallelism.md): the inputs of every
+// weight-gradient call of one micro-batch's backward on this stage, kept by backward() when it is given
+// one and run by backward_weights() later. The calls are the whole backward's, in its order, so each
+// main gradient receives the same additions in the same order: the split changes no bit. RMSNorm weight
+// gradients come from the same kernel call as the input gradient and stay in the first half.
+struct DeferredWeightGradients {
+  struct Linear {
+    ActivationBuffer dy;  // [rows,out] the gradient of the output
+    ActivationBuffer x;   // [rows,in]  the input
+    int64_t rows = 0, in = 0, out = 0;
+    double* dweight = nullptr;  // [out,in] the main gradient the call adds into
+  };
+  struct Embedding {
+    ActivationBuffer dy;  // [rows,H] the gradient of the lookup (full sequence)
+    const int32_t* tokens = nullptr;
+    int64_t rows = 0;
+    double* dtable = nullptr;  // [Vl,H]
+  };
+  std::vector<Linear> linears;       // in the order the whole backward calls them
+  std::vector<Embedding> embedding;  // first stage: one, after every linear
+  bool empty() const { return linears.empty() && embedding.empty(); }
+};
+
 class Transformer {
  public:
   // Rows per call of the head's blockwise cross entropy backward (head_backward): its scratch is
@@ -99,8 +122,13 @@ class Transformer {
   // start (d_output unused); otherwise d_output [Nl,H] is the gradient of the stage's output. On other
   // than the first stage, d_input receives the gradient of the stage's input [Nl,H]. Consumes `acts`: it
   // frees each stored tensor once its last use is done (what is left is the caller's to drop).
+  // With `deferred`, only the input gradients are computed (and the RMSNorm weight gradients): the
+  // other weight gradients wait in `deferred` for backward_weights().
   void backward(const ParamTensors& params, const MicroBatch& batch, Activations& acts, double loss_weight,
-                const ActivationBuffer* d_output, ParamTensors& grads, ActivationBuffer* d_input) const;
+                const ActivationBuffer* d_output, ParamTensors& grads, ActivationBuffer* d_input,
+                DeferredWeightGradients* deferred = nullptr) const;
+  // The weight gradients a split backward left in `deferred`, added to the gradients it names; empties it.
+  void backward_weights(DeferredWeightGradients& deferred) const;
 
   const StageRange& stage() const { return stage_; }
   Backend& backend() const { return backend_; }
@@ -130,14 +158,22 @@ class Transformer {
   void attention_block_forward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
                                LayerActivations& a, ActivationBuffer& x) const;
   void attention_block_backward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
-                                LayerActivations& a, ActivationBuffer& dx, ParamTensors& grads) const;
+                                LayerActivations& a, ActivationBuffer& dx, ParamTensors& grads,
+                                DeferredWeightGradients* deferred) const;
   void mlp_block_forward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
                          LayerActivations& a, ActivationBuffer& x) const;
   void mlp_block_backward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
-                          LayerActivations& a, ActivationBuffer& dx, ParamTensors& grads) const;
+                          LayerActivations& a, ActivationBuffer& dx, ParamTensors& grads,
+                          DeferredWeightGradients* deferred) const;
   void head_forward(const ParamTensors& params, const MicroBatch& batch, Activations& acts) const;
   void head_backward(const ParamTensors& params, const MicroBatch& batch, Activations& acts,
-                     double loss_weight, ParamTensors& grads, ActivationBuffer& dx) const;
+                     double loss_weight, ParamTensors& grads, ActivationBuffer& dx,
+                     DeferredWeightGradients* deferred) const;
+  // dx[rows,in] = dy W now; dweight[out,in] += dy^T x now, or, with `deferred`, later from dy (moved
+  // into it) and a copy of x.
+  void linear_backward(ActivationBuffer& dy, const ActivationBuffer& x, const double* weight, int64_t rows,
+                       int64_t in, int64_t out, double* dx, double* dweight,
+                       DeferredWeightGradients* deferred) const;
 
   ModelConfig model_;
   bool document_masking_;

@@ -181,7 +181,7 @@ void PassReplay::attention_backward(LayerStored& s) {
   l_.release(scratch);
   free(s.attn_keep);
   const int dattn = l_.alloc(d_.N * d_.heads * d_.D, "dattn");
-  l_.release(dproj);
+  if (!keep_for_weights(dproj, d_.N * d_.heads * d_.D, "attn")) l_.release(dproj);
   const int dq = l_.alloc(d_.N * d_.heads * d_.D, "dq"), dk = l_.alloc(d_.N * d_.kv_heads * d_.D, "dk"),
             dv = l_.alloc(d_.N * d_.kv_heads * d_.D, "dv");
   l_.release(l_.alloc_outside_arena(threads_ * d_.attention_backward_scratch,
@@ -191,7 +191,8 @@ void PassReplay::attention_backward(LayerStored& s) {
   l_.release({dq, dk, dv});
   const int h = d_.sp ? s.h_attn : recompute_norm("h_attn");
   const int dh_partial = l_.alloc(d_.N * d_.H, "dh_partial");
-  l_.release({dqkv, h});
+  if (!keep_for_weights(dqkv, d_.N * d_.H, "h_attn")) l_.release(dqkv);
+  l_.release(h);
   const int dh = reduce(dh_partial, "dh");
   if (dh != dh_partial) l_.release(dh_partial);
   const int dnorm_in = l_.alloc(d_.Nl * d_.H, "dnorm_in");
@@ -205,12 +206,14 @@ void PassReplay::mlp_backward(LayerStored& s) {
   free(s.mlp_keep);
   const int act = l_.alloc(d_.N * d_.ffn, "act (recomputed)");
   const int dact = l_.alloc(d_.N * d_.ffn, "dact");
-  l_.release({dout, act});
+  if (!keep_for_weights(dout, d_.N * d_.ffn, "act")) l_.release(dout);
+  l_.release(act);
   const int dfc1 = l_.alloc(d_.N * 2 * d_.ffn, "dfc1");
   l_.release({dact, s.fc1});
   const int h = d_.sp ? s.h_mlp : recompute_norm("h_mlp");
   const int dh_partial = l_.alloc(d_.N * d_.H, "dh_partial");
-  l_.release({dfc1, h});
+  if (!keep_for_weights(dfc1, d_.N * d_.H, "h_mlp")) l_.release(dfc1);
+  l_.release(h);
   const int dh = reduce(dh_partial, "dh");
   if (dh != dh_partial) l_.release(dh_partial);
   const int dnorm_in = l_.alloc(d_.Nl * d_.H, "dnorm_in");
@@ -224,7 +227,13 @@ int PassReplay::head_backward(PassStored& s) {
   l_.release(l_.alloc(block_rows * d_.vocab, "cross entropy backward block"));
   l_.release({s.row_max, s.sum_exp});
   const int dh_partial = l_.alloc(d_.N * d_.H, "dh_partial");
-  l_.release({s.logits, s.h_final});  // dlogits, in the logits' buffer
+  // dlogits, in the logits' buffer; kept for W, it is no longer the executor's to drop.
+  if (keep_for_weights(s.logits, d_.N * d_.H, "h_final")) {
+    std::erase(s.all, s.logits);
+  } else {
+    l_.release(s.logits);
+  }
+  l_.release(s.h_final);
   const int dh = reduce(dh_partial, "dh");
   if (dh != dh_partial) l_.release(dh_partial);
   const int dx = l_.alloc(d_.Nl * d_.H, "dx");
@@ -232,7 +241,15 @@ int PassReplay::head_backward(PassStored& s) {
   return dx;
 }
 
-int PassReplay::backward(PassStored& stored) {
+bool PassReplay::keep_for_weights(int dy, double x_elements, const std::string& x_name) {
+  if (deferred_ == nullptr) return false;
+  deferred_->push_back(dy);
+  deferred_->push_back(l_.alloc(x_elements, x_name + " (copy kept for the weight gradients)"));
+  return true;
+}
+
+int PassReplay::backward(PassStored& stored, std::vector<int>* deferred) {
+  deferred_ = deferred;
   const bool first_stage = r_.stage == 0, last_stage = r_.stage == r_.pp - 1;
   int dx = 0;
   if (last_stage) {
@@ -248,9 +265,15 @@ int PassReplay::backward(PassStored& stored) {
     mlp_backward(s);
     attention_backward(s);
   }
+  deferred_ = nullptr;
   if (!first_stage) return dx;
   l_.at("backward, embedding");
-  l_.release(gather("dfull"));
+  const int dfull = gather("dfull");
+  if (deferred != nullptr) {
+    deferred->push_back(dfull);
+  } else {
+    l_.release(dfull);
+  }
   l_.release(dx);
   return -1;
 }

@@ -46,8 +46,10 @@ class PassReplay {
   // first layer's and the head's stored tensors are named there.
   PassStored forward(Fp64StepReplay* breakdown);
   // One micro-batch's backward, freeing `stored` as it goes; returns the handle of the input gradient it
-  // hands to the executor (-1 on the first stage).
-  int backward(PassStored& stored);
+  // hands to the executor (-1 on the first stage). With `deferred`, the first half of a split backward
+  // (model/transformer.h DeferredWeightGradients): the handles its W half keeps are added there, for the
+  // step replay to free when the W runs.
+  int backward(PassStored& stored, std::vector<int>* deferred = nullptr);
 
  private:
   struct Keeper;
@@ -65,12 +67,16 @@ class PassReplay {
   void attention_backward(LayerStored& s);
   void mlp_backward(LayerStored& s);
   int head_backward(PassStored& s);
+  // Transformer::linear_backward: with a split backward, W keeps the output gradient `dy` and a copy of
+  // the input (x_elements). Returns whether dy was kept (otherwise the caller frees it, as the model).
+  bool keep_for_weights(int dy, double x_elements, const std::string& x_name);
 
   BufferTally& l_;
   Dims d_;
   const Fp64Rank& r_;
   GroupScratch& tp_;
   double threads_;
+  std::vector<int>* deferred_ = nullptr;  // during a split backward's first half
 };
 
 }  // namespace touchstone::plan

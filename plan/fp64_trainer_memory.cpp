@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <stdexcept>
 
 #include "kernels/cpu/parallel_for.h"
 #include "model/param_table.h"
@@ -100,6 +99,7 @@ std::vector<int> StepReplay::pipeline(Fp64StepReplay* breakdown) {
   const auto m = static_cast<size_t>(r_.micro_batches);
   std::vector<PassStored> acts(m);
   std::vector<int> inputs(m, -1), d_outputs(m, -1), d_inputs(m, -1), token_records;
+  std::vector<std::vector<int>> deferred(m);  // what each split backward's W keeps
   int64_t stored = 0;
   for (const pipeline::Action& action : schedule()) {
     const auto j = static_cast<size_t>(action.micro_batch);
@@ -129,18 +129,20 @@ std::vector<int> StepReplay::pipeline(Fp64StepReplay* breakdown) {
         d_outputs[j] = l_.alloc(d_.Nl * d_.H, "received gradient");
         break;
       case ActionKind::kBackward:
-        d_inputs[j] = pass.backward(acts[j]);
+      case ActionKind::kBackwardInput:
+        d_inputs[j] =
+            pass.backward(acts[j], action.kind == ActionKind::kBackwardInput ? &deferred[j] : nullptr);
         l_.release(acts[j].all);  // what the backward left
         l_.set_stored_micro_batches(--stored);
         if (d_outputs[j] >= 0) l_.release(d_outputs[j]);
         break;
+      case ActionKind::kBackwardWeight:
+        l_.release(deferred[j]);  // DeferredWeightGradients emptied by Transformer::backward_weights
+        deferred[j].clear();
+        break;
       case ActionKind::kSendGradient:
         groups_.pp_sends.send(d_.Nl * d_.H, "gradient of " + micro_batch);
         break;
-      case ActionKind::kBackwardInput:
-      case ActionKind::kBackwardWeight:
-        // The trainer runs only the schedules of parallel.schedule, none of which splits the backward.
-        throw std::logic_error("memory plan: split backward " + micro_batch + " is not executed");
     }
   }
   l_.context("");

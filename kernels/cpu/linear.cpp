@@ -28,8 +28,11 @@ void CpuBackend::linear_forward(const double* x, const double* weight, int64_t r
 void CpuBackend::linear_backward(const double* dy, const double* x, const double* weight, int64_t rows,
                                  int64_t in, int64_t out, double* dx, double* dweight_accum) {
   // dx[N,in] = dy[N,out] @ W[out,in]
-  cpu::gemm(precision(), cpu::activation_format(precision()), false, false, rows, in, out, 1.0, dy, out,
-            weight, in, cpu::Store::kOverwrite, dx, in);
+  if (dx != nullptr) {
+    cpu::gemm(precision(), cpu::activation_format(precision()), false, false, rows, in, out, 1.0, dy, out,
+              weight, in, cpu::Store::kOverwrite, dx, in);
+  }
+  if (dweight_accum == nullptr) return;
   // dW[out,in] += dy[N,out]^T @ x[N,in], into the main gradient (FP32 unless FP64). Without
   // gradient-accumulation fusion a BF16 run first stores this micro-batch's result in BF16.
   if (precision() == Precision::kBf16 && !options_.grad_accumulation_fusion) {

@@ -68,32 +68,39 @@ void CudaBackend::linear_forward(const double* x, const double* weight, int64_t 
 
 void CudaBackend::linear_backward(const double* dy, const double* x, const double* weight, int64_t rows,
                                   int64_t in, int64_t out, double* dx, double* dweight_accum) {
+  // A null dx or dweight_accum is not computed (backend.h): the split backward's two halves.
   cuda::Staging& s = begin_call();
-  const double* d_dy = s.upload(dy, rows * out);     // [N,out]
-  const double* d_x = s.upload(x, rows * in);        // [N,in]
-  const double* d_w = s.upload(weight, out * in);    // [out,in]
-  double* d_dx = s.output<double>(rows * in);        // [N,in]
-  double* d_dw = s.upload(dweight_accum, out * in);  // [out,in] main gradient
-  cuda::gemm(cublas_, stream_, gemm_scratch_, precision(), cpu::activation_format(precision()), false, false,
-             rows, in, out, 1.0, d_dy, out, d_w, in, cpu::Store::kOverwrite, d_dx, in);
-  if (precision() == Precision::kBf16 && !options_.grad_accumulation_fusion) {
-    // Without fusion the micro-batch's weight gradient is stored in BF16, then added in FP32.
-    double* micro = s.output<double>(out * in);
-    cuda::gemm(cublas_, stream_, gemm_scratch_, precision(), cpu::RoundTo::kBf16, true, false, out, in, rows,
-               1.0, d_dy, out, d_x, in, cpu::Store::kOverwrite, micro, in);
-    const cuda::Launch launch = cuda::per_element(out * in);
-    if (launch.blocks > 0) {
-      cuda::launch_kernel(add_kernel, launch, stream_, d_dw, micro, out * in,
-                          cpu::Rounding{Precision::kFp32});
-      cuda::check_launch("add (weight gradient)");
-    }
-  } else {
-    cuda::gemm(cublas_, stream_, gemm_scratch_, precision(),
-               precision() == Precision::kFp64 ? cpu::RoundTo::kNone : cpu::RoundTo::kFp32, true, false, out,
-               in, rows, 1.0, d_dy, out, d_x, in, cpu::Store::kAccumulate, d_dw, in);
+  const double* d_dy = s.upload(dy, rows * out);  // [N,out]
+  double* d_dx = nullptr;                         // [N,in]
+  if (dx != nullptr) {
+    const double* d_w = s.upload(weight, out * in);  // [out,in]
+    d_dx = s.output<double>(rows * in);
+    cuda::gemm(cublas_, stream_, gemm_scratch_, precision(), cpu::activation_format(precision()), false,
+               false, rows, in, out, 1.0, d_dy, out, d_w, in, cpu::Store::kOverwrite, d_dx, in);
   }
-  s.download(dx, d_dx, rows * in);
-  s.download(dweight_accum, d_dw, out * in);
+  double* d_dw = nullptr;  // [out,in] main gradient
+  if (dweight_accum != nullptr) {
+    const double* d_x = s.upload(x, rows * in);  // [N,in]
+    d_dw = s.upload(dweight_accum, out * in);
+    if (precision() == Precision::kBf16 && !options_.grad_accumulation_fusion) {
+      // Without fusion the micro-batch's weight gradient is stored in BF16, then added in FP32.
+      double* micro = s.output<double>(out * in);
+      cuda::gemm(cublas_, stream_, gemm_scratch_, precision(), cpu::RoundTo::kBf16, true, false, out, in,
+                 rows, 1.0, d_dy, out, d_x, in, cpu::Store::kOverwrite, micro, in);
+      const cuda::Launch launch = cuda::per_element(out * in);
+      if (launch.blocks > 0) {
+        cuda::launch_kernel(add_kernel, launch, stream_, d_dw, micro, out * in,
+                            cpu::Rounding{Precision::kFp32});
+        cuda::check_launch("add (weight gradient)");
+      }
+    } else {
+      cuda::gemm(cublas_, stream_, gemm_scratch_, precision(),
+                 precision() == Precision::kFp64 ? cpu::RoundTo::kNone : cpu::RoundTo::kFp32, true, false,
+                 out, in, rows, 1.0, d_dy, out, d_x, in, cpu::Store::kAccumulate, d_dw, in);
+    }
+  }
+  if (d_dx != nullptr) s.download(dx, d_dx, rows * in);
+  if (d_dw != nullptr) s.download(dweight_accum, d_dw, out * in);
   s.finish();
 }
 

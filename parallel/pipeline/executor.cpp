@@ -24,16 +24,18 @@ PipelineResult run_pipeline(PipelineSchedule schedule, const Transformer& model,
   const int64_t H = model.hidden_size();
 
   std::vector<Activations> acts(static_cast<size_t>(m));
-  std::vector<ActivationBuffer> inputs(static_cast<size_t>(m));     // received activations
-  std::vector<ActivationBuffer> d_outputs(static_cast<size_t>(m));  // received gradients
-  std::vector<ActivationBuffer> d_inputs(static_cast<size_t>(m));   // gradients to send back
+  std::vector<ActivationBuffer> inputs(static_cast<size_t>(m));           // received activations
+  std::vector<ActivationBuffer> d_outputs(static_cast<size_t>(m));        // received gradients
+  std::vector<ActivationBuffer> d_inputs(static_cast<size_t>(m));         // gradients to send back
+  std::vector<DeferredWeightGradients> deferred(static_cast<size_t>(m));  // a split backward's W half
   PipelineResult result;
   if (context.last_stage()) result.token_losses.resize(static_cast<size_t>(m));
 
   for (const pipeline::Action& action : actions) {
-    const bool backward_kind = action.kind == ActionKind::kBackward ||
-                               action.kind == ActionKind::kSendGradient ||
-                               action.kind == ActionKind::kRecvGradient;
+    const bool backward_kind =
+        action.kind == ActionKind::kBackward || action.kind == ActionKind::kBackwardInput ||
+        action.kind == ActionKind::kBackwardWeight || action.kind == ActionKind::kSendGradient ||
+        action.kind == ActionKind::kRecvGradient;
     if (!with_gradients && backward_kind) continue;
     const auto j = static_cast<size_t>(action.micro_batch);
     const MicroBatch& batch = micro_batches[j];
@@ -74,27 +76,35 @@ PipelineResult run_pipeline(PipelineSchedule schedule, const Transformer& model,
         receive(d_outputs[j], message_tags::pipeline_gradient(action.micro_batch));
         break;
       case ActionKind::kBackward:
+      case ActionKind::kBackwardInput:
+        // A split backward (I) leaves the weight gradients in deferred[j] for its W.
         context.set_phase(step, action.micro_batch, "backward");
         model.backward(params, batch, acts[j], backward_weights[j],
                        context.last_stage() ? nullptr : &d_outputs[j], grads,
-                       context.first_stage() ? nullptr : &d_inputs[j]);
+                       context.first_stage() ? nullptr : &d_inputs[j],
+                       action.kind == ActionKind::kBackwardInput ? &deferred[j] : nullptr);
         acts[j] = {};
         d_outputs[j] = ActivationBuffer();
+        break;
+      case ActionKind::kBackwardWeight:
+        context.set_phase(step, action.micro_batch, "backward weights");
+        model.backward_weights(deferred[j]);
         break;
       case ActionKind::kSendGradient:
         context.set_phase(step, action.micro_batch, "backward");
         context.pp.send(d_inputs[j].data(), rows * H, action.peer_stage,
                         message_tags::pipeline_gradient(action.micro_batch), shape);
         break;
-      case ActionKind::kBackwardInput:
-      case ActionKind::kBackwardWeight:
-        // Only the schedules built from parallel.schedule reach the executor, and none splits the
-        // backward (schedule.h lists the ones that exist as data only).
-        throw std::logic_error("pipeline executor: split backward " +
-                               pipeline::action_token(action.kind, action.micro_batch) + " is not executed");
     }
   }
   context.pp.wait_sends();
+  // Gradients are final only when every W has run: the caller reduces and steps on them next.
+  for (size_t j = 0; j < deferred.size(); ++j) {
+    if (!deferred[j].empty()) {
+      throw std::logic_error("pipeline executor: the weight gradients of micro-batch " + std::to_string(j) +
+                             " never ran; the schedule lacks its W");
+    }
+  }
   return result;
 }
 

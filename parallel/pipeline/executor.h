@@ -1,7 +1,8 @@
 // Runs one pipeline stage's schedule (parallel/pipeline/schedule.h) for one step: the forward and
 // backward passes of this data-parallel rank's micro-batches, with activations sent to the next stage
 // and their gradients sent back. The schedule is data computed beforehand; this loop only follows it,
-// and records what actually ran in a TimelineRecorder.
+// and records what actually ran in a TimelineRecorder. A split backward (ZB-H1) runs its I half with
+// the model's DeferredWeightGradients and its W half later; every W has run when it returns.
 #pragma once
 
 #include <cstdint>

@@ -76,6 +76,9 @@ class StageListBuilder {
 
 std::vector<Action> build_schedule(PipelineSchedule schedule, int num_stages, int stage,
                                    int num_micro_batches) {
+  if (schedule == PipelineSchedule::kZeroBubbleH1) {
+    return build_zero_bubble_h1_schedule(num_stages, stage, num_micro_batches);
+  }
   check_layout(num_stages, stage, num_micro_batches);
   StageListBuilder list(num_stages, 1, stage);
   const int m = num_micro_batches;

@@ -11,7 +11,7 @@
 //           forwards, then m - w steady-state pairs (forward of the next micro-batch, then backward
 //           of the oldest), then the w remaining backwards. Backwards run in ascending order too.
 //   interleaved 1F1B (build_interleaved_schedule): each stage holds v model chunks, see below.
-//   ZB-H1 (build_zero_bubble_h1_schedule): 1F1B with the backward split in two, see below.
+//   "zb_h1" ZB-H1 (build_zero_bubble_h1_schedule): 1F1B with the backward split in two, see below.
 // Transfers around every computation:
 //   forward j:  RecvActivation(j) from s - 1 (unless s == 0) before, SendActivation(j) to s + 1 (unless
 //               s == p - 1) after
@@ -47,8 +47,8 @@ struct Action {
   friend bool operator==(const Action&, const Action&) = default;
 };
 
-// The complete ordered list for `stage`. Throws std::invalid_argument for num_stages < 1, stage outside
-// [0, num_stages) or num_micro_batches < 1.
+// The complete ordered list for `stage` of a parallel.schedule ("zb_h1" is build_zero_bubble_h1_schedule).
+// Throws std::invalid_argument for num_stages < 1, stage outside [0, num_stages) or num_micro_batches < 1.
 std::vector<Action> build_schedule(PipelineSchedule schedule, int num_stages, int stage,
                                    int num_micro_batches);
 

@@ -1,10 +1,11 @@
 // run_pipeline (parallel/pipeline/executor.h) on its own, with pp = world size (2 and 4 stages, the
-// first stage holding two layers and every other one layer), for 1F1B and AFAB and for 1, 3 and 5
+// first stage holding two layers and every other one layer), for 1F1B, AFAB and ZB-H1 and for 1, 3 and 5
 // micro-batches of 2 windows (fewer and more micro-batches than stages). It proves, in FP64:
 //   - every stage's gradients (of exactly the tensors it holds), the last stage's token losses per
 //     micro-batch and its weighted loss equal the same micro-batches run on one rank by the whole model
-//     without the pipeline (forward, then backward in micro-batch order), bitwise: both schedules run
-//     the backwards in micro-batch order, so every sum is added in the same order;
+//     without the pipeline (forward, then backward in micro-batch order), bitwise: every schedule runs
+//     the backwards in micro-batch order, and ZB-H1's deferred weight gradients (W) replay the whole
+//     backward's calls in micro-batch order too, so every sum is added in the same order;
 //   - loss_weights weight the loss and backward_weights start the backward (distinct values for each);
 //   - without gradients, the forwards alone give the same losses on any number of stages;
 //   - the recorded timeline of each stage, transfers included, is the schedule's action list in order;
@@ -131,7 +132,8 @@ TEST_F(PipelineExecutorTest, EqualsTheWholeModelOnOneRankAndFollowsTheSchedule) 
   const int num_stages = stage.context.pp.size(), s = stage.context.stage();
 
   for (const PipelineSchedule schedule :
-       {PipelineSchedule::kOneForwardOneBackward, PipelineSchedule::kAllForwardAllBackward}) {
+       {PipelineSchedule::kOneForwardOneBackward, PipelineSchedule::kAllForwardAllBackward,
+        PipelineSchedule::kZeroBubbleH1}) {
     for (int m : {1, 3, kMaxMicroBatches}) {
       SCOPED_TRACE(option_name(schedule) + ", " + std::to_string(m) + " micro-batches");
       std::vector<MicroBatch> micro_batches;

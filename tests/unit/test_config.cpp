@@ -147,7 +147,7 @@ TEST(ConfigOptions, EveryValueRoundTripsNameToEnumToName) {
       [](const Config& c) { return c.optim.schedule_convention; });
   EXPECT_EQ(option_choices<ScheduleConvention>(), "\"touchstone\" or \"megatron\"");
   EXPECT_EQ(option_choices<Precision>(), "\"fp64\", \"fp32\" or \"bf16\"");
-  EXPECT_EQ(option_choices<PipelineSchedule>(), "\"1f1b\" or \"afab\"");
+  EXPECT_EQ(option_choices<PipelineSchedule>(), "\"1f1b\", \"afab\" or \"zb_h1\"");
 }
 
 TEST(ConfigOptions, AnUnknownNameIsRefusedAtLoadNamingTheKey) {
@@ -159,7 +159,7 @@ TEST(ConfigOptions, AnUnknownNameIsRefusedAtLoadNamingTheKey) {
   EXPECT_EQ(error_of([] {
               resolve_config({{"parallel", {{"schedule", "gpipe"}}}}, {}, "c.json");
             }),
-            "config: parallel.schedule must be \"1f1b\" or \"afab\" (got \"gpipe\")");
+            "config: parallel.schedule must be \"1f1b\", \"afab\" or \"zb_h1\" (got \"gpipe\")");
   // Names are exact: no case folding.
   EXPECT_FALSE(find_option<Precision>("FP64").has_value());
   EXPECT_EQ(error_of([] { parse_option<Precision>("FP64"); }),
