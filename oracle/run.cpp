@@ -282,8 +282,13 @@ void run_steps(PreparedRun& run, const Config& config, const RunOptions& options
                                   static_cast<double>(steps - record.step))
                       .c_str());
     out << line << std::endl;
-    if (options.trace)
-      out << pipeline::render_timeline_text(timeline, static_cast<int>(grid.layout().pp)) << std::flush;
+    if (options.trace) {
+      const int num_stages = static_cast<int>(grid.layout().pp);
+      out << pipeline::render_timeline_text(timeline, num_stages);
+      // The measured bubble of the step, to set next to the schedule's formula.
+      if (num_stages > 1) out << pipeline::format_idle(pipeline::measure_idle(timeline, num_stages));
+      out << std::flush;
+    }
   }
   if (recorder) recorder->finish();
   if (writer_rank && !options.timeline_svg.empty()) {

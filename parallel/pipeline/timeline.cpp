@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <cstdio>
 #include <limits>
 #include <stdexcept>
 #include <utility>
@@ -190,6 +191,41 @@ std::vector<std::string> render_order(const std::vector<TimelineEvent>& events, 
     orders.push_back(std::move(order));
   }
   return orders;
+}
+
+PipelineIdle measure_idle(const std::vector<TimelineEvent>& events, int num_stages) {
+  const std::vector<std::vector<TimelineEvent>> rows = events_by_stage(events, num_stages, false);
+  double first = 0.0, last = 0.0;
+  bool any = false;
+  std::vector<double> busy(rows.size(), 0.0);
+  for (std::size_t stage = 0; stage < rows.size(); ++stage) {
+    for (const TimelineEvent& event : rows[stage]) {
+      first = any ? std::min(first, event.start_seconds) : event.start_seconds;
+      last = any ? std::max(last, event.end_seconds) : event.end_seconds;
+      any = true;
+      busy[stage] += event.end_seconds - event.start_seconds;
+    }
+  }
+  PipelineIdle idle;
+  idle.span_seconds = last - first;
+  for (const double seconds : busy) {
+    idle.idle_share.push_back(
+        idle.span_seconds > 0.0 ? std::clamp(1.0 - seconds / idle.span_seconds, 0.0, 1.0) : 0.0);
+  }
+  return idle;
+}
+
+std::string format_idle(const PipelineIdle& idle) {
+  std::string text = "pipeline idle:";
+  for (std::size_t stage = 0; stage < idle.idle_share.size(); ++stage) {
+    char share[64];
+    std::snprintf(share, sizeof share, "%s stage %zu %.1f%%", stage == 0 ? "" : ",", stage,
+                  100.0 * idle.idle_share[stage]);
+    text += share;
+  }
+  char span[64];
+  std::snprintf(span, sizeof span, " of %.3f s\n", idle.span_seconds);
+  return text + span;
 }
 
 std::string render_timeline_text(const std::vector<TimelineEvent>& events, int num_stages,

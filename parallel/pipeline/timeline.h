@@ -120,6 +120,19 @@ std::vector<std::vector<TimelineEvent>> events_by_stage(const std::vector<Timeli
 std::vector<std::string> render_order(const std::vector<TimelineEvent>& events, int num_stages,
                                       bool include_communication = false);
 
+// The pipeline's idle time, measured: `span_seconds` from the first computation's start to the last
+// one's end over all stages, and per stage the share of it spent in no computation (waiting for a
+// peer, or in transfers). Equal stages give the bubble of the schedule: (p - 1) / (m + p - 1) for 1F1B
+// and AFAB with backward = 2 forwards, (p - 1) / (3m + p - 1) for ZB-H1 with F = I = W. Throws as
+// events_by_stage; an empty record has span 0 and idle 0.
+struct PipelineIdle {
+  double span_seconds = 0.0;
+  std::vector<double> idle_share;  // per stage, in [0, 1]
+};
+PipelineIdle measure_idle(const std::vector<TimelineEvent>& events, int num_stages);
+// "pipeline idle: stage 0 21.4%, stage 1 20.9% of 0.532 s\n"
+std::string format_idle(const PipelineIdle& idle);
+
 // One line per stage, "stage 0: F0 F1 B0 B1\n", from render_order.
 std::string render_timeline_text(const std::vector<TimelineEvent>& events, int num_stages,
                                  bool include_communication = false);

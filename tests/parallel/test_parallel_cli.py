@@ -34,6 +34,8 @@ class Trace(unittest.TestCase):
             # B = 8 windows, 2 per micro-batch: 4 micro-batches. Stage 0 warms up with one forward.
             self.assertIn("stage 0: F0 F1 B0 F2 B1 F3 B2 B3", out)
             self.assertIn("stage 1: F0 B0 F1 B1 F2 B2 F3 B3", out)
+            # The measured bubble of the step, per stage.
+            self.assertRegex(out, r"pipeline idle: stage 0 \d+\.\d%, stage 1 \d+\.\d% of \d+\.\d{3} s")
             with open(svg) as f:
                 text = f.read()
             self.assertTrue(text.startswith("<svg") or text.startswith("<?xml"))
@@ -48,6 +50,20 @@ class Trace(unittest.TestCase):
             self.assertIn("bytes=65536", line)
             self.assertRegex(line, r"step 1 mb \d (forward|backward)")
             self.assertRegex(line, r"peer=\d")
+
+    def test_pp2_zb_h1_step_runs_the_split_backward(self):
+        with tempfile.TemporaryDirectory() as d:
+            svg = os.path.join(d, "timeline.svg")
+            result, _ = mpirun(2, "train", "--set", "parallel.pp=2", "--set", "parallel.schedule=zb_h1",
+                               "--set", "train.steps=1", "--trace", "--timeline", svg)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            # Stage 0 runs each W after its I; stage 1 keeps one W pending (docs/parallelism.md).
+            self.assertIn("stage 0: F0 F1 I0 W0 F2 I1 W1 F3 I2 W2 I3 W3", result.stdout)
+            self.assertIn("stage 1: F0 I0 F1 I1 W0 F2 I2 W1 F3 I3 W2 W3", result.stdout)
+            with open(svg) as f:
+                text = f.read()
+            self.assertEqual(text.count('class="event weight"'), 8)  # 4 micro-batches x 2 stages
+            self.assertIn("backward, weight gradients", text)
 
 
 class InvalidLayouts(unittest.TestCase):

@@ -340,5 +340,35 @@ TEST(TimelineRender, ChunksAndSplitBackwardsInTextAndSvg) {
   EXPECT_EQ(chunked.find("event weight"), std::string::npos);
 }
 
+TEST(TimelineIdle, MeasuredOnSimulatedTimelinesIsTheBubbleFormula) {
+  // Every stage works 3m units; the span is the makespan. Whole numbers of units throughout, so the
+  // only rounding is that of 1 - busy / span against the formula's quotient: a few ulps.
+  for (int p = 1; p <= 6; ++p) {
+    for (int m = 1; m <= 12; ++m) {
+      const std::string layout = "p" + std::to_string(p) + " m" + std::to_string(m);
+      for (const PipelineSchedule schedule :
+           {PipelineSchedule::kOneForwardOneBackward, PipelineSchedule::kAllForwardAllBackward}) {
+        const PipelineIdle idle = measure_idle(flatten_timeline(simulate_timeline(schedule, p, m)), p);
+        EXPECT_EQ(idle.span_seconds, 3.0 * (m + p - 1)) << layout;
+        for (const double share : idle.idle_share)
+          EXPECT_NEAR(share, (p - 1.0) / (m + p - 1.0), 1e-15) << layout;
+      }
+      if (m < p) continue;
+      const SimulationResult zero_bubble = simulate_schedules(zero_bubble_lists(p, m));
+      const PipelineIdle idle = measure_idle(flatten_timeline(zero_bubble.timeline), p);
+      ASSERT_EQ(idle.idle_share.size(), static_cast<std::size_t>(p));
+      for (const double share : idle.idle_share)
+        EXPECT_NEAR(share, (p - 1.0) / (3.0 * m + p - 1.0), 1e-15) << layout;
+    }
+  }
+  EXPECT_EQ(
+      format_idle(measure_idle(
+          flatten_timeline(simulate_timeline(PipelineSchedule::kOneForwardOneBackward, 4, 8)), 4)),
+      "pipeline idle: stage 0 27.3%, stage 1 27.3%, stage 2 27.3%, stage 3 27.3% of 33.000 s\n");  // 3/11
+  const PipelineIdle empty = measure_idle({}, 2);
+  EXPECT_EQ(empty.span_seconds, 0.0);
+  EXPECT_EQ(empty.idle_share, (std::vector<double>{0.0, 0.0}));
+}
+
 }  // namespace
 }  // namespace touchstone::pipeline
