@@ -31,6 +31,9 @@ struct Rule {
   // labels= shifting the already shifted golden targets once more).
   bool targets_shifted = false;
   bool golden_counts = false;  // with targets_shifted: normalised by the golden batch's loss-token counts
+  // The linear layers' and the embedding's weight gradients without the last micro-batch's share (the
+  // norm weights' complete): the optimizer stepped before a split backward's last W had run.
+  bool last_weight_gradients_missing = false;
 };
 
 std::vector<Rule> rules_for(const Config& config) {
@@ -100,6 +103,14 @@ std::vector<Rule> rules_for(const Config& config) {
     shifted.golden_counts = golden_counts;
     rules.push_back(shifted);
   }
+  Rule before_last_w{
+      "weight_gradients_before_last_w",
+      "optimizer step before the last weight-gradient pass: the candidate's linear-layer and "
+      "embedding weight gradients lack the last micro-batch's share, its norm weights have it "
+      "(a split backward's deferred W, zero-bubble schedules); step only after every W has run",
+      masking, golden_norm};
+  before_last_w.last_weight_gradients_missing = true;
+  rules.push_back(before_last_w);
   return rules;
 }
 
@@ -132,6 +143,27 @@ ObjectiveResult evaluate_rule(const Rule& rule, const Config& config, const Para
   for (int64_t l = 0; rule.qkv_read_separate && !rule.qkv_gradient_regrouped && l < config.model.num_layers;
        ++l) {
     r.grads[table.layer(l).qkv] = hf::qkv_separate_from_grouped(config.model, r.grads[table.layer(l).qkv], H);
+  }
+  if (rule.last_weight_gradients_missing) {
+    // The last micro-batch's share alone: every other window's targets ignored, the loss weights those
+    // of the whole batch (counts_from), so that the shares add up to r. The subtraction rounds at
+    // the level of r's own rounding, far inside any tolerance.
+    GlobalBatch last = b;
+    const int64_t first_window = b.windows - config.train.micro_batch_size;
+    std::fill(last.targets.begin(), last.targets.begin() + first_window * b.seq, -100);
+    const ObjectiveResult share = evaluate_objective(model, table, p, last, config.train.micro_batch_size,
+                                                     rule.normalization, true, &b);
+    std::vector<bool> norm(static_cast<size_t>(table.size()), false);
+    norm[static_cast<size_t>(table.final_norm())] = true;
+    for (int64_t l = 0; l < config.model.num_layers; ++l) {
+      norm[static_cast<size_t>(table.layer(l).input_norm)] = true;
+      norm[static_cast<size_t>(table.layer(l).pre_mlp_norm)] = true;
+    }
+    for (int id = 0; id < table.size(); ++id) {
+      if (norm[static_cast<size_t>(id)]) continue;
+      std::vector<double>& g = r.grads[id];
+      for (size_t i = 0; i < g.size(); ++i) g[i] -= share.grads[id][i];
+    }
   }
   return r;
 }

@@ -68,6 +68,7 @@ SIGNATURE = {
     "clip_after_moments": "optimizer_clipping",
     "schedule_megatron": "learning_rate_behind",
     "schedule_touchstone": "learning_rate_ahead",
+    "step_before_last_w": "weight_gradients_before_last_w",
 }
 
 # Text the verdict's message must hold, where the signature alone does not say it.

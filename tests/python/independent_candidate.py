@@ -67,6 +67,9 @@ bug), so an optimizer bug leaves the gradients right and only the parameters wro
     wd_on_norms           weight decay on every tensor, norm weights included
     clip_after_moments    the moments accumulate the unclipped gradients; the clip coefficient
                           scales the update instead (visible only in steps where clipping is active)
+    step_before_last_w    the optimizer steps before the last micro-batch's deferred weight-gradient
+                          pass of a split backward (zero-bubble pipelines): the linear layers' and the
+                          embedding's gradients lack that micro-batch's share, the norm weights have it
     cp2_default_normalization
                           Megatron-LM's default normalisation under context parallelism 2: each
                           CP rank (rank 0: chunks 0 and 3 of the window cut in 4, rank 1: chunks 1
@@ -106,7 +109,8 @@ BF16, FP32, FP64 = torch.bfloat16, torch.float32, torch.float64
 BUGS = ("per_microbatch_mean", "global_token_mean", "grad_half", "qkv_wrong_grouping", "qkv_split_in_conversion",
         "no_document_mask",
         "padding_in_loss", "padding_in_loss_strict", "fp32_sites", "no_bias_correction", "wd_on_norms",
-        "clip_after_moments", "schedule_megatron", "schedule_touchstone", "cp2_default_normalization")
+        "clip_after_moments", "schedule_megatron", "schedule_touchstone", "cp2_default_normalization",
+        "step_before_last_w")
 GENERATOR = "independent_candidate.py"
 
 
@@ -503,7 +507,15 @@ class Trainer:
                 micro_loss = (losses * cp2_rank_weights(targets[rows], num_micro).to(losses.dtype)).sum()
             else:
                 micro_loss = losses.sum() * weight
+            # step_before_last_w: the last micro-batch's weight-gradient pass never reaches the step.
+            kept = None
+            if "step_before_last_w" in bugs and j == num_micro - 1:
+                kept = {n: leaves[n].grad.detach().clone() for n in self.names
+                        if not n.endswith("layernorm.weight") and leaves[n].grad is not None}
             micro_loss.backward()
+            if kept is not None:
+                for n, g in kept.items():
+                    leaves[n].grad.copy_(g)
             loss += float(micro_loss)
             token_losses.append(losses.detach().to(FP64))
 
