@@ -91,6 +91,12 @@ std::vector<Layout> all_layouts(int64_t num_layers) {
        {},
        {"parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.sequence_parallel=true",
         "parallel.distributed_optimizer=true"}},
+      {"tp2_pp2_dp2_sp_zb_h1",
+       8,
+       "all three, sequence parallel, ZB-H1",
+       {},
+       {"parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.sequence_parallel=true",
+        "parallel.schedule=zb_h1"}},
   };
 }
 
