@@ -153,14 +153,11 @@ ObjectiveResult evaluate_rule(const Rule& rule, const Config& config, const Para
     std::fill(last.targets.begin(), last.targets.begin() + first_window * b.seq, -100);
     const ObjectiveResult share = evaluate_objective(model, table, p, last, config.train.micro_batch_size,
                                                      rule.normalization, true, &b);
-    std::vector<bool> norm(static_cast<size_t>(table.size()), false);
-    norm[static_cast<size_t>(table.final_norm())] = true;
-    for (int64_t l = 0; l < config.model.num_layers; ++l) {
-      norm[static_cast<size_t>(table.layer(l).input_norm)] = true;
-      norm[static_cast<size_t>(table.layer(l).pre_mlp_norm)] = true;
-    }
     for (int id = 0; id < table.size(); ++id) {
-      if (norm[static_cast<size_t>(id)]) continue;
+      const ParamKind kind = table[id].kind;
+      if (kind == ParamKind::kInputNorm || kind == ParamKind::kPreMlpNorm || kind == ParamKind::kFinalNorm) {
+        continue;  // computed with the input gradients, in the first half
+      }
       std::vector<double>& g = r.grads[id];
       for (size_t i = 0; i < g.size(); ++i) g[i] -= share.grads[id][i];
     }
