@@ -29,6 +29,7 @@ nlohmann::json layout_json(const Config& config) {
           {"world_size", p.tp * p.pp * p.dp},
           {"sequence_parallel", p.sequence_parallel},
           {"distributed_optimizer", p.distributed_optimizer},
+          {"zero_stage", p.zero_stage},
           {"schedule", p.schedule}};
 }
 

@@ -22,7 +22,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(EnvelopeConfig, k, floor)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OptimConfig, lr, min_lr, warmup_steps, decay_steps, warmup_init,
                                    schedule_convention, beta1, beta2, eps, weight_decay, clip_grad)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ParallelConfig, tp, pp, dp, schedule, sequence_parallel,
-                                   distributed_optimizer, stage_layers)
+                                   distributed_optimizer, zero_stage, stage_layers)
 
 nlohmann::json to_json(const Config& config) {
   return nlohmann::json{{"model", config.model},       {"data", config.data},
@@ -53,6 +53,7 @@ const std::vector<IntegerLimit>& integer_limits() {
       {"parallel.tp", 1, kMaxProcesses},
       {"parallel.pp", 1, kMaxProcesses},
       {"parallel.dp", 1, kMaxProcesses},
+      {"parallel.zero_stage", 0, 3},
       {"parallel.stage_layers", 1, kMaxCount},
   };
   return limits;
@@ -204,6 +205,10 @@ Config resolve_config(const nlohmann::json& file_json, const std::vector<std::st
   config.train = resolved["train"].get<TrainConfig>();
   config.optim = resolved["optim"].get<OptimConfig>();
   config.parallel = resolved["parallel"].get<ParallelConfig>();
+  // One knob from here on: the distributed optimizer is ZeRO stage 1, and every stage shards the optimizer.
+  if (config.parallel.distributed_optimizer && config.parallel.zero_stage == 0)
+    config.parallel.zero_stage = 1;
+  config.parallel.distributed_optimizer = config.parallel.zero_stage >= 1;
   config.precision = resolved["precision"].get<Precision>();
   config.envelope = resolved["envelope"].get<EnvelopeConfig>();
   return config;
@@ -321,6 +326,9 @@ void validate_config(const Config& c, int world_size) {
     require(total == m.num_layers, "parallel.stage_layers",
             "sums to " + std::to_string(total) + " but model.num_layers is " + std::to_string(m.num_layers));
   }
+  require(p.zero() != 3 || p.schedule != PipelineSchedule::kZeroBubbleH1, "parallel.zero_stage",
+          "3 cannot run with parallel.schedule \"zb_h1\": a deferred weight gradient would add into a unit's "
+          "gradient after it was reduce-scattered and freed");
   require(!p.sequence_parallel || m.seq_length % p.tp == 0, "parallel.sequence_parallel",
           "needs model.seq_length divisible by parallel.tp");
   require(p.tp * p.pp * p.dp == world_size, "parallel",

@@ -73,7 +73,14 @@ struct ParallelConfig {
   PipelineSchedule schedule = PipelineSchedule::kOneForwardOneBackward;
   bool sequence_parallel = false;      // shard norm and residual regions along the sequence over tp
   bool distributed_optimizer = false;  // ZeRO-1: optimizer state and master weights sharded over dp
-  std::vector<int64_t> stage_layers;   // layers per pipeline stage; empty: num_layers / pp each
+  // ZeRO stage (docs/parallelism.md): 0 none, 1 the distributed optimizer, 2 also the gradients sharded,
+  // 3 also the parameters (FSDP2). resolve_config makes the two keys agree: distributed_optimizer = true
+  // is stage 1 (Megatron-LM's --use-distributed-optimizer), and every stage >= 1 sets it.
+  int64_t zero_stage = 0;
+
+  // The stage in effect, also for a config built in code that sets only distributed_optimizer.
+  int64_t zero() const { return distributed_optimizer && zero_stage == 0 ? 1 : zero_stage; }
+  std::vector<int64_t> stage_layers;  // layers per pipeline stage; empty: num_layers / pp each
 };
 
 // The BF16 tolerance model of `touchstone golden --envelope`: tolerance = k x (BF16-vs-FP64 error) + floor.

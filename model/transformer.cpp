@@ -297,14 +297,28 @@ void Transformer::head_backward(const ParamTensors& params, const MicroBatch& ba
 
 // ---- one stage: [embedding] -> layers -> [head] ----------------------------------------------------------
 
+void Transformer::before(Pass pass, const ParameterUnit& unit) const {
+  if (hooks_ == nullptr) return;
+  if (pass == kForward) hooks_->before_forward(unit);
+  if (pass == kBackward) hooks_->before_backward(unit);
+}
+
+void Transformer::after(Pass pass, const ParameterUnit& unit) const {
+  if (hooks_ == nullptr) return;
+  if (pass == kForward) hooks_->after_forward(unit);
+  if (pass == kBackward) hooks_->after_backward(unit);
+}
+
 void Transformer::forward(const ParamTensors& params, const MicroBatch& batch, const ActivationBuffer* input,
                           Activations& acts) const {
   const int64_t N = batch.windows * model_.seq_length, H = model_.hidden_size;
   ActivationBuffer x;  // [Nl,H] the residual stream
   if (stage_.first_stage) {
+    before(kForward, {ParameterUnit::Kind::kEmbedding});
     ActivationBuffer partial = buffer(N * H);  // VocabParallelEmbedding: rows outside the slice are 0
     backend_.embedding_forward(batch.tokens, params[table_.embedding()].data(), N, H, vocab_start(),
                                vocab_local(), partial.data());
+    after(kForward, {ParameterUnit::Kind::kEmbedding});
     tp_.reduce(partial, N, H, x);
   } else {
     x = *input;
@@ -312,11 +326,17 @@ void Transformer::forward(const ParamTensors& params, const MicroBatch& batch, c
   acts.layers.resize(static_cast<size_t>(stage_.end_layer - stage_.first_layer));
   for (int64_t l = stage_.first_layer; l < stage_.end_layer; ++l) {
     LayerActivations& a = acts.layers[static_cast<size_t>(l - stage_.first_layer)];
+    before(kForward, {ParameterUnit::Kind::kLayer, l});
     attention_block_forward(params, l, batch, a, x);
     mlp_block_forward(params, l, batch, a, x);
+    after(kForward, {ParameterUnit::Kind::kLayer, l});
   }
   acts.x_final = std::move(x);
-  if (stage_.last_stage) head_forward(params, batch, acts);
+  if (stage_.last_stage) {
+    before(kForward, {ParameterUnit::Kind::kHead});
+    head_forward(params, batch, acts);
+    after(kForward, {ParameterUnit::Kind::kHead});
+  }
 }
 
 void Transformer::backward(const ParamTensors& params, const MicroBatch& batch, Activations& acts,
@@ -324,16 +344,24 @@ void Transformer::backward(const ParamTensors& params, const MicroBatch& batch, 
                            ActivationBuffer* d_input, DeferredWeightGradients* deferred) const {
   const int64_t N = batch.windows * model_.seq_length, H = model_.hidden_size;
   ActivationBuffer dx;  // [Nl,H]
+  if (hooks_ != nullptr && deferred != nullptr) {
+    throw std::logic_error(
+        "a split backward cannot run with parameter hooks: W would add into freed gradients");
+  }
   if (stage_.last_stage) {
+    before(kBackward, {ParameterUnit::Kind::kHead});
     head_backward(params, batch, acts, loss_weight, grads, dx, deferred);
+    after(kBackward, {ParameterUnit::Kind::kHead});
   } else {
     release(acts.x_final);  // the stage's output: its send made a copy
     dx = *d_output;
   }
   for (int64_t l = stage_.end_layer - 1; l >= stage_.first_layer; --l) {
     LayerActivations& a = acts.layers[static_cast<size_t>(l - stage_.first_layer)];
+    before(kBackward, {ParameterUnit::Kind::kLayer, l});
     mlp_block_backward(params, l, batch, a, dx, grads, deferred);
     attention_block_backward(params, l, batch, a, dx, grads, deferred);
+    after(kBackward, {ParameterUnit::Kind::kLayer, l});
   }
   if (stage_.first_stage) {
     ActivationBuffer dfull;
@@ -341,8 +369,10 @@ void Transformer::backward(const ParamTensors& params, const MicroBatch& batch, 
     if (deferred != nullptr) {
       deferred->embedding.push_back({std::move(dfull), batch.tokens, N, grads[table_.embedding()].data()});
     } else {
+      before(kBackward, {ParameterUnit::Kind::kEmbedding});
       backend_.embedding_backward(batch.tokens, dfull.data(), N, H, vocab_start(), vocab_local(),
                                   grads[table_.embedding()].data());
+      after(kBackward, {ParameterUnit::Kind::kEmbedding});
     }
   } else {
     *d_input = std::move(dx);

@@ -104,6 +104,25 @@ struct DeferredWeightGradients {
   bool empty() const { return linears.empty() && embedding.empty(); }
 };
 
+// The units whose parameters fully sharded data parallelism (parallel/data/fully_sharded_parameters.h)
+// gathers just before a unit runs and frees after it, as FSDP2's hooks do around each module it wraps:
+// the embedding, each decoder layer, the head (final norm and output layer). The model calls the hooks
+// around each unit's forward and backward; between before_* and after_* the unit's tensors are in the
+// `params` (and, in the backward, `grads`) the pass was given.
+struct ParameterUnit {
+  enum class Kind { kEmbedding, kLayer, kHead };
+  Kind kind;
+  int64_t layer = -1;  // kLayer: the global layer number
+};
+class ParameterHooks {
+ public:
+  virtual ~ParameterHooks() = default;
+  virtual void before_forward(const ParameterUnit& unit) = 0;
+  virtual void after_forward(const ParameterUnit& unit) = 0;
+  virtual void before_backward(const ParameterUnit& unit) = 0;
+  virtual void after_backward(const ParameterUnit& unit) = 0;
+};
+
 class Transformer {
  public:
   // Rows per call of the head's blockwise cross entropy backward (head_backward): its scratch is
@@ -129,6 +148,10 @@ class Transformer {
                 DeferredWeightGradients* deferred = nullptr) const;
   // The weight gradients a split backward left in `deferred`, added to the gradients it names; empties it.
   void backward_weights(DeferredWeightGradients& deferred) const;
+
+  // Hooks around each unit's passes (none by default); the caller keeps them alive. Not with `deferred`:
+  // a split backward's W adds into gradients after the unit's after_backward.
+  void set_parameter_hooks(ParameterHooks* hooks) { hooks_ = hooks; }
 
   const StageRange& stage() const { return stage_; }
   Backend& backend() const { return backend_; }
@@ -175,12 +198,18 @@ class Transformer {
                        int64_t in, int64_t out, double* dx, double* dweight,
                        DeferredWeightGradients* deferred) const;
 
+  // The hooks' calls around one unit (nothing without hooks).
+  enum Pass { kForward, kBackward };
+  void before(Pass pass, const ParameterUnit& unit) const;
+  void after(Pass pass, const ParameterUnit& unit) const;
+
   ModelConfig model_;
   bool document_masking_;
   const ParamTable& table_;
   Backend& backend_;
   const TensorParallelRegion& tp_;
   StageRange stage_;
+  ParameterHooks* hooks_ = nullptr;
   std::vector<LayerDropoutKeys> dropout_keys_;  // [num_layers], by global layer index
 };
 

@@ -72,18 +72,37 @@ Trainer::Trainer(const Config& config, const ParamTensors& full_initial_params, 
       context_(context),
       table_(config.model),
       plan_(table_, config, context.tp.rank(), context.tp.size(), context.stage()),
+      dim0_(dim0_shards(plan_, context.dp.size())),
       region_(context.tp, config.parallel.sequence_parallel, backend),
       model_(config.model, config.data.document_masking, config.train.seed, table_, backend, region_,
              plan_.stage_range()),
-      params_(master_weights(plan_.shard(full_initial_params), backend)),
-      optimizer_(std::make_unique<DataParallelOptimizer>(
-          plan_, config.optim, config.parallel.distributed_optimizer, context, backend, params_)),
-      timeline_(context.stage()) {}
+      params_(held_params(master_weights(plan_.shard(full_initial_params), backend))),
+      timeline_(context.stage()) {
+  if (config.parallel.zero() == 3) {
+    fully_sharded_ = std::make_unique<FullyShardedParameters>(table_, dim0_, context.dp, backend);
+    model_.set_parameter_hooks(fully_sharded_.get());
+  }
+  optimizer_ = std::make_unique<DataParallelOptimizer>(plan_, config.optim, config.parallel.zero(), dim0_,
+                                                       context, backend, params_);
+}
+
+ParamTensors Trainer::held_params(ParamTensors local) const {
+  if (config_.parallel.zero() != 3) return local;
+  return take_shards(dim0_, local, context_.dp.rank());
+}
+
+const ParamTensors& Trainer::params() const {
+  if (config_.parallel.zero() != 3) return params_;
+  gathered_params_ = plan_.zeros();
+  for (int id : plan_.held_ids())
+    dim0_[static_cast<size_t>(id)].all_gather(context_.dp, params_[id], gathered_params_[id]);
+  return gathered_params_;
+}
 
 void Trainer::restore(int64_t step, const ParamTensors& full_params, const ParamTensors& full_exp_avg,
                       const ParamTensors& full_exp_avg_sq) {
   // Stored master weights are already in the optimizer's precision: sharding copies them unchanged.
-  params_ = plan_.shard(full_params);
+  params_ = held_params(plan_.shard(full_params));
   optimizer_->restore(AdamWState{plan_.shard(full_exp_avg), plan_.shard(full_exp_avg_sq), step});
   steps_done_ = step;
 }
@@ -136,7 +155,9 @@ StepRecord Trainer::step(const GlobalBatch& batch, bool collect_outputs) {
 
   std::vector<MicroBatch> micro_batches;
   for (int64_t start : starts) micro_batches.push_back(batch.micro_batch(start, mbs));
-  record.grads = plan_.zeros();
+  gathered_params_ = ParamTensors();
+  // Zero stage 3: the passes fill each unit's gradient shards; other stages accumulate full tensors.
+  record.grads = fully_sharded_ ? take_shards(dim0_, plan_.zeros(), context_.dp.rank()) : plan_.zeros();
   // The weights the passes use: the BF16 copy of the FP32 master weights in BF16 mode (in FP32 and FP64
   // mode the weights themselves, without a copy).
   ParamTensors bf16_copy;
@@ -153,9 +174,13 @@ StepRecord Trainer::step(const GlobalBatch& batch, bool collect_outputs) {
   // last step lays out no block for a step that will not come.
   const bool last_update = record.step >= config_.train.steps;
   const ActivationArena::Step arena_step(arena_.get(), !last_update);
-  const PipelineResult run = run_pipeline(
-      config_.parallel.schedule, model_, bf16_copy.tensors.empty() ? params_ : bf16_copy, micro_batches,
-      scaling.loss_weights, scaling.backward_weights, context_, record.step, true, record.grads, &timeline_);
+  const ParamTensors& weights = bf16_copy.tensors.empty() ? params_ : bf16_copy;
+  if (fully_sharded_) fully_sharded_->begin_step(weights, record.grads);
+  const PipelineResult run =
+      run_pipeline(config_.parallel.schedule, model_, fully_sharded_ ? fully_sharded_->params() : weights,
+                   micro_batches, scaling.loss_weights, scaling.backward_weights, context_, record.step, true,
+                   fully_sharded_ ? fully_sharded_->grads() : record.grads, &timeline_);
+  if (fully_sharded_) fully_sharded_->end_step();
 
   // The objective: the last stage's tp rank 0 of every dp rank holds a partial sum.
   context_.set_phase(record.step, -1, "loss");

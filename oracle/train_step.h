@@ -19,6 +19,7 @@
 #include "oracle/global_batch.h"
 #include "parallel/comm/context.h"
 #include "parallel/data/data_parallel_optimizer.h"
+#include "parallel/data/fully_sharded_parameters.h"
 #include "parallel/pipeline/timeline.h"
 #include "parallel/shard_plan.h"
 #include "parallel/tensor/regions.h"
@@ -91,7 +92,9 @@ class Trainer {
 
   const ParamTable& table() const { return table_; }
   const ShardPlan& plan() const { return plan_; }
-  const ParamTensors& params() const { return params_; }
+  // The master weights of the tensors this rank holds, full shapes: with zero_stage 3 gathered over dp
+  // (a collective: every rank calls it) into a copy kept until the next step or call.
+  const ParamTensors& params() const;
   AdamWState optimizer_moments() const { return optimizer_->moments(); }
   const Transformer& model() const { return model_; }
   pipeline::TimelineRecorder& timeline() { return timeline_; }
@@ -99,6 +102,8 @@ class Trainer {
   const ActivationArena& arena() const { return *arena_; }
 
  private:
+  // The master weights as this rank keeps them: `local` itself, or its dim-0 shards at zero stage 3.
+  ParamTensors held_params(ParamTensors local) const;
   // The token losses of the whole global batch [B*T] on world rank 0 (empty elsewhere).
   std::vector<double> gather_token_losses(const GlobalBatch& batch,
                                           const std::vector<std::vector<double>>& losses) const;
@@ -108,9 +113,12 @@ class Trainer {
   ParallelContext context_;
   ParamTable table_;
   ShardPlan plan_;
+  std::vector<Dim0Shard> dim0_;  // each held tensor's shard over dp (zero stages 2 and 3)
   TensorParallelRegion region_;
   Transformer model_;
-  ParamTensors params_;
+  ParamTensors params_;  // master weights: full local tensors, or their dim-0 shards at zero stage 3
+  mutable ParamTensors gathered_params_;  // zero stage 3: params() of the last call, until the next step
+  std::unique_ptr<FullyShardedParameters> fully_sharded_;  // zero stage 3: the model's parameter hooks
   std::unique_ptr<DataParallelOptimizer> optimizer_;
   pipeline::TimelineRecorder timeline_;
   std::unique_ptr<ActivationArena> arena_ = std::make_unique<ActivationArena>();

@@ -3,6 +3,14 @@
 
 namespace touchstone {
 
+namespace {
+// The trace shape of a gradient: its local shape, or flat when it is a dim-0 shard (zero stage 3).
+Shape shape_of(const ShardPlan& plan, int id, const std::vector<double>& g) {
+  if (static_cast<int64_t>(g.size()) == plan.local_numel(id)) return plan.local_shape(id);
+  return {static_cast<int64_t>(g.size())};
+}
+}  // namespace
+
 void finalize_model_grads(const ShardPlan& plan, const ParallelContext& context, bool sequence_parallel,
                           bool tie_embeddings, Backend& backend, ParamTensors& grads) {
   const ParamTable& table = plan.table();
@@ -10,14 +18,14 @@ void finalize_model_grads(const ShardPlan& plan, const ParallelContext& context,
     for (int id : plan.held_ids()) {
       if (table[id].sharding != Sharding::kReplicated) continue;
       context.tp.all_reduce_sum(grads[id].data(), static_cast<int64_t>(grads[id].size()),
-                                plan.local_shape(id));
+                                shape_of(plan, id, grads[id]));
       backend.round(TensorRole::kState, grads[id].data(), static_cast<int64_t>(grads[id].size()));
     }
   }
   if (tie_embeddings && context.pp.size() > 1 && plan.holds(table.embedding())) {
     std::vector<double>& g = grads[table.embedding()];
     context.embedding.all_reduce_sum(g.data(), static_cast<int64_t>(g.size()),
-                                     plan.local_shape(table.embedding()));
+                                     shape_of(plan, table.embedding(), g));
     backend.round(TensorRole::kState, g.data(), static_cast<int64_t>(g.size()));
   }
 }

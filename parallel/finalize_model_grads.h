@@ -19,7 +19,8 @@
 namespace touchstone {
 
 // `grads` holds the gradients of the tensors this rank holds (`plan`), accumulated over its
-// micro-batches; on return those that the layout splits are complete.
+// micro-batches (full tensors, or their dim-0 shards over dp at zero stage 3: the same reductions apply
+// to each shard); on return those that the layout splits are complete.
 void finalize_model_grads(const ShardPlan& plan, const ParallelContext& context, bool sequence_parallel,
                           bool tie_embeddings, Backend& backend, ParamTensors& grads);
 

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "common/errors.h"
 #include "kernels/cpu/parallel_for.h"
 #include "model/param_table.h"
 #include "optim/optimizer.h"
@@ -308,6 +309,10 @@ Fp64Rank fp64_rank(const MemoryPlanInput& in, int64_t dp, int64_t micro_batches,
 Fp64StepReplay replay_fp64_step(const Fp64Rank& rank) { return StepReplay(rank).run(); }
 
 MemoryPlanInput plan_input_from_config(const Config& c) {
+  if (c.parallel.zero() >= 2) {  // each tensor sharded along dim 0, gathered per unit: not replayed here
+    throw InputError("config: parallel.zero_stage " + std::to_string(c.parallel.zero()) +
+                     " is not modelled by the memory planner, which predicts zero stages 0 and 1 (docs/planning.md)");
+  }
   MemoryPlanInput in;
   const ModelConfig& m = c.model;
   in.shape = ModelShape{m.num_layers,      m.hidden_size, m.num_heads,  m.num_kv_heads,

@@ -15,19 +15,26 @@ void scale_gradient(Backend& backend, double scale, double* g, int64_t n) {
 }
 
 DataParallelOptimizer::DataParallelOptimizer(const ShardPlan& plan, const OptimConfig& optim,
-                                             bool distributed, const ParallelContext& context,
-                                             Backend& backend, const ParamTensors& params)
+                                             int64_t zero_stage, const std::vector<Dim0Shard>& shards,
+                                             const ParallelContext& context, Backend& backend,
+                                             const ParamTensors& params)
     : plan_(plan),
       optim_(optim),
-      distributed_(distributed),
+      zero_stage_(zero_stage),
+      shards_(shards),
       context_(context),
       backend_(backend),
-      flat_(params, context.dp.size()) {}
+      flat_(zero_stage <= 1 ? params : ParamTensors{}, context.dp.size()) {}
 
 void DataParallelOptimizer::hold_moments() {
   if (moments_held_) return;
   moments_held_ = true;
-  if (distributed_) {
+  if (zero_stage_ >= 2) {
+    state_ = AdamWState::zeros_like(take_shards(shards_, plan_.zeros(), context_.dp.rank()));
+    state_.step = steps_done_;
+    return;
+  }
+  if (zero_stage_ == 1) {
     chunk_m_.assign(static_cast<size_t>(flat_.chunk_size()), 0.0);
     chunk_v_ = chunk_m_;
     return;
@@ -59,12 +66,35 @@ UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, Pa
   dropped_moments_ = !moments_held_;
   const int dp_rank = context_.dp.rank();
   const int64_t chunk = flat_.chunk_size(), begin = dp_rank * chunk, end = begin + chunk;
-  ActivationBuffer flat = flat_.flatten(grads);
+  ActivationBuffer flat = zero_stage_ <= 1 ? flat_.flatten(grads) : ActivationBuffer();
   UpdateResult result;
   result.lr = learning_rate(optim_, update);
   steps_done_ += 1;
 
-  if (!distributed_) {
+  if (zero_stage_ >= 2) {
+    ParamTensors grad_shards;  // stage 2: reduce-scattered here, each full gradient freed once it is
+    if (zero_stage_ == 2) {
+      grad_shards = take_shards(shards_, plan_.zeros(), dp_rank);
+      for (int id : plan_.held_ids()) {
+        shards_[static_cast<size_t>(id)].reduce_scatter_add(context_.dp, grads[id], grad_shards[id]);
+        backend_.round(TensorRole::kState, grad_shards[id].data(),
+                       static_cast<int64_t>(grad_shards[id].size()));
+        std::vector<double>().swap(grads[id]);
+      }
+    }
+    ParamTensors& g = zero_stage_ == 2 ? grad_shards : grads;
+    if (zero_stage_ == 2) {
+      ParamTensors param_shards = take_shards(shards_, params, dp_rank);
+      sharded_update(g, param_shards, grad_scale, result);
+      params = gather_shards(param_shards);
+    } else {
+      sharded_update(g, params, grad_scale, result);
+    }
+    if (want_full_grads) grads = gather_shards(g);
+    return result;
+  }
+
+  if (zero_stage_ == 0) {
     context_.dp.all_reduce_sum(flat.data(), flat_.padded_size(), {flat_.padded_size()});
     backend_.round(TensorRole::kState, flat.data(), flat_.padded_size());  // an FP32 reduction unless FP64
     scale_gradient(backend_, grad_scale, flat.data(), flat_.padded_size());
@@ -111,6 +141,32 @@ UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, Pa
   return result;
 }
 
+void DataParallelOptimizer::sharded_update(ParamTensors& grad_shards, ParamTensors& param_shards,
+                                           double grad_scale, UpdateResult& result) {
+  double partial = 0.0;  // each element in exactly one shard of one primary tensor; padding is zero
+  for (int id : plan_.held_ids()) {
+    std::vector<double>& g = grad_shards[id];
+    scale_gradient(backend_, grad_scale, g.data(), static_cast<int64_t>(g.size()));
+    if (!plan_.is_primary(id)) continue;
+    for (double x : g) partial += x * x;
+  }
+  context_.world.all_reduce_sum(&partial, 1, {1});
+  result.grad_norm = std::sqrt(partial);
+  result.clip_coefficient = clip_coefficient(result.grad_norm, optim_.clip_grad);
+  // adamw_step counts updates in state_.step; without kept moments state_ has no tensors.
+  state_.step = steps_done_ - 1;
+  adamw_step(backend_, plan_.table(), optim_, result.lr, result.clip_coefficient, grad_shards, param_shards,
+             state_);
+}
+
+ParamTensors DataParallelOptimizer::gather_shards(const ParamTensors& shards) const {
+  ParamTensors full = plan_.zeros();
+  for (int id : plan_.held_ids()) {
+    shards_[static_cast<size_t>(id)].all_gather(context_.dp, shards[id], full[id]);
+  }
+  return full;
+}
+
 AdamWState DataParallelOptimizer::moments() const {
   if (dropped_moments_) {
     throw std::logic_error("update " + std::to_string(steps_done_) +
@@ -120,7 +176,9 @@ AdamWState DataParallelOptimizer::moments() const {
     AdamWState zeros{plan_.zeros(), plan_.zeros(), steps_done_};
     return zeros;
   }
-  if (!distributed_) return state_;
+  if (zero_stage_ == 0) return state_;
+  if (zero_stage_ >= 2)
+    return AdamWState{gather_shards(state_.exp_avg), gather_shards(state_.exp_avg_sq), steps_done_};
   AdamWState state = state_;
   ParamTensors shapes = plan_.zeros();
   state.exp_avg = shapes;
@@ -139,8 +197,14 @@ void DataParallelOptimizer::restore(const AdamWState& moments) {
   steps_done_ = moments.step;
   hold_moments();
   dropped_moments_ = false;
-  if (!distributed_) {
+  if (zero_stage_ == 0) {
     state_ = moments;
+    return;
+  }
+  if (zero_stage_ >= 2) {
+    const int dp_rank = context_.dp.rank();
+    state_ = AdamWState{take_shards(shards_, moments.exp_avg, dp_rank),
+                        take_shards(shards_, moments.exp_avg_sq, dp_rank), moments.step};
     return;
   }
   const int64_t chunk = flat_.chunk_size(), begin = context_.dp.rank() * chunk;

@@ -1,13 +1,19 @@
 // The optimizer side of a step on one rank of the grid: data-parallel gradient reduction, the global
 // gradient norm (every parameter counted exactly once over all ranks), clipping and AdamW.
 //
-// Two modes, both giving the single-rank result:
-//   replicated (default)    all-reduce the flat gradient over dp; every dp rank holds full Adam moments
+// Four modes (parallel.zero_stage), each giving the single-rank result:
+//   0 replicated (default)  all-reduce the flat gradient over dp; every dp rank holds full Adam moments
 //                           for its tensors and applies the same update.
-//   distributed optimizer   ZeRO-1: reduce-scatter the flat gradient, so dp rank r holds the summed
+//   1 distributed optimizer ZeRO-1: reduce-scatter the flat gradient, so dp rank r holds the summed
 //                           gradient of chunk r only; it keeps Adam moments for that chunk, updates
 //                           that chunk of the parameters, and an all-gather over dp returns the
 //                           updated parameters to every replica.
+//   2 sharded gradients     ZeRO-2: each tensor's gradient is reduce-scattered into its dim-0 shard
+//                           (parallel/data/dim0_shard.h, FSDP2's sharding) and the full gradient freed;
+//                           AdamW updates the shard, an all-gather per tensor returns the parameters.
+//   3 sharded parameters    ZeRO-3 / FSDP2: parameters and gradients arrive as dim-0 shards (the passes
+//                           gathered and reduce-scattered them per unit, parallel/data/
+//                           fully_sharded_parameters.h); AdamW updates the shards, nothing is gathered.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +23,7 @@
 #include "kernels/backend.h"
 #include "optim/optimizer.h"
 #include "parallel/comm/context.h"
+#include "parallel/data/dim0_shard.h"
 #include "parallel/data/flat_buffer.h"
 #include "parallel/shard_plan.h"
 
@@ -34,12 +41,15 @@ struct UpdateResult {
 
 class DataParallelOptimizer {
  public:
-  DataParallelOptimizer(const ShardPlan& plan, const OptimConfig& optim, bool distributed,
-                        const ParallelContext& context, Backend& backend, const ParamTensors& params);
+  // `shards`: each tensor's dim-0 shard over dp (zero stages 2 and 3; outlives the optimizer).
+  DataParallelOptimizer(const ShardPlan& plan, const OptimConfig& optim, int64_t zero_stage,
+                        const std::vector<Dim0Shard>& shards, const ParallelContext& context,
+                        Backend& backend, const ParamTensors& params);
 
-  // `grads` holds this rank's accumulated gradients. On return it holds the gradients summed over dp
-  // and multiplied by `grad_scale`, except with the distributed optimizer and `want_full_grads` false:
-  // then `grads` is left as it came (this rank's own gradients) and the reduced chunk stays internal,
+  // `grads` holds this rank's accumulated gradients (zero stage 3: this rank's shards of their sum over
+  // dp; `params` are then shards too). On return it holds the gradients summed over dp and multiplied by
+  // `grad_scale` (full tensors), except with a sharding stage and `want_full_grads` false: then `grads`
+  // holds whatever the reduction left (own gradients at stage 1, nothing at stage 2, shards at stage 3),
   // which saves the all-gather a step without outputs does not need. The norm, clipping and update see
   // the scaled, reduced gradients either way.
   // `keep_moments` false: nothing reads the moments after this update (the last of a run that saves no
@@ -48,24 +58,29 @@ class DataParallelOptimizer {
   UpdateResult step(int64_t update, ParamTensors& grads, ParamTensors& params, bool want_full_grads,
                     double grad_scale = 1.0, bool keep_moments = true);
 
-  // Adam moments shaped like the parameters this rank holds (gathered over dp when distributed); zeros
+  // Adam moments shaped like the full tensors this rank holds (gathered over dp when sharded); zeros
   // before the first update. std::logic_error after an update that kept none.
   AdamWState moments() const;
-  // Continues from a checkpoint: `moments` shaped like the parameters this rank holds (each dp rank
-  // keeps its own chunk when distributed), after `moments.step` updates.
+  // Continues from a checkpoint: `moments` shaped like the full tensors this rank holds (each dp rank
+  // keeps its own chunk or shards when sharded), after `moments.step` updates.
   void restore(const AdamWState& moments);
 
  private:
   double global_grad_norm(const ActivationBuffer& flat_grads, int64_t begin, int64_t end) const;
   void hold_moments();  // allocates zero moments unless they are held
+  // Stages 2 and 3: scale, norm, clip and AdamW on each tensor's dim-0 shard.
+  void sharded_update(ParamTensors& grad_shards, ParamTensors& param_shards, double grad_scale,
+                      UpdateResult& result);
+  ParamTensors gather_shards(const ParamTensors& shards) const;  // full tensors from dim-0 shards
 
   const ShardPlan& plan_;
   OptimConfig optim_;
-  bool distributed_;
+  int64_t zero_stage_;
+  const std::vector<Dim0Shard>& shards_;
   ParallelContext context_;
   Backend& backend_;
   FlatBuffer flat_;
-  AdamWState state_;                       // replicated mode: shaped like the params
+  AdamWState state_;                       // stage 0: shaped like the params; 2, 3: like their shards
   std::vector<double> chunk_m_, chunk_v_;  // distributed mode: this dp rank's chunk of the moments
   bool moments_held_ = false;              // state_ or chunk_m_/chunk_v_ allocated
   bool dropped_moments_ = false;           // the last update formed its moments in scratch only

@@ -1,11 +1,13 @@
 // DataParallelOptimizer (parallel/data/data_parallel_optimizer.h) on its own, with dp = world size
-// (2 and 4), replicated and distributed (ZeRO-1), in FP64 and FP32. Each rank passes its own gradients;
+// (2 and 4), at every zero stage (0 replicated, 1 distributed optimizer, 2 sharded gradients, 3 sharded
+// parameters: the test then hands it the reduce-scattered gradient shards and the parameter shards, as
+// the passes would), in FP64 and FP32. Each rank passes its own gradients;
 // the test recomputes on every rank what one rank would do with all of them, and proves:
 //   - the returned gradients are the sum over dp ranks (in rank order, as the reduction documents)
 //     times grad_scale, stored in the main gradients' precision: bitwise;
 //   - the global gradient norm counts every element once: bitwise when replicated (one rank sums the
-//     squares in table order, as the test does), within a derived bound when distributed (each rank
-//     sums its chunk, then the chunks are added);
+//     squares in table order, as the test does), within a derived bound when sharded (each rank sums
+//     its chunk or shards, then the ranks' sums are added);
 //   - the clip coefficient is clip_coefficient(norm) (active, and off), the learning rate that of the
 //     update;
 //   - the updated parameters and the Adam moments are bitwise those of optim/ adamw_step applied on one
@@ -13,7 +15,8 @@
 //   - want_full_grads changes only what the gradients hold on return, never the update;
 //   - moments() and restore() continue an optimizer bitwise where another left off.
 // The model is chosen so that the flat buffer (135 elements) is padded for dp = 2 and 4 and the dp
-// chunks end inside tensors, with and without weight decay.
+// chunks end inside tensors, with and without weight decay; dim-0 shards are padded too (dim 0 of 5, 3
+// and 2 rows over 2 and 4 ranks: ranks with padding only).
 #include <cmath>
 #include <cstring>
 #include <iomanip>
@@ -27,6 +30,7 @@
 #include "model/params.h"
 #include "optim/optimizer.h"
 #include "parallel/data/data_parallel_optimizer.h"
+#include "parallel/data/dim0_shard.h"
 #include "tests/mpi/mpi_test.h"
 
 namespace touchstone {
@@ -133,18 +137,40 @@ std::string first_difference(const ParamTable& table, const ParamTensors& actual
 
 struct Mode {
   Precision precision;
-  bool distributed;
+  int64_t zero_stage;
   double clip_grad;  // 1: active for these gradients (norm ~ 10); 0: off
 };
 
 std::string describe(const Mode& mode) {
-  return option_name(mode.precision) + (mode.distributed ? " distributed" : " replicated") +
+  return option_name(mode.precision) + " zero stage " + std::to_string(mode.zero_stage) +
          (mode.clip_grad > 0 ? " clip on" : " clip off");
 }
 
-const Mode kModes[] = {{Precision::kFp64, false, 1.0}, {Precision::kFp64, true, 1.0},
-                       {Precision::kFp64, false, 0.0}, {Precision::kFp64, true, 0.0},
-                       {Precision::kFp32, false, 1.0}, {Precision::kFp32, true, 1.0}};
+const Mode kModes[] = {{Precision::kFp64, 0, 1.0}, {Precision::kFp64, 1, 1.0}, {Precision::kFp64, 2, 1.0},
+                       {Precision::kFp64, 3, 1.0}, {Precision::kFp64, 0, 0.0}, {Precision::kFp64, 1, 0.0},
+                       {Precision::kFp64, 3, 0.0}, {Precision::kFp32, 0, 1.0}, {Precision::kFp32, 1, 1.0},
+                       {Precision::kFp32, 2, 1.0}, {Precision::kFp32, 3, 1.0}};
+
+// Zero stage 3: what the passes leave (parallel/data/fully_sharded_parameters.h), each rank's shards of
+// the gradients summed over dp, stored as main gradients.
+ParamTensors reduce_scattered(const std::vector<Dim0Shard>& shards, ProcessGroup& dp, Backend& backend,
+                              const ParamTensors& grads) {
+  ParamTensors out;
+  out.tensors.resize(grads.tensors.size());
+  for (size_t id = 0; id < grads.tensors.size(); ++id) {
+    out.tensors[id].assign(static_cast<size_t>(shards[id].shard_numel()), 0.0);
+    shards[id].reduce_scatter_add(dp, grads.tensors[id], out.tensors[id]);
+    backend.round(TensorRole::kState, out.tensors[id].data(), static_cast<int64_t>(out.tensors[id].size()));
+  }
+  return out;
+}
+
+ParamTensors gathered(const std::vector<Dim0Shard>& shards, ProcessGroup& dp, const ParamTensors& held) {
+  ParamTensors full = held;
+  for (size_t id = 0; id < held.tensors.size(); ++id)
+    shards[id].all_gather(dp, held.tensors[id], full.tensors[id]);
+  return full;
+}
 
 // The optimizer's copy of the initial weights: master weights stored in the state format.
 ParamTensors master_weights(const ParamTable& table, const Config& c, Precision precision) {
@@ -164,7 +190,8 @@ struct ModeSetup {
         plan(table, config, 0, 1, 0),
         grid(Grid::create(GridLayout{1, testing::world_size(), 1})),
         context(context_of(*grid)),
-        backend(make_cpu_backend(BackendOptions{mode.precision})) {}
+        backend(make_cpu_backend(BackendOptions{mode.precision})),
+        shards(dim0_shards(plan, testing::world_size())) {}
 
   const Config config;
   const ParamTable table;
@@ -172,19 +199,23 @@ struct ModeSetup {
   std::unique_ptr<Grid> grid;
   const ParallelContext context;
   std::unique_ptr<Backend> backend;
+  const std::vector<Dim0Shard> shards;
 };
 
 TEST_F(DataParallelOptimizerTest, EqualsAdamWOnOneRankAppliedToTheReducedGradient) {
   for (const Mode& mode : kModes) {
     SCOPED_TRACE(describe(mode));
     ModeSetup setup(mode);
-    auto& [c, table, plan, grid, context, backend] = setup;
+    auto& [c, table, plan, grid, context, backend, shards] = setup;
     auto reference_backend = make_cpu_backend(BackendOptions{mode.precision});
+    const bool sharded_params = mode.zero_stage == 3;
 
-    ParamTensors params = master_weights(table, c, mode.precision), expected_params = params;
-    AdamWState expected_state = AdamWState::zeros_like(params);
-    DataParallelOptimizer optimizer(plan, c.optim, mode.distributed, context, *backend, params);
-    EXPECT_EQ(element_count(params), 135);  // odd: the flat buffer is padded for dp = 2 and 4
+    const ParamTensors initial = master_weights(table, c, mode.precision);
+    ParamTensors expected_params = initial;
+    ParamTensors params = sharded_params ? take_shards(shards, initial, context.dp.rank()) : initial;
+    AdamWState expected_state = AdamWState::zeros_like(initial);
+    DataParallelOptimizer optimizer(plan, c.optim, mode.zero_stage, shards, context, *backend, params);
+    EXPECT_EQ(element_count(initial), 135);  // odd: the flat buffer is padded for dp = 2 and 4
     for (int64_t update : {1, 2}) {
       SCOPED_TRACE("update " + std::to_string(update));
       int rounded_sums = 0;
@@ -195,15 +226,16 @@ TEST_F(DataParallelOptimizerTest, EqualsAdamWOnOneRankAppliedToTheReducedGradien
       }
 
       ParamTensors grads = gradients_of(table, context.dp.rank(), update, mode.precision);
+      if (sharded_params) grads = reduce_scattered(shards, context.dp, *backend, grads);
       // Update 2 leaves the other ranks' chunks out (a plain step); the update must not change.
       const bool want_full_grads = update == 1;
       const UpdateResult result = optimizer.step(update, grads, params, want_full_grads, kGradScale);
-      if (want_full_grads || !mode.distributed) {
+      if (want_full_grads || mode.zero_stage == 0) {
         EXPECT_EQ(first_difference(table, grads, expected_grads), "");
       }
 
       const double expected_norm = norm_in_table_order(expected_grads);
-      if (!mode.distributed) {
+      if (mode.zero_stage == 0) {
         EXPECT_EQ(result.grad_norm, expected_norm);
       } else {
         // Both sums add the same N rounded squares in different trees: each is within gamma_N S of the
@@ -224,8 +256,10 @@ TEST_F(DataParallelOptimizerTest, EqualsAdamWOnOneRankAppliedToTheReducedGradien
 
       adamw_step(*reference_backend, table, c.optim, result.lr, result.clip_coefficient, expected_grads,
                  expected_params, expected_state);
-      EXPECT_EQ(first_difference(table, params, expected_params), "");
-      const AdamWState moments = optimizer.moments();  // collective when distributed
+      EXPECT_EQ(first_difference(table, sharded_params ? gathered(shards, context.dp, params) : params,
+                                 expected_params),
+                "");
+      const AdamWState moments = optimizer.moments();  // collective when sharded
       EXPECT_EQ(first_difference(table, moments.exp_avg, expected_state.exp_avg), "");
       EXPECT_EQ(first_difference(table, moments.exp_avg_sq, expected_state.exp_avg_sq), "");
       EXPECT_EQ(moments.step, expected_state.step);
@@ -237,21 +271,26 @@ TEST_F(DataParallelOptimizerTest, RestoredMomentsContinueBitwise) {
   for (const Mode& mode : kModes) {
     SCOPED_TRACE(describe(mode));
     ModeSetup setup(mode);
-    auto& [c, table, plan, grid, context, backend] = setup;
+    auto& [c, table, plan, grid, context, backend, shards] = setup;
     const int rank = context.dp.rank();
+    const bool sharded_params = mode.zero_stage == 3;
+    const auto gradients = [&](int64_t update) {
+      const ParamTensors g = gradients_of(table, rank, update, mode.precision);
+      return sharded_params ? reduce_scattered(shards, context.dp, *backend, g) : g;
+    };
 
-    ParamTensors params = master_weights(table, c, mode.precision);
-    DataParallelOptimizer original(plan, c.optim, mode.distributed, context, *backend, params);
-    ParamTensors grads = gradients_of(table, rank, 1, mode.precision);
+    const ParamTensors initial = master_weights(table, c, mode.precision);
+    ParamTensors params = sharded_params ? take_shards(shards, initial, rank) : initial;
+    DataParallelOptimizer original(plan, c.optim, mode.zero_stage, shards, context, *backend, params);
+    ParamTensors grads = gradients(1);
     original.step(1, grads, params, false, kGradScale);
 
     // A second optimizer resumes from the first one's moments (as from a checkpoint), then both run
     // update 2 on the same gradients.
     ParamTensors resumed_params = params;
-    DataParallelOptimizer resumed(plan, c.optim, mode.distributed, context, *backend, resumed_params);
+    DataParallelOptimizer resumed(plan, c.optim, mode.zero_stage, shards, context, *backend, resumed_params);
     resumed.restore(original.moments());
-    ParamTensors grads_original = gradients_of(table, rank, 2, mode.precision),
-                 grads_resumed = grads_original;
+    ParamTensors grads_original = gradients(2), grads_resumed = grads_original;
     const UpdateResult a = original.step(2, grads_original, params, true, kGradScale);
     const UpdateResult b = resumed.step(2, grads_resumed, resumed_params, true, kGradScale);
     EXPECT_EQ(a.grad_norm, b.grad_norm);

@@ -22,6 +22,7 @@ LAYOUT_TOLERANCE = 1e-12
 LAYOUTS = {  # name: (ranks, overrides)
     "tp2_pp2_dp2": (8, ["parallel.tp=2", "parallel.pp=2", "parallel.dp=2"]),
     "dp4_zero": (4, ["parallel.dp=4", "parallel.distributed_optimizer=true"]),
+    "dp4_zero3": (4, ["parallel.dp=4", "parallel.zero_stage=3"]),
     "tp1_pp4_dp2": (8, ["parallel.pp=4", "parallel.dp=2", "model.num_layers=4"]),
     "single": (1, []),
 }
@@ -43,6 +44,7 @@ def run(layout, *args, steps=STEPS, extra=()):
 
 class Resume(unittest.TestCase):
     extra = ()  # config overrides of every run of the class
+    saved_at = "tp2_pp2_dp2"  # the layout of the uninterrupted run and of the stopped one
 
     @classmethod
     def run_layout(cls, layout, *args, steps=STEPS):
@@ -52,11 +54,11 @@ class Resume(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.continuous = os.path.join(cls.tmp.name, "continuous")
-        cls.run_layout("tp2_pp2_dp2", "--checkpoint-dir", cls.continuous)
+        cls.run_layout(cls.saved_at, "--checkpoint-dir", cls.continuous)
         cls.reference = checkpoint_tensors(cls.continuous, STEPS)
         # The same run stopped after update 3 (its checkpoint is the starting point of every resume).
         cls.stopped = os.path.join(cls.tmp.name, "stopped")
-        cls.run_layout("tp2_pp2_dp2", "--checkpoint-dir", cls.stopped, steps=3)
+        cls.run_layout(cls.saved_at, "--checkpoint-dir", cls.stopped, steps=3)
 
     @classmethod
     def tearDownClass(cls):
@@ -69,7 +71,7 @@ class Resume(unittest.TestCase):
 
     def test_same_layout_continues_bitwise(self):
         directory = self.resume_copy("same")
-        out = self.run_layout("tp2_pp2_dp2", "--checkpoint-dir", directory, "--resume")
+        out = self.run_layout(self.saved_at, "--checkpoint-dir", directory, "--resume")
         self.assertIn("resumed from", out)
         self.assertIn("next sample index 24", out)  # 3 updates x B = 8
         self.assertNotIn("step 3/6", out)
@@ -102,6 +104,12 @@ class Resume(unittest.TestCase):
     def test_resume_at_dp4_with_distributed_optimizer(self):
         self.check_other_layout("dp4_zero")
 
+    def test_resume_at_dp4_zero_stage_3(self):
+        self.check_other_layout("dp4_zero3")
+
+    def test_resume_at_tp2_pp2_dp2(self):
+        self.check_other_layout("tp2_pp2_dp2")
+
     def test_resume_at_tp1_pp4_dp2(self):
         self.check_other_layout("tp1_pp4_dp2")
 
@@ -110,11 +118,17 @@ class Resume(unittest.TestCase):
 
     def test_resume_without_a_checkpoint_starts_fresh(self):
         directory = os.path.join(self.tmp.name, "fresh")
-        out = self.run_layout("tp2_pp2_dp2", "--checkpoint-dir", directory, "--resume")
+        out = self.run_layout(self.saved_at, "--checkpoint-dir", directory, "--resume")
         self.assertNotIn("resumed from", out)
         fresh = checkpoint_tensors(directory, STEPS)
         for name, value in self.reference.items():
             self.assertTrue(np.array_equal(fresh[name], value), name)
+
+
+class ResumeFromZeroStage3(Resume):
+    """A ZeRO-3 run keeps each tensor as dim-0 shards over dp; its checkpoint holds full tensors (gathered
+    at save), so it resumes at the same layout bitwise and at any other within tolerance."""
+    saved_at = "dp4_zero3"
 
 
 class ResumeWithDropout(Resume):

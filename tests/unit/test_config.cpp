@@ -67,6 +67,15 @@ TEST(Config, UnknownKeysAndWrongTypesNameTheKey) {
             "override 'data.source=docs\xd3.jsonl': the value is not valid UTF-8");
 }
 
+TEST(Config, TheDistributedOptimizerIsZeroStage1) {
+  EXPECT_EQ(resolve_config(nullptr, {"parallel.distributed_optimizer=true"}, "c").parallel.zero_stage, 1);
+  EXPECT_TRUE(resolve_config(nullptr, {"parallel.zero_stage=3"}, "c").parallel.distributed_optimizer);
+  EXPECT_FALSE(resolve_config(nullptr, {}, "c").parallel.distributed_optimizer);
+  Config in_code;  // built without resolve_config: zero() still reads the flag
+  in_code.parallel.distributed_optimizer = true;
+  EXPECT_EQ(in_code.parallel.zero(), 1);
+}
+
 TEST(Config, ImpossibleShapesAreRefused) {
   auto invalid = [](const std::string& assignment, int world_size = 1) {
     return error_of([&] { validate_config(resolve_config(nullptr, {assignment}, "c"), world_size); });
@@ -88,6 +97,12 @@ TEST(Config, ImpossibleShapesAreRefused) {
   EXPECT_NE(invalid("optim.decay_steps=0").find("optim.decay_steps must be >= optim.warmup_steps"),
             std::string::npos);
   EXPECT_NE(invalid("parallel.schedule=gpipe").find("parallel.schedule"), std::string::npos);
+  EXPECT_NE(invalid("parallel.zero_stage=4").find("parallel.zero_stage"), std::string::npos);
+  EXPECT_EQ(error_of([] {
+              validate_config(
+                  resolve_config(nullptr, {"parallel.zero_stage=3", "parallel.schedule=zb_h1"}, "c"), 1);
+            }).rfind("config: parallel.zero_stage 3 cannot run with parallel.schedule \"zb_h1\"", 0),
+            0u);
   EXPECT_EQ(invalid("optim.warmup_init=0.5"), "config: optim.warmup_init must be in [0, optim.lr] (got 0.5)");
   EXPECT_EQ(invalid("optim.warmup_init=-1e-9"),
             "config: optim.warmup_init must be in [0, optim.lr] (got -1e-09)");

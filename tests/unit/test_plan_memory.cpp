@@ -311,6 +311,21 @@ double staging_named(const RankMemory& rank, const std::string& name) {
   return bytes;
 }
 
+TEST(PlanMemory, ZeroStages2And3AreRefusedNotMispredicted) {
+  for (const char* stage : {"2", "3"}) {
+    const Config config = layout_config({"parallel.dp=4", std::string("parallel.zero_stage=") + stage});
+    try {
+      plan_input_from_config(config);
+      ADD_FAILURE() << "zero stage " << stage << " was planned";
+    } catch (const InputError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(std::string("config: parallel.zero_stage ") + stage +
+                                                " is not modelled by the memory planner",
+                                            0),
+                0u);
+    }
+  }
+}
+
 TEST(PlanMemory, RankPredictionTermsAddUpOnEveryRank) {
   const Config config = layout_config({"parallel.tp=2", "parallel.pp=2", "parallel.dp=2"});
   const std::vector<RankMemory> ranks = predict_rank_memory(config);
