@@ -93,7 +93,8 @@ ParamTensors Trainer::held_params(ParamTensors local) const {
 
 const ParamTensors& Trainer::params() const {
   if (config_.parallel.zero() != 3) return params_;
-  gathered_params_ = plan_.zeros();
+  gathered_params_ = ParamTensors();
+  gathered_params_.tensors.resize(params_.tensors.size());
   for (int id : plan_.held_ids())
     dim0_[static_cast<size_t>(id)].all_gather(context_.dp, params_[id], gathered_params_[id]);
   return gathered_params_;
@@ -157,7 +158,7 @@ StepRecord Trainer::step(const GlobalBatch& batch, bool collect_outputs) {
   for (int64_t start : starts) micro_batches.push_back(batch.micro_batch(start, mbs));
   gathered_params_ = ParamTensors();
   // Zero stage 3: the passes fill each unit's gradient shards; other stages accumulate full tensors.
-  record.grads = fully_sharded_ ? take_shards(dim0_, plan_.zeros(), context_.dp.rank()) : plan_.zeros();
+  record.grads = fully_sharded_ ? zero_shards(dim0_) : plan_.zeros();
   // The weights the passes use: the BF16 copy of the FP32 master weights in BF16 mode (in FP32 and FP64
   // mode the weights themselves, without a copy).
   ParamTensors bf16_copy;

@@ -139,12 +139,48 @@ void PassReplay::head_forward(Keeper k, PassStored& s) {
   l_.release(target_logit);
 }
 
+void replay_reduce_scatter_add(BufferTally& tally, GroupScratch& dp, const Fp64Rank& rank,
+                               const HeldTensor& t) {
+  const std::vector<int> buffers{tally.alloc_outside_arena(rank.gathered(t), "gradient padded to dp shards"),
+                                 tally.alloc_outside_arena(rank.shard(t), "reduce-scattered chunk")};
+  dp.reduce_scatter_sum(rank.shard(t));
+  tally.release(buffers);
+}
+
+PassReplay::UnitBuffers PassReplay::unit_before(Unit unit, int64_t layer, bool backward) {
+  UnitBuffers u;
+  if (r_.zero_stage != 3) return u;
+  for (const HeldTensor& t : r_.held) {
+    const bool in_unit = unit == Unit::kEmbedding ? t.embedding
+                         : unit == Unit::kHead    ? t.head
+                                                  : t.layer == r_.first_layer + layer;
+    if (in_unit) u.tensors.push_back(&t);
+  }
+  for (const HeldTensor* t : u.tensors)
+    u.params.push_back(l_.alloc_outside_arena(r_.gathered(*t), "gathered parameter"));
+  for (const HeldTensor* t : u.tensors) {
+    if (backward) u.grads.push_back(l_.alloc_outside_arena(t->numel, "unit gradient"));
+  }
+  return u;
+}
+
+void PassReplay::unit_after(UnitBuffers& u) {
+  for (size_t i = 0; i < u.grads.size(); ++i) {
+    replay_reduce_scatter_add(l_, dp_, r_, *u.tensors[i]);
+    l_.release(u.grads[i]);
+  }
+  l_.release(u.params);
+  u = {};
+}
+
 PassStored PassReplay::forward(Fp64StepReplay* breakdown) {
   const bool first_stage = r_.stage == 0, last_stage = r_.stage == r_.pp - 1;
   PassStored stored;
   int x = 0;
   if (first_stage) {
+    UnitBuffers embedding = unit_before(Unit::kEmbedding, -1, false);
     const int partial = l_.alloc(d_.N * d_.H, "embedding partial");
+    unit_after(embedding);
     x = reduce(partial, "x");
     if (x != partial) l_.release(partial);
   } else {
@@ -156,13 +192,17 @@ PassStored PassReplay::forward(Fp64StepReplay* breakdown) {
   for (int64_t layer = 0; layer < r_.layers; ++layer) {
     l_.at("forward, layer " + std::to_string(r_.first_layer + layer));
     std::vector<NamedBytes>* names = breakdown && layer == 0 ? &breakdown->stored_per_layer : nullptr;
+    UnitBuffers unit = unit_before(Unit::kLayer, layer, false);
     stored.layers.push_back(attention_forward(Keeper{l_, stored, names}));
     mlp_forward(Keeper{l_, stored, names}, stored.layers.back());
+    unit_after(unit);
   }
   if (breakdown) breakdown->stored_head.push_back({"x_final", l_.bytes(x)});
   if (last_stage) {
     l_.at("forward, head");
+    UnitBuffers head = unit_before(Unit::kHead, -1, false);
     head_forward(Keeper{l_, stored, breakdown ? &breakdown->stored_head : nullptr}, stored);
+    unit_after(head);
   }
   return stored;
 }
@@ -254,7 +294,9 @@ int PassReplay::backward(PassStored& stored, std::vector<int>* deferred) {
   int dx = 0;
   if (last_stage) {
     l_.at("backward, head");
+    UnitBuffers head = unit_before(Unit::kHead, -1, true);
     dx = head_backward(stored);
+    unit_after(head);
   } else {
     l_.release(stored.x_final);  // sent (the send made its copy)
     dx = l_.alloc(d_.Nl * d_.H, "dx (copy of the received gradient)");
@@ -262,8 +304,10 @@ int PassReplay::backward(PassStored& stored, std::vector<int>* deferred) {
   for (int64_t layer = r_.layers - 1; layer >= 0; --layer) {
     l_.at("backward, layer " + std::to_string(r_.first_layer + layer));
     LayerStored& s = stored.layers[static_cast<size_t>(layer)];
+    UnitBuffers unit = unit_before(Unit::kLayer, layer, true);
     mlp_backward(s);
     attention_backward(s);
+    unit_after(unit);
   }
   deferred_ = nullptr;
   if (!first_stage) return dx;
@@ -272,6 +316,8 @@ int PassReplay::backward(PassStored& stored, std::vector<int>* deferred) {
   if (deferred != nullptr) {
     deferred->push_back(dfull);
   } else {
+    UnitBuffers embedding = unit_before(Unit::kEmbedding, -1, true);
+    unit_after(embedding);
     l_.release(dfull);
   }
   l_.release(dx);

@@ -33,13 +33,19 @@ struct PassStored {
   int x_final = -1, rstd_final = -1, h_final = -1, logits = -1, row_max = -1, sum_exp = -1;
 };
 
+// Dim0Shard::reduce_scatter_add (parallel/data/dim0_shard.cpp) of tensor t: the gradient copied into a
+// buffer of dp shards, this rank's reduced chunk, and the group's exchange scratch.
+void replay_reduce_scatter_add(BufferTally& tally, GroupScratch& dp, const Fp64Rank& rank,
+                               const HeldTensor& t);
+
 class PassReplay {
  public:
-  PassReplay(BufferTally& tally, const Fp64Rank& rank, GroupScratch& tp_scratch)
+  PassReplay(BufferTally& tally, const Fp64Rank& rank, GroupScratch& tp_scratch, GroupScratch& dp_scratch)
       : l_(tally),
         d_(dims_of(rank)),
         r_(rank),
         tp_(tp_scratch),
+        dp_(dp_scratch),
         threads_(static_cast<double>(rank.kernel_threads)) {}
 
   // One micro-batch's forward; returns the handles of what its Activations hold. With `breakdown`, the
@@ -71,10 +77,21 @@ class PassReplay {
   // the input (x_elements). Returns whether dy was kept (otherwise the caller frees it, as the model).
   bool keep_for_weights(int dy, double x_elements, const std::string& x_name);
 
+  // Zero stage 3 (parallel/data/fully_sharded_parameters.cpp): one unit's gathered parameters (and, in
+  // its backward, its full gradients) from before its pass to after it; nothing at other stages.
+  enum class Unit { kEmbedding, kLayer, kHead };
+  struct UnitBuffers {
+    std::vector<const HeldTensor*> tensors;
+    std::vector<int> params, grads;
+  };
+  UnitBuffers unit_before(Unit unit, int64_t layer, bool backward);
+  void unit_after(UnitBuffers& buffers);  // a backward's gradients are reduce-scattered first
+
   BufferTally& l_;
   Dims d_;
   const Fp64Rank& r_;
   GroupScratch& tp_;
+  GroupScratch& dp_;
   double threads_;
   std::vector<int>* deferred_ = nullptr;  // during a split backward's first half
 };

@@ -24,6 +24,11 @@ double Fp64Rank::params() const {
                          [](double sum, const HeldTensor& t) { return sum + t.numel; });
 }
 
+double Fp64Rank::shards() const {
+  return std::accumulate(held.begin(), held.end(), 0.0,
+                         [this](double sum, const HeldTensor& t) { return sum + shard(t); });
+}
+
 double Fp64Rank::flat_size() const {
   const auto d = static_cast<double>(dp);
   return std::ceil(params() / d) * d;
@@ -83,6 +88,8 @@ class StepReplay {
   int gather_token_losses();
   void finalize_grads();
   void optimizer_update();
+  std::vector<int> step_gradients();
+  void sharded_update(std::vector<int>& grads);
   void adamw_pieces(double elements);
 
   BufferTally l_;
@@ -96,7 +103,7 @@ class StepReplay {
 // last stage copies each micro-batch's token losses into the result, which lives until the step ends.
 // Returns those token-loss records.
 std::vector<int> StepReplay::pipeline(Fp64StepReplay* breakdown) {
-  PassReplay pass(l_, r_, groups_.tp);
+  PassReplay pass(l_, r_, groups_.tp, groups_.dp);
   const auto m = static_cast<size_t>(r_.micro_batches);
   std::vector<PassStored> acts(m);
   std::vector<int> inputs(m, -1), d_outputs(m, -1), d_inputs(m, -1), token_records;
@@ -193,8 +200,9 @@ int StepReplay::gather_token_losses() {
 void StepReplay::finalize_grads() {
   l_.at("finalize gradients");
   for (const HeldTensor& t : r_.held) {
-    if (r_.sequence_parallel && t.replicated) groups_.tp.all_reduce_sum(t.numel);
-    if (r_.shape.tied_embeddings && r_.pp > 1 && t.embedding) groups_.embedding.all_reduce_sum(t.numel);
+    const double n = r_.zero_stage == 3 ? r_.shard(t) : t.numel;  // stage 3 reduces the shards
+    if (r_.sequence_parallel && t.replicated) groups_.tp.all_reduce_sum(n);
+    if (r_.shape.tied_embeddings && r_.pp > 1 && t.embedding) groups_.embedding.all_reduce_sum(n);
   }
 }
 
@@ -218,7 +226,7 @@ void StepReplay::optimizer_update() {
   l_.at("optimizer update");
   const double flat = r_.flat_size(), chunk = r_.chunk();
   std::vector<int> update{l_.alloc(flat, "flat gradient")};
-  if (!r_.distributed_optimizer) {
+  if (r_.zero_stage == 0) {
     groups_.dp.all_reduce_sum(flat);
     groups_.world.all_reduce_sum(1);
     for (const HeldTensor& t : r_.held) adamw_pieces(t.numel);
@@ -240,9 +248,58 @@ void StepReplay::optimizer_update() {
   l_.release(update);
 }
 
+// Zero stages 2 and 3: the step's gradients (Trainer::step's record.grads), which the model state of
+// those stages leaves out: each full tensor at stage 2 (until reduce-scattered), each shard at stage 3.
+std::vector<int> StepReplay::step_gradients() {
+  std::vector<int> grads;
+  for (const HeldTensor& t : r_.held) {
+    if (r_.zero_stage == 2)
+      grads.push_back(l_.alloc_outside_arena(t.numel, "gradient (until reduce-scattered)"));
+    if (r_.zero_stage == 3) grads.push_back(l_.alloc_outside_arena(r_.shard(t), "gradient shard"));
+  }
+  return grads;
+}
+
+// DataParallelOptimizer::step at stages 2 and 3: stage 2 reduce-scatters each gradient into a shard
+// (freeing the full tensor), updates parameter shards and gathers the parameters back (each into a
+// buffer of dp shards that replaces the old tensor); stage 3 updates the shards in place. With outputs,
+// the gathered gradients replace the shards.
+void StepReplay::sharded_update(std::vector<int>& grads) {
+  l_.at("optimizer update");
+  std::vector<int> shards;
+  if (r_.zero_stage == 2) {
+    shards.push_back(l_.alloc_outside_arena(r_.shards(), "gradient shards"));
+    for (size_t i = 0; i < r_.held.size(); ++i) {
+      replay_reduce_scatter_add(l_, groups_.dp, r_, r_.held[i]);
+      l_.release(grads[i]);
+    }
+    grads.clear();
+    shards.push_back(l_.alloc_outside_arena(r_.shards(), "parameter shards"));
+  }
+  groups_.world.all_reduce_sum(1);
+  for (const HeldTensor& t : r_.held) adamw_pieces(r_.shard(t));
+  if (r_.zero_stage == 2) {
+    std::vector<int> gathered;
+    for (const HeldTensor& t : r_.held)
+      gathered.push_back(l_.alloc_outside_arena(r_.gathered(t), "gathered parameters"));
+    l_.release(gathered);  // they become the weights; the old weights go
+    l_.release(shards.back());
+    shards.pop_back();
+  }
+  if (r_.collect_outputs) {
+    std::vector<int> gathered;
+    for (const HeldTensor& t : r_.held)
+      gathered.push_back(l_.alloc_outside_arena(r_.gathered(t), "gathered gradient"));
+    l_.release(grads);  // stage 3: the shards the gathered gradients replace
+    grads = gathered;
+  }
+  l_.release(shards);
+}
+
 // Trainer::step. In FP64 the passes read the weights themselves (only BF16 makes a copy); the
 // loss-token count is an integer all-reduce, which goes to MPI without scratch.
 void StepReplay::step(Fp64StepReplay* breakdown) {
+  std::vector<int> grads = step_gradients();
   l_.begin_arena_step();  // Trainer::step's ActivationArena::Step, from the passes to the update
   const std::vector<int> token_records = pipeline(breakdown);
   l_.context("");
@@ -250,10 +307,15 @@ void StepReplay::step(Fp64StepReplay* breakdown) {
   groups_.world.all_reduce_sum(1);
   const int all = r_.collect_outputs ? gather_token_losses() : -1;
   finalize_grads();
-  optimizer_update();
+  if (r_.zero_stage >= 2) {
+    sharded_update(grads);
+  } else {
+    optimizer_update();
+  }
   l_.end_arena_step(!r_.moments_dropped);  // a run of one step lays out no block
   if (all >= 0) l_.release(all);
   l_.release(token_records);
+  l_.release(grads);  // the step's record, dropped by the caller
 }
 
 Config config_for(const MemoryPlanInput& in) {
@@ -289,7 +351,8 @@ Fp64Rank fp64_rank(const MemoryPlanInput& in, int64_t dp, int64_t micro_batches,
   rank.stage = stage;
   rank.schedule = in.schedule;
   rank.sequence_parallel = in.sequence_parallel;
-  rank.distributed_optimizer = in.distributed_optimizer;
+  rank.zero_stage = std::max<int64_t>(in.zero_stage, in.distributed_optimizer ? 1 : 0);
+  rank.distributed_optimizer = rank.zero_stage >= 1;
   rank.kernel_threads = in.kernel_threads;
   rank.hidden_dropout = in.hidden_dropout;
   rank.moments_dropped = in.moments_dropped;
@@ -301,7 +364,9 @@ Fp64Rank fp64_rank(const MemoryPlanInput& in, int64_t dp, int64_t micro_batches,
   rank.layers = plan.stage_range().end_layer - plan.stage_range().first_layer;
   for (int id : plan.held_ids()) {
     rank.held.push_back({static_cast<double>(plan.local_numel(id)),
-                         table[id].sharding == Sharding::kReplicated, id == table.embedding()});
+                         table[id].sharding == Sharding::kReplicated, id == table.embedding(),
+                         static_cast<double>(plan.local_shape(id)[0]), table[id].layer,
+                         id == table.final_norm() || id == table.output()});
   }
   return rank;
 }
@@ -309,16 +374,13 @@ Fp64Rank fp64_rank(const MemoryPlanInput& in, int64_t dp, int64_t micro_batches,
 Fp64StepReplay replay_fp64_step(const Fp64Rank& rank) { return StepReplay(rank).run(); }
 
 MemoryPlanInput plan_input_from_config(const Config& c) {
-  if (c.parallel.zero() >= 2) {  // each tensor sharded along dim 0, gathered per unit: not replayed here
-    throw InputError("config: parallel.zero_stage " + std::to_string(c.parallel.zero()) +
-                     " is not modelled by the memory planner, which predicts zero stages 0 and 1 (docs/planning.md)");
-  }
   MemoryPlanInput in;
   const ModelConfig& m = c.model;
   in.shape = ModelShape{m.num_layers,      m.hidden_size, m.num_heads,  m.num_kv_heads,
                         m.ffn_hidden_size, m.vocab_size,  m.seq_length, m.tie_embeddings};
   in.recipe = find_recipe("fp64");
   in.distributed_optimizer = c.parallel.distributed_optimizer;
+  in.zero_stage = c.parallel.zero();
   in.tp = c.parallel.tp;
   in.pp = c.parallel.pp;
   in.dps = {c.parallel.dp};

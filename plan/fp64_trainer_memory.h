@@ -8,6 +8,7 @@
 // prediction with measured peaks, say so.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -25,6 +26,9 @@ struct HeldTensor {
   double numel = 0;
   bool replicated = false;  // a norm weight: whole on every tp rank
   bool embedding = false;   // the embedding (also the last stage's output layer when tied)
+  double rows = 1;          // dim 0 of the local shape (zero stages 2 and 3 shard along it)
+  int64_t layer = -1;       // the decoder layer it belongs to; -1 outside the layers
+  bool head = false;        // the final norm or the output layer (the head unit of zero stage 3)
 };
 
 // One rank of the grid: tensor-parallel rank tp_rank and data-parallel rank dp_rank of pipeline stage
@@ -38,6 +42,7 @@ struct Fp64Rank {
   int64_t first_layer = 0, layers = 0;
   PipelineSchedule schedule = PipelineSchedule::kOneForwardOneBackward;  // parallel/pipeline/schedule.h
   bool sequence_parallel = false, distributed_optimizer = false;
+  int64_t zero_stage = 0;        // parallel.zero_stage (1 when only distributed_optimizer is set)
   bool hidden_dropout = false;   // hidden dropout masks kept to the backward
   bool moments_dropped = false;  // MemoryPlanInput::moments_dropped: one step, moments in scratch pieces
   // The CPU kernels' threads (kernels/cpu/parallel_for.h): each holds its own attention tile scratch.
@@ -55,6 +60,13 @@ struct Fp64Rank {
   // chunk of it (parallel/data/flat_buffer.h).
   double flat_size() const;
   double chunk() const { return flat_size() / static_cast<double>(dp); }
+  // Zero stages 2 and 3 (parallel/data/dim0_shard.h): a tensor's dim-0 shard, ceil(rows / dp) rows, and
+  // the all-gather's buffer of dp shards that a gathered tensor keeps as its capacity.
+  double shard(const HeldTensor& t) const {
+    return std::ceil(t.rows / static_cast<double>(dp)) * (t.numel / t.rows);
+  }
+  double gathered(const HeldTensor& t) const { return shard(t) * static_cast<double>(dp); }
+  double shards() const;  // the sum of this rank's shards
   bool world_rank_zero() const { return tp_rank == 0 && dp_rank == 0 && stage == 0; }
 };
 

@@ -37,12 +37,12 @@ std::string bytes_per_param_formula(const Recipe& recipe, bool distributed_optim
   return fixed(recipe.replicated(), 0) + " + " + fixed(recipe.shardable(), 0) + "/DP";
 }
 
-ModelState model_state(double params, const Recipe& recipe, bool distributed_optimizer, int64_t dp) {
-  const double shard = distributed_optimizer ? 1.0 / static_cast<double>(dp) : 1.0;
+ModelState model_state(double params, const Recipe& recipe, int64_t zero_stage, int64_t dp) {
+  const double shard = zero_stage >= 1 ? 1.0 / static_cast<double>(dp) : 1.0;
   ModelState state;
   state.params = params;
-  state.weights = params * recipe.weights;
-  state.grads = params * recipe.grads;
+  state.weights = params * recipe.weights * (zero_stage >= 3 ? shard : 1.0);
+  state.grads = params * recipe.grads * (zero_stage >= 2 ? shard : 1.0);
   state.master_weights = params * recipe.master_weights * shard;
   state.master_grads = params * recipe.master_grads * shard;
   state.moments = params * recipe.moments * shard;

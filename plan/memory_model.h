@@ -37,7 +37,9 @@ struct ModelState {
   double total() const { return weights + grads + master_weights + master_grads + moments; }
   double bytes_per_param() const { return params > 0 ? total() / params : 0.0; }
 };
-ModelState model_state(double params, const Recipe& recipe, bool distributed_optimizer, int64_t dp);
+// ZeRO stage 1 (the distributed optimizer) divides master weights, master gradients and moments by dp;
+// stage 2 also the gradients, stage 3 also the weights.
+ModelState model_state(double params, const Recipe& recipe, int64_t zero_stage, int64_t dp);
 
 // A Llama-style decoder (common/config.h): GQA attention, SwiGLU MLP, RMSNorm, untied or tied output.
 struct ModelShape {

@@ -182,7 +182,8 @@ LayoutPlan plan_layout(const MemoryPlanInput& in, int64_t dp) {
       if (s.first) params += embedding_params_per_rank(in.shape, in.tp, vocab);
       if (s.last) params += head_params_per_rank(in.shape, in.tp, vocab, s.first);
     }
-    s.state = model_state(params, in.recipe, in.distributed_optimizer, dp);
+    s.state = model_state(params, in.recipe,
+                          std::max<int64_t>(in.zero_stage, in.distributed_optimizer ? 1 : 0), dp);
     if (in.moments_dropped) s.state.moments = 0;
     s.in_flight = in_flight_micro_batches(stage, in.pp, plan.micro_batches);
     if (in.activations == ActivationModel::kMegatron16Bit) add_megatron_activations(in, s);

@@ -26,6 +26,9 @@ struct MemoryPlanInput {
   double total_params = 0;  // > 0: the parameter count to plan with (overrides the shape's own count)
   Recipe recipe;
   bool distributed_optimizer = false;
+  // ZeRO stage (docs/parallelism.md): 1 is the distributed optimizer; 2 also shards the gradients over
+  // dp, 3 also the weights. The FP64 trainer's replay follows each (kTouchstoneFp64).
+  int64_t zero_stage = 0;
   int64_t tp = 1, pp = 1;
   std::vector<int64_t> dps{1};
   std::vector<int64_t> stage_layers;  // empty: layers / pp on every stage

@@ -124,10 +124,15 @@ void print_memory_plan(const MemoryPlanInput& in, std::ostream& out) {
   const double params = in.total_params > 0 ? in.total_params : total_params(in.shape);
   out << "Memory plan: " << count(params) << " parameters" << (in.total_params > 0 ? " (given)" : "")
       << ", TP " << in.tp << " x PP " << in.pp << ", recipe " << in.recipe.name << ", distributed optimizer "
-      << (in.distributed_optimizer ? "on" : "off") << "\n";
+      << (in.distributed_optimizer ? "on" : "off");
+  if (in.zero_stage >= 2) out << ", ZeRO stage " << in.zero_stage;
+  out << "\n";
   out << "  recipe " << in.recipe.name << ": " << in.recipe.description << "\n";
   out << "  bytes per parameter: " << bytes_per_param_formula(in.recipe, in.distributed_optimizer);
-  if (in.distributed_optimizer) {
+  if (in.zero_stage >= 2) {
+    out << " at stage 1; stage " << in.zero_stage << " also shards the "
+        << (in.zero_stage == 2 ? "gradients" : "gradients and weights") << " over DP";
+  } else if (in.distributed_optimizer) {
     out << " (master weights, master grads and moments sharded over DP; "
         << bytes_per_param_formula(in.recipe, false) << " without)";
   }

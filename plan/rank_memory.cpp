@@ -30,9 +30,19 @@ std::vector<RankMemory> predict_rank_memory(const Config& config) {
     r.tp_rank = c.tp_rank;
     r.dp_rank = c.dp_rank;
     r.stage = c.pp_rank;
-    r.state = model_state(rank.params(), in.recipe, false, 1);
+    r.state = model_state(rank.params(), in.recipe, 0, 1);
     // The distributed optimizer keeps moments for its chunk of the padded flat buffer, not params / dp.
-    if (in.distributed_optimizer) r.state.moments = in.recipe.moments * rank.chunk();
+    if (rank.zero_stage == 1) r.state.moments = in.recipe.moments * rank.chunk();
+    // Zero stages 2 and 3: moments of each tensor's padded dim-0 shard. The step's gradients are in the
+    // replay (full until reduce-scattered at stage 2, shards at stage 3). Stage 2's weights come back
+    // from each step's all-gather in buffers of dp shards; stage 3 keeps shards.
+    if (rank.zero_stage >= 2) {
+      r.state.moments = in.recipe.moments * rank.shards();
+      r.state.grads = 0;
+      double gathered = 0;
+      for (const HeldTensor& t : rank.held) gathered += rank.gathered(t);
+      r.state.weights = in.recipe.weights * (rank.zero_stage == 2 ? gathered : rank.shards());
+    }
     if (in.moments_dropped) r.state.moments = 0;
     r.in_flight = replay.in_flight;
     r.stored_per_micro_batch = replay.stored_per_micro_batch;

@@ -30,8 +30,7 @@ void DataParallelOptimizer::hold_moments() {
   if (moments_held_) return;
   moments_held_ = true;
   if (zero_stage_ >= 2) {
-    state_ = AdamWState::zeros_like(take_shards(shards_, plan_.zeros(), context_.dp.rank()));
-    state_.step = steps_done_;
+    state_ = AdamWState{zero_shards(shards_), zero_shards(shards_), steps_done_};
     return;
   }
   if (zero_stage_ == 1) {
@@ -74,7 +73,7 @@ UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, Pa
   if (zero_stage_ >= 2) {
     ParamTensors grad_shards;  // stage 2: reduce-scattered here, each full gradient freed once it is
     if (zero_stage_ == 2) {
-      grad_shards = take_shards(shards_, plan_.zeros(), dp_rank);
+      grad_shards = zero_shards(shards_);
       for (int id : plan_.held_ids()) {
         shards_[static_cast<size_t>(id)].reduce_scatter_add(context_.dp, grads[id], grad_shards[id]);
         backend_.round(TensorRole::kState, grad_shards[id].data(),
@@ -160,7 +159,8 @@ void DataParallelOptimizer::sharded_update(ParamTensors& grad_shards, ParamTenso
 }
 
 ParamTensors DataParallelOptimizer::gather_shards(const ParamTensors& shards) const {
-  ParamTensors full = plan_.zeros();
+  ParamTensors full;  // each gathered tensor is the all-gather's own buffer
+  full.tensors.resize(shards.tensors.size());
   for (int id : plan_.held_ids()) {
     shards_[static_cast<size_t>(id)].all_gather(context_.dp, shards[id], full[id]);
   }

@@ -55,6 +55,12 @@ std::vector<Dim0Shard> dim0_shards(const ShardPlan& plan, int dp_size) {
   return shards;
 }
 
+ParamTensors zero_shards(const std::vector<Dim0Shard>& shards) {
+  ParamTensors out;
+  for (const Dim0Shard& s : shards) out.tensors.emplace_back(static_cast<size_t>(s.shard_numel()), 0.0);
+  return out;
+}
+
 ParamTensors take_shards(const std::vector<Dim0Shard>& shards, const ParamTensors& full, int rank) {
   ParamTensors out;
   out.tensors.resize(full.tensors.size());

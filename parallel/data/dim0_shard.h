@@ -43,6 +43,8 @@ class Dim0Shard {
 
 // One Dim0Shard per parameter id of the plan's table; a tensor this rank does not hold has none (0 rows).
 std::vector<Dim0Shard> dim0_shards(const ShardPlan& plan, int dp_size);
+// A zero shard of every held tensor (tensors not held stay empty).
+ParamTensors zero_shards(const std::vector<Dim0Shard>& shards);
 // Each held tensor's shard on dp rank `rank`; tensors not held stay empty.
 ParamTensors take_shards(const std::vector<Dim0Shard>& shards, const ParamTensors& full, int rank);
 

@@ -67,6 +67,17 @@ class PlanCli(unittest.TestCase):
             out = self.ok("memory", "--params", "1e9", "--recipe", recipe)
             self.assertIn("bytes per parameter: " + plain, out)
 
+    def test_memory_zero_stages(self):
+        # FP64 holds 8 + 8 + 16 bytes per parameter: stage 1 shards the moments, 2 also the gradients,
+        # 3 also the weights (docs/planning.md); at DP 4: 20, 14 and 8.
+        for stage, per_param in (("1", "20.000"), ("2", "14.000"), ("3", "8.000")):
+            out = self.ok("memory", "--params", "1e9", "--recipe", "fp64", "--dp", "4", "--zero-stage", stage)
+            rows = [line.split() for line in out.splitlines() if line.split()[:1] == ["4"]]
+            self.assertEqual(rows[0][1], per_param, stage)
+        self.assertIn("ZeRO stage 3", out)
+        result = run("memory", "--params", "1e9", "--zero-stage", "4")
+        self.assertNotEqual(result.returncode, 0)
+
     def test_memory_stages_with_shapes(self):
         out = self.ok("memory", "--layers", "8", "--hidden", "1024", "--heads", "16", "--ffn", "4096",
                       "--vocab", "32000", "--seq-length", "2048", "--tp", "2", "--pp", "4", "--dp", "2",

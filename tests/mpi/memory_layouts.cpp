@@ -19,6 +19,17 @@ const std::vector<MemoryLayout>& memory_layouts() {
        2,
        "data parallel, distributed optimizer",
        {"parallel.dp=2", "parallel.distributed_optimizer=true"}},
+      {"dp4_zero1", 4, "data parallel, ZeRO-1", {"parallel.dp=4", "parallel.zero_stage=1"}},
+      {"dp4_zero2", 4, "data parallel, ZeRO-2", {"parallel.dp=4", "parallel.zero_stage=2"}},
+      {"dp4_zero3", 4, "data parallel, ZeRO-3", {"parallel.dp=4", "parallel.zero_stage=3"}},
+      {"tp2_dp2_sp_zero3",
+       4,
+       "tensor + sequence parallel, ZeRO-3",
+       {"parallel.tp=2", "parallel.dp=2", "parallel.sequence_parallel=true", "parallel.zero_stage=3"}},
+      {"pp2_dp2_tied_zero3",
+       4,
+       "pipeline, tied embeddings, ZeRO-3",
+       {"parallel.pp=2", "parallel.dp=2", "model.tie_embeddings=true", "parallel.zero_stage=3"}},
       {"tp2", 2, "tensor parallel", {"parallel.tp=2"}},
       {"tp2_sp", 2, "tensor + sequence parallel", {"parallel.tp=2", "parallel.sequence_parallel=true"}},
       {"pp2_1f1b", 2, "pipeline, 1F1B", {"parallel.pp=2", "parallel.schedule=1f1b"}},
@@ -123,6 +134,26 @@ std::string steps_of(const RankComparison& r) {
 }
 
 }  // namespace
+
+int print_saving(const LayoutComparison& baseline, const LayoutComparison& layout, std::ostream& out) {
+  using plan::grouped;
+  out << "\nSaving of " << layout.layout.name << " over " << baseline.layout.name << ", bytes per rank:\n";
+  int failures = 0;
+  for (size_t rank = 0; rank < layout.ranks.size() && rank < baseline.ranks.size(); ++rank) {
+    const RankComparison &b = baseline.ranks[rank], &l = layout.ranks[rank];
+    const double planned = b.predicted.total() - l.predicted.total(), measured = b.measured - l.measured;
+    const double margin = kBookkeeping * std::max(b.predicted.total(), l.predicted.total());
+    const bool within = measured > 0 && std::abs(measured - planned) <= margin;
+    failures += within ? 0 : 1;
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "  rank %zu: planned %s, measured %s (%.1f%% of the baseline's peak)%s\n", rank,
+                  grouped(planned).c_str(), grouped(measured).c_str(), 100 * measured / b.measured,
+                  within ? "" : "  OUTSIDE THE MARGIN");
+    out << line;
+  }
+  return failures + (layout.ranks.size() == baseline.ranks.size() ? 0 : 1);
+}
 
 void print_comparison(const LayoutComparison& c, bool markdown, std::ostream& out) {
   using plan::grouped;

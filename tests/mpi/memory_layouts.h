@@ -43,6 +43,13 @@ struct LayoutComparison {
 LayoutComparison compare_layout(const MemoryLayout& layout, const Config& config,
                                 const std::vector<plan::RankMemory>& predicted,
                                 const std::vector<int64_t>& measured);
+// Each rank's saving of `layout` over `baseline` (same ranks): the measured one against the planned one
+// (the difference of the two predictions). Returns the number of ranks whose measured saving is not
+// within 1% (the bookkeeping margin) of the larger prediction of the planned one (each measured peak
+// lies within [predicted, predicted x 1.01] on layouts without pipeline sends, so its saving lies
+// within that much of the planned saving), or that save nothing.
+int print_saving(const LayoutComparison& baseline, const LayoutComparison& layout, std::ostream& out);
+
 void print_comparison(const LayoutComparison& comparison, bool markdown, std::ostream& out);
 
 }  // namespace touchstone

@@ -4,6 +4,7 @@
 // data).
 //
 //   mpirun -np 8 memory_per_rank --config tests/parallel/layout_matrix.json --layout tp2_pp2_dp2 [--markdown]
+//   mpirun -np 4 memory_per_rank ... --layout dp4_zero3 --saving-against dp4_zero1
 //
 // Measured, on each rank: for every step, the heap peak during Trainer::step (the tracker's peak is reset
 // as the step starts) minus the live bytes just before the Trainer was constructed; the largest over the
@@ -52,6 +53,7 @@ struct Options {
   std::string config_path, layout;
   std::vector<std::string> overrides;
   bool markdown = false;
+  std::string saving_against;  // a second layout: the saving per rank, planned against measured
 };
 
 // World rank 0: every rank's peaks, steps consecutive per rank.
@@ -62,8 +64,9 @@ std::vector<int64_t> gather_peaks(const std::vector<int64_t>& mine, int world_si
   return all;
 }
 
-int run(const Options& options, const MpiRuntime& mpi) {
-  const MemoryLayout& layout = find_memory_layout(options.layout);
+// One layout measured on every rank; the comparison is world rank 0's (empty elsewhere).
+LayoutComparison measure_layout(const std::string& name, const Options& options, const MpiRuntime& mpi) {
+  const MemoryLayout& layout = find_memory_layout(name);
   std::vector<std::string> overrides = layout.overrides;
   overrides.insert(overrides.end(), options.overrides.begin(), options.overrides.end());
   const Config config = resolve_config(read_config_file(options.config_path), overrides, options.config_path);
@@ -76,12 +79,23 @@ int run(const Options& options, const MpiRuntime& mpi) {
     peaks = measure_step_peaks(run, *grid);
   }
   const std::vector<int64_t> all = gather_peaks(peaks, mpi.world_size());
+  if (mpi.world_rank() != 0) return {};
+  return compare_layout(layout, config, plan::predict_rank_memory(config), all);
+}
+
+int run(const Options& options, const MpiRuntime& mpi) {
+  const LayoutComparison comparison = measure_layout(options.layout, options, mpi);
+  LayoutComparison baseline;
+  if (!options.saving_against.empty()) baseline = measure_layout(options.saving_against, options, mpi);
   int failed = 0;
   if (mpi.world_rank() == 0) {
-    const LayoutComparison comparison =
-        compare_layout(layout, config, plan::predict_rank_memory(config), all);
     print_comparison(comparison, options.markdown, std::cout);
     failed = comparison.failures() > 0 ? 1 : 0;
+    if (!options.saving_against.empty()) {
+      print_comparison(baseline, options.markdown, std::cout);
+      failed |= baseline.failures() > 0 ? 1 : 0;
+      failed |= print_saving(baseline, comparison, std::cout) > 0 ? 1 : 0;
+    }
   }
   MPI_Bcast(&failed, 1, MPI_INT, 0, MPI_COMM_WORLD);
   return failed;
@@ -98,6 +112,8 @@ int main(int argc, char** argv) {
   app.add_option("--layout", options.layout, touchstone::memory_layout_help())->required();
   app.add_option("--set", options.overrides, "Override one config key: --set section.key=value (repeatable)")
       ->allow_extra_args(false);
+  app.add_option("--saving-against", options.saving_against,
+                 "Also measure this layout and check each rank's saving against the planned one");
   app.add_flag("--markdown", options.markdown, "Print the table as Markdown (docs/BENCHMARKS.md)");
   try {
     app.parse(argc, argv);

@@ -11,6 +11,7 @@
 #include "oracle/run.h"
 #include "oracle/train_step.h"
 #include "parallel/comm/context.h"
+#include "parallel/data/dim0_shard.h"
 #include "parallel/pipeline/schedule.h"
 #include "plan/alloc_tracker.h"
 #include "plan/format.h"
@@ -311,18 +312,26 @@ double staging_named(const RankMemory& rank, const std::string& name) {
   return bytes;
 }
 
-TEST(PlanMemory, ZeroStages2And3AreRefusedNotMispredicted) {
-  for (const char* stage : {"2", "3"}) {
-    const Config config = layout_config({"parallel.dp=4", std::string("parallel.zero_stage=") + stage});
-    try {
-      plan_input_from_config(config);
-      ADD_FAILURE() << "zero stage " << stage << " was planned";
-    } catch (const InputError& e) {
-      EXPECT_EQ(std::string(e.what()).rfind(std::string("config: parallel.zero_stage ") + stage +
-                                                " is not modelled by the memory planner",
-                                            0),
-                0u);
-    }
+TEST(PlanMemory, ZeroStagesShardTheStateAsDocumented) {
+  // docs/parallelism.md: FP64 holds 8 + 8 + 16 bytes per parameter; stage 1 shards the moments, stage 2
+  // also the gradients, stage 3 also the weights.
+  const Recipe& fp64 = find_recipe("fp64");
+  EXPECT_EQ(model_state(1.0, fp64, 0, 4).total(), 32.0);
+  EXPECT_EQ(model_state(1.0, fp64, 1, 4).total(), 8.0 + 8.0 + 16.0 / 4);
+  EXPECT_EQ(model_state(1.0, fp64, 2, 4).total(), 8.0 + (8.0 + 16.0) / 4);
+  EXPECT_EQ(model_state(1.0, fp64, 3, 4).total(), 32.0 / 4);
+  // Per rank at zero stage 3: weights and moments of the padded dim-0 shards (parallel/data/dim0_shard.h,
+  // an independent count), and no gradients in the state (the replay holds the step's shards).
+  const Config config = layout_config({"parallel.dp=4", "parallel.zero_stage=3"});
+  const ParamTable table(config.model);
+  const ShardPlan shard_plan(table, config, 0, 1, 0);
+  double shard_elements = 0;
+  for (const Dim0Shard& s : dim0_shards(shard_plan, 4))
+    shard_elements += static_cast<double>(s.shard_numel());
+  for (const RankMemory& r : predict_rank_memory(config)) {
+    EXPECT_EQ(r.state.weights, 8.0 * shard_elements);
+    EXPECT_EQ(r.state.moments, 16.0 * shard_elements);
+    EXPECT_EQ(r.state.grads, 0.0);
   }
 }
 

@@ -28,6 +28,7 @@ struct MemoryOptions {
   std::string config_path, params, recipe = "bf16", activations = "auto", recompute = "none";
   std::vector<std::string> overrides;
   int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0, seq = 0;
+  int64_t zero_stage = 0;
   bool tied = false, distributed_optimizer = false, sequence_parallel = false, flash_attention = false;
   bool breakdown = false, ranks = false;
   int64_t tp = 1, pp = 1, micro_batch = 1, global_batch = 0, vocab_multiple = 1;
@@ -226,6 +227,9 @@ void PlanCommandImpl::add_memory_options() {
   c->add_option("--recipe", m_.recipe, "Precision recipe: bf16, fp16, fp32, fp64")->capture_default_str();
   c->add_flag("--distributed-optimizer", m_.distributed_optimizer,
               "Shard master weights and moments over DP");
+  c->add_option("--zero-stage", m_.zero_stage,
+                "ZeRO stage: 1 the distributed optimizer, 2 also gradients, 3 also weights sharded over DP")
+      ->check(CLI::Range(0, 3));
   c->add_flag("--sequence-parallel", m_.sequence_parallel, "Sequence parallelism (Megatron-LM)");
   c->add_flag("--flash-attention", m_.flash_attention, "16-bit model: attention scores are never stored");
   c->add_option("--recompute", m_.recompute, "Activation recomputation: none, selective, full")
@@ -283,6 +287,10 @@ MemoryPlanInput PlanCommandImpl::memory_input() const {
   if (given("--micro-batch")) in.micro_batch = m_.micro_batch;
   if (given("--global-batch")) in.global_batch = m_.global_batch;
   if (given("--distributed-optimizer")) in.distributed_optimizer = true;
+  if (given("--zero-stage")) {
+    in.zero_stage = m_.zero_stage;
+    in.distributed_optimizer = m_.zero_stage >= 1;
+  }
   if (given("--sequence-parallel")) in.sequence_parallel = true;
   in.recompute = parse_recompute(m_.recompute);
   in.flash_attention = m_.flash_attention;
