@@ -65,6 +65,21 @@ def padded(n, dp):
     return (n + dp - 1) // dp * dp
 
 
+def tensors_per_rank(m, tp):
+    """(dim 0, elements) of each tensor of a one-stage rank, in table order (model/param_table.cpp)."""
+    H, V, F, NH, NKV = m["hidden_size"], m["vocab_size"], m["ffn_hidden_size"], m["num_heads"], m["num_kv_heads"]
+    D = H // NH
+    layer = [(H, H), ((NH + 2 * NKV) * D // tp, (NH + 2 * NKV) * D * H // tp), (H, H * NH * D // tp), (H, H),
+             (2 * F // tp, 2 * F * H // tp), (H, H * F // tp)]
+    out = [(V // tp, V * H // tp)] + layer * m["num_layers"] + [(H, H)]
+    return out + ([] if m["tie_embeddings"] else [(V // tp, V * H // tp)])
+
+
+def dim0_padded(rows, numel, dp):
+    """A tensor's dp dim-0 shards, each ceil(rows / dp) rows (parallel/data/dim0_shard.h)."""
+    return (rows + dp - 1) // dp * (numel // rows) * dp
+
+
 def expected(cfg, layout):
     """Analytic bytes per step on world rank 0, by (group, op). 8 bytes per element (FP64, int64)."""
     m, t = cfg["model"], cfg["train"]
@@ -93,13 +108,23 @@ def expected(cfg, layout):
         Nl = N // tp if sp else N
         e[("pp", "send")] = micro * Nl * H * 8
         e[("pp", "recv")] = micro * Nl * H * 8
-        # --trace gathers each stage's timeline to rank 0: a length, then 5 doubles per recorded action
-        # (the last stage records F, B, the activation receive and the gradient send of every micro-batch).
-        e[("world", "recv")] = 8 + micro * 4 * 5 * 8
+        # --trace gathers each stage's timeline to rank 0: a length, then 6 doubles per recorded action
+        # (parallel/pipeline/timeline.h; the last stage records F, B, the activation receive and the
+        # gradient send of every micro-batch).
+        e[("world", "recv")] = 8 + micro * 4 * 6 * 8
     flat = padded(params_per_rank(m, tp, Ls, first, last), dp)
-    if zero:
+    stage = layout.get("zero_stage", 1 if zero else 0)
+    # ZeRO-2 and ZeRO-3 move each tensor's dp dim-0 shards (one-stage layouts only here).
+    shards = sum(dim0_padded(rows, n, dp) for rows, n in tensors_per_rank(m, tp)) if stage >= 2 else 0
+    if stage == 1:
         e[("dp", "reduce_scatter")] = flat * 8
         e[("dp", "all_gather")] = flat * 8
+    elif stage == 2:  # each gradient reduce-scattered, each parameter gathered, once per step
+        e[("dp", "reduce_scatter")] = shards * 8
+        e[("dp", "all_gather")] = shards * 8
+    elif stage == 3:  # per micro-batch: gathered before the forward and the backward, gradients scattered after
+        e[("dp", "reduce_scatter")] = micro * shards * 8
+        e[("dp", "all_gather")] = 2 * micro * shards * 8
     else:
         e[("dp", "all_reduce")] += flat * 8
     return {k: v for k, v in e.items() if v}
@@ -108,6 +133,9 @@ def expected(cfg, layout):
 LAYOUTS = [
     ("dp2", 2, {"dp": 2}, ["parallel.dp=2"]),
     ("dp2 distributed optimizer", 2, {"dp": 2, "zero": True}, ["parallel.dp=2", "parallel.distributed_optimizer=true"]),
+    ("dp4 zero stage 1", 4, {"dp": 4, "zero_stage": 1}, ["parallel.dp=4", "parallel.zero_stage=1"]),
+    ("dp4 zero stage 2", 4, {"dp": 4, "zero_stage": 2}, ["parallel.dp=4", "parallel.zero_stage=2"]),
+    ("dp4 zero stage 3", 4, {"dp": 4, "zero_stage": 3}, ["parallel.dp=4", "parallel.zero_stage=3"]),
     ("tp2", 2, {"tp": 2}, ["parallel.tp=2"]),
     ("tp2 sequence parallel", 2, {"tp": 2, "sp": True}, ["parallel.tp=2", "parallel.sequence_parallel=true"]),
     ("pp2", 2, {"pp": 2}, ["parallel.pp=2"]),

@@ -34,6 +34,44 @@ struct Rule {
   // The linear layers' and the embedding's weight gradients without the last micro-batch's share (the
   // norm weights' complete): the optimizer stepped before a split backward's last W had run.
   bool last_weight_gradients_missing = false;
+  // ZeRO-3 without the gather before each layer's backward: the input gradients through the linear layers
+  // of decoder layers 0..L-2 computed with layer L-1's weights (the buffer the forward's last gather left).
+  bool stale_backward_weights = false;
+};
+
+// The model's parameter hooks (model/transformer.h) playing that ZeRO-3 mistake: before the backward of
+// layer l < L-1 its linear weights are replaced by layer L-1's, and put back after it. The weight
+// gradients (dy^T x) read no weight, so only the input gradients change.
+class StaleBackwardWeights final : public ParameterHooks {
+ public:
+  StaleBackwardWeights(const ParamTable& table, int64_t num_layers, ParamTensors& params)
+      : table_(table), last_(num_layers - 1), params_(params) {}
+  void before_forward(const ParameterUnit&) override {}
+  void after_forward(const ParameterUnit&) override {}
+  void before_backward(const ParameterUnit& unit) override {
+    if (unit.kind != ParameterUnit::Kind::kLayer || unit.layer >= last_) return;
+    const std::vector<int> mine = linears(unit.layer), stale = linears(last_);
+    for (size_t i = 0; i < mine.size(); ++i) {
+      saved_.push_back(params_[mine[i]]);
+      params_[mine[i]] = params_[stale[i]];
+    }
+  }
+  void after_backward(const ParameterUnit& unit) override {
+    if (unit.kind != ParameterUnit::Kind::kLayer || unit.layer >= last_) return;
+    const std::vector<int> mine = linears(unit.layer);
+    for (size_t i = 0; i < mine.size(); ++i) params_[mine[i]] = std::move(saved_[i]);
+    saved_.clear();
+  }
+
+ private:
+  std::vector<int> linears(int64_t layer) const {
+    const LayerParamIds& l = table_.layer(layer);
+    return {l.qkv, l.proj, l.fc1, l.fc2};
+  }
+  const ParamTable& table_;
+  int64_t last_;
+  ParamTensors& params_;
+  std::vector<std::vector<double>> saved_;
 };
 
 std::vector<Rule> rules_for(const Config& config) {
@@ -111,6 +149,19 @@ std::vector<Rule> rules_for(const Config& config) {
       masking, golden_norm};
   before_last_w.last_weight_gradients_missing = true;
   rules.push_back(before_last_w);
+  if (config.model.num_layers > 1) {
+    Rule not_regathered{
+        "parameters_not_regathered_for_backward",
+        "parameters not gathered again before the backward (ZeRO-3 / FSDP): the candidate's input gradients "
+        "through the linear layers of decoder layers 0.." +
+            std::to_string(config.model.num_layers - 2) + " use layer " +
+            std::to_string(config.model.num_layers - 1) +
+            "'s weights, the unsharded buffer the forward's last gather left; all-gather each layer's "
+            "parameters before its backward (FSDP2's pre-backward hook)",
+        masking, golden_norm};
+    not_regathered.stale_backward_weights = true;
+    rules.push_back(not_regathered);
+  }
   return rules;
 }
 
@@ -136,8 +187,10 @@ ObjectiveResult evaluate_rule(const Rule& rule, const Config& config, const Para
   for (int64_t l = 0; rule.qkv_read_separate && l < config.model.num_layers; ++l) {
     p[table.layer(l).qkv] = hf::qkv_grouped_from_separate(config.model, p[table.layer(l).qkv], H);
   }
-  const Transformer model(config.model, rule.document_masking, config.train.seed, table, backend, region,
-                          StageRange{0, config.model.num_layers, true, true});
+  Transformer model(config.model, rule.document_masking, config.train.seed, table, backend, region,
+                    StageRange{0, config.model.num_layers, true, true});
+  StaleBackwardWeights stale(table, config.model.num_layers, p);
+  if (rule.stale_backward_weights) model.set_parameter_hooks(&stale);
   ObjectiveResult r = evaluate_objective(model, table, p, b, config.train.micro_batch_size,
                                          rule.normalization, true, rule.golden_counts ? &batch : nullptr);
   for (int64_t l = 0; rule.qkv_read_separate && !rule.qkv_gradient_regrouped && l < config.model.num_layers;

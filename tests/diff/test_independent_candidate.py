@@ -69,6 +69,7 @@ SIGNATURE = {
     "schedule_megatron": "learning_rate_behind",
     "schedule_touchstone": "learning_rate_ahead",
     "step_before_last_w": "weight_gradients_before_last_w",
+    "zero3_not_regathered": "parameters_not_regathered_for_backward",
 }
 
 # Text the verdict's message must hold, where the signature alone does not say it.

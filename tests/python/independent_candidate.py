@@ -70,6 +70,10 @@ bug), so an optimizer bug leaves the gradients right and only the parameters wro
     step_before_last_w    the optimizer steps before the last micro-batch's deferred weight-gradient
                           pass of a split backward (zero-bubble pipelines): the linear layers' and the
                           embedding's gradients lack that micro-batch's share, the norm weights have it
+    zero3_not_regathered  ZeRO-3 / FSDP without the gather before each layer's backward: the input
+                          gradients through the linear layers of decoder layers 0..L-2 use layer L-1's
+                          weights (the unsharded buffer the forward's last gather left); the weight
+                          gradients are right for the gradients they receive
     cp2_default_normalization
                           Megatron-LM's default normalisation under context parallelism 2: each
                           CP rank (rank 0: chunks 0 and 3 of the window cut in 4, rank 1: chunks 1
@@ -110,7 +114,7 @@ BUGS = ("per_microbatch_mean", "global_token_mean", "grad_half", "qkv_wrong_grou
         "no_document_mask",
         "padding_in_loss", "padding_in_loss_strict", "fp32_sites", "no_bias_correction", "wd_on_norms",
         "clip_after_moments", "schedule_megatron", "schedule_touchstone", "cp2_default_normalization",
-        "step_before_last_w")
+        "step_before_last_w", "zero3_not_regathered")
 GENERATOR = "independent_candidate.py"
 
 
@@ -305,29 +309,38 @@ def split_qkv(qkv, NH, NKV, D, wrong_grouping):
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
 
-def forward(ar, params, m, tokens, positions, allowed, qkv_wrong_grouping):
+def forward(ar, params, m, tokens, positions, allowed, qkv_wrong_grouping, not_regathered=False):
     """Logits [b, T, V] in the mode's activation type."""
     H, NH, NKV, F = m["hidden_size"], m["num_heads"], m["num_kv_heads"], m["ffn_hidden_size"]
     D, G, eps = H // NH, m["num_heads"] // m["num_kv_heads"], float(m["norm_eps"])
     b, T = tokens.shape
+    L = m["num_layers"]
     E = params["embedding.word_embeddings.weight"]
     x = ar.embedding(E, tokens)
     cos, sin = ar.rope_cos_sin(positions, D, float(m["rope_theta"]))
     mask = allowed[:, None]                                               # [b, 1, T, T]
-    for l in range(m["num_layers"]):
+    for l in range(L):
         p = lambda name: params[f"decoder.layers.{l}.{name}"]
+
+        def linear(h, name, l=l, p=p):
+            if not (not_regathered and l < L - 1):
+                return ar.linear(h, p(name))
+            # zero3_not_regathered: the same output; dx flows through layer L-1's weight, dW through h.
+            stale = ar.linear(h, params[f"decoder.layers.{L - 1}.{name}"].detach())
+            return ar.linear(h.detach(), p(name)) + (stale - stale.detach())
+
         h = ar.rms_norm(x, p("input_layernorm.weight"), eps)
-        q, k, v = split_qkv(ar.linear(h, p("self_attention.linear_qkv.weight")), NH, NKV, D, qkv_wrong_grouping)
+        q, k, v = split_qkv(linear(h, "self_attention.linear_qkv.weight"), NH, NKV, D, qkv_wrong_grouping)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
         probs = ar.softmax(ar.matmul(q, k.transpose(-1, -2), 1.0 / math.sqrt(D)), mask)
         a = ar.matmul(probs, v).transpose(1, 2).reshape(b, T, NH * D)
-        x = x + ar.linear(a, p("self_attention.linear_proj.weight"))
+        x = x + linear(a, "self_attention.linear_proj.weight")
         h = ar.rms_norm(x, p("pre_mlp_layernorm.weight"), eps)
-        f = ar.linear(h, p("mlp.linear_fc1.weight"))
+        f = linear(h, "mlp.linear_fc1.weight")
         gate, up = f[..., :F], f[..., F:]
-        x = x + ar.linear(torch.nn.functional.silu(gate) * up, p("mlp.linear_fc2.weight"))
+        x = x + linear(torch.nn.functional.silu(gate) * up, "mlp.linear_fc2.weight")
     x = ar.rms_norm(x, params["decoder.final_layernorm.weight"], eps)
     out = E if m["tie_embeddings"] else params["output_layer.weight"]
     return ar.linear(x, out)
@@ -497,7 +510,8 @@ class Trainer:
         for j in range(num_micro):  # gradient accumulation over consecutive micro-batches
             rows = slice(j * mbs, (j + 1) * mbs)
             logits = forward(ar, leaves, m, batch["tokens"][rows], batch["position_ids"][rows], allowed[rows],
-                             "qkv_wrong_grouping" in bugs or "qkv_split_in_conversion" in bugs)
+                             "qkv_wrong_grouping" in bugs or "qkv_split_in_conversion" in bugs,
+                             "zero3_not_regathered" in bugs)
             losses = token_cross_entropy(ar.logits_for_loss(logits), targets[rows])
             if normalization == "global_token_mean":
                 weight = 1.0 / max(total, 1)
