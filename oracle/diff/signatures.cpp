@@ -244,6 +244,32 @@ std::vector<Verdict> gradient_scale(Judge& judge, const TensorMap& candidate, co
            "all gradients scaled by one factor: candidate = " + fmt("%.6g", factor) + " x golden" + hint}};
 }
 
+// The tied embedding's gradient alone 2^n times the golden one: the all-reduce over the embedding group
+// (the first and last pipeline stage, each holding part of the sum) ran n more times than once, as a
+// loop over virtual pipeline chunks that reduces once per chunk does. Each extra run doubles the sum.
+std::vector<Verdict> tied_embedding_reduced_twice(const GoldenReader& golden, Judge& judge,
+                                                  const TensorMap& candidate, const Group& group) {
+  if (!golden.config().model.tie_embeddings || group.failing.size() != 1) return {};
+  const Entry& e = *group.failing.front();
+  if (e.group != "grads" || e.param != golden.table().embedding() || !e.reason.empty()) return {};
+  const Recorded g = reference_of(judge, e);
+  Recorded scaled = candidate.at(e.path);
+  double cg = 0, gg = 0;
+  for (size_t i = 0; i < g.values.size(); ++i) {
+    cg += scaled.values[i] * g.values[i];
+    gg += g.values[i] * g.values[i];
+  }
+  const double extra = gg > 0 ? std::round(std::log2(cg / gg)) : 0;
+  if (!(extra >= 1 && extra <= 16)) return {};
+  for (double& v : scaled.values) v /= std::exp2(extra);
+  if (!passes(compare_values(g, scaled, e.tolerance), e.tolerance)) return {};
+  return {{"tied_embedding_reduced_twice",
+           "tied embedding gradient reduced " + fmt("%.0f", extra + 1) + " times: " + e.path + " = " +
+               fmt("%.0f", std::exp2(extra)) +
+               " x golden, every other gradient right; reduce it over the embedding group (first and last "
+               "pipeline stage) once per step, not once per virtual pipeline chunk"}};
+}
+
 // Only the tensors of one decoder layer fail, while other layers' tensors pass.
 std::vector<Verdict> one_layer(const ParamTable& table, const DiffResult& result, const Group& group,
                                int64_t step) {
@@ -422,6 +448,7 @@ std::vector<Verdict> find_signatures(const GoldenReader& golden, const Tolerance
   add(qkv_layout(golden, judge, candidate, group));
   add(tp_shard(golden, judge, candidate, group, options.tp_sizes));
   add(gradient_scale(judge, candidate, group));
+  add(tied_embedding_reduced_twice(golden, judge, candidate, group));
   add(optimizer_rules(golden, judge, candidate, group, step));
   add(one_layer(golden.table(), result, group, step));
   return verdicts;

@@ -15,6 +15,8 @@
 //                              from --tp or 2, 4, 8);
 //   gradient_scale             every gradient equals the golden one times one factor (least squares
 //                              over all gradients, then every scaled tensor must pass);
+//   tied_embedding_reduced_twice  only the tied embedding's gradient fails, and it is 2^n x golden (its
+//                              all-reduce over the first and last stage ran n + 1 times);
 //   optimizer                  the updated parameters match AdamW with one rule changed (no bias
 //                              correction, weight decay on every tensor, clipping after the moments, the
 //                              learning rate of the step before or after), applied to the candidate's

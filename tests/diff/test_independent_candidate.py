@@ -70,6 +70,7 @@ SIGNATURE = {
     "schedule_touchstone": "learning_rate_ahead",
     "step_before_last_w": "weight_gradients_before_last_w",
     "zero3_not_regathered": "parameters_not_regathered_for_backward",
+    "tied_embedding_reduced_twice": "tied_embedding_reduced_twice",
 }
 
 # Text the verdict's message must hold, where the signature alone does not say it.
@@ -100,8 +101,9 @@ def _rows():
         rows += [Row(f"correct_fp64_{config}", config, "fp64"), Row(f"correct_bf16_{config}", config, "bf16")]
     # Every bug from step 1 on the default config, FP64 and BF16 (clip_after_moments where clipping acts).
     for bug in SIGNATURE:
-        if bug in ("global_token_mean", "qkv_split_in_conversion", "schedule_touchstone"):
-            continue  # the default config already uses it: see tied_pmm and megatron; the conversion: below
+        if bug in ("global_token_mean", "qkv_split_in_conversion", "schedule_touchstone",
+                   "tied_embedding_reduced_twice"):
+            continue  # the default config uses it or is untied: see tied_pmm and megatron; the conversion: below
         config = "default_clip" if bug == "clip_after_moments" else "default"
         for precision in ("fp64", "bf16"):
             if bug == "fp32_sites" and precision == "bf16":
@@ -136,6 +138,8 @@ def _rows():
     rows += [Row("global_token_mean_fp64_tied_pmm", "tied_pmm", "fp64", "global_token_mean"),
              Row("global_token_mean_bf16_tied_pmm", "tied_pmm", "bf16", "global_token_mean"),
              Row("grad_half_fp64_tied_pmm", "tied_pmm", "fp64", "grad_half"),
+             Row("tied_embedding_reduced_twice_fp64_tied_pmm", "tied_pmm", "fp64", "tied_embedding_reduced_twice"),
+             Row("tied_embedding_reduced_twice_bf16_tied_pmm", "tied_pmm", "bf16", "tied_embedding_reduced_twice"),
              Row("wd_on_norms_fp64_tied_pmm", "tied_pmm", "fp64", "wd_on_norms"),
              Row("qkv_wrong_grouping_from_step2_fp64_tied_pmm", "tied_pmm", "fp64", "qkv_wrong_grouping", 2),
              Row("qkv_wrong_grouping_fp64_gqa8x2", "gqa8x2", "fp64", "qkv_wrong_grouping"),
@@ -358,7 +362,7 @@ class IndependentCandidate(unittest.TestCase):
         golden = self.goldens[("default", "fp64")]
         out = os.path.join(self.scratch.name, "refused.h5")
         for args in (["--inject", "no_such_bug"], ["--precision", "bf16", "--inject", "fp32_sites"],
-                     ["--inject", "global_token_mean"]):
+                     ["--inject", "global_token_mean"], ["--inject", "tied_embedding_reduced_twice"]):
             result = common.run([common.PYTHON, CANDIDATE_SCRIPT, golden, "--out", out, *args])
             self.assertNotEqual(result.returncode, 0, args)
             self.assertFalse(os.path.exists(out), args)

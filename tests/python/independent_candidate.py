@@ -74,6 +74,11 @@ bug), so an optimizer bug leaves the gradients right and only the parameters wro
                           gradients through the linear layers of decoder layers 0..L-2 use layer L-1's
                           weights (the unsharded buffer the forward's last gather left); the weight
                           gradients are right for the gradients they receive
+    tied_embedding_reduced_twice
+                          (tied embeddings only) the all-reduce of the tied embedding's gradient over
+                          the first and last pipeline stage runs twice, as a loop over virtual
+                          pipeline chunks that reduces once per chunk would: that gradient doubles,
+                          every other gradient is right
     cp2_default_normalization
                           Megatron-LM's default normalisation under context parallelism 2: each
                           CP rank (rank 0: chunks 0 and 3 of the window cut in 4, rank 1: chunks 1
@@ -114,7 +119,7 @@ BUGS = ("per_microbatch_mean", "global_token_mean", "grad_half", "qkv_wrong_grou
         "no_document_mask",
         "padding_in_loss", "padding_in_loss_strict", "fp32_sites", "no_bias_correction", "wd_on_norms",
         "clip_after_moments", "schedule_megatron", "schedule_touchstone", "cp2_default_normalization",
-        "step_before_last_w", "zero3_not_regathered")
+        "step_before_last_w", "zero3_not_regathered", "tied_embedding_reduced_twice")
 GENERATOR = "independent_candidate.py"
 
 
@@ -471,6 +476,8 @@ class Trainer:
             if f"schedule_{convention}" in self.bugs and convention == golden_convention:
                 raise SystemExit(f"independent_candidate.py: the golden file already uses the {convention} "
                                  "schedule convention; inject the other one")
+        if "tied_embedding_reduced_twice" in self.bugs and not self.m["tie_embeddings"]:
+            raise SystemExit("independent_candidate.py: tied_embedding_reduced_twice needs tied embeddings")
         shapes = parameter_shapes(self.m)
         if set(shapes) != set(init):
             raise SystemExit("independent_candidate.py: /params/init holds "
@@ -537,6 +544,10 @@ class Trainer:
         if "grad_half" in bugs:
             for g in grads.values():
                 g.div_(2)
+        if "tied_embedding_reduced_twice" in bugs:
+            # Two ranks hold e (input side) and o (output side); the first all-reduce gives both e + o,
+            # the second 2 (e + o).
+            grads["embedding.word_embeddings.weight"].mul_(2)
         recorded = {n: g.clone() for n, g in grads.items()}
         # torch.nn.utils.clip_grad_norm_'s arithmetic, in the master dtype.
         grad_norm = torch.norm(torch.stack([torch.norm(grads[n], 2.0) for n in self.names]), 2.0)
