@@ -210,6 +210,21 @@ std::vector<Verdict> tp_shard(const GoldenReader& golden, Judge& judge, const Te
   return verdicts;
 }
 
+// The least-squares factor c of candidate ~ c x golden is sum(c.g) / sum(g.g); these add one tensor's terms.
+void add_scale_terms(const std::vector<double>& c, const std::vector<double>& g, double& cg, double& gg) {
+  for (size_t i = 0; i < c.size(); ++i) {
+    cg += c[i] * g[i];
+    gg += g[i] * g[i];
+  }
+}
+
+// The candidate tensor divided by `factor` passes against the reference with the entry's tolerance.
+bool passes_divided_by(const Recorded& reference, Recorded candidate, double factor,
+                       const Tolerance& tolerance) {
+  for (double& v : candidate.values) v /= factor;
+  return passes(compare_values(reference, candidate, tolerance), tolerance);
+}
+
 // One factor on every gradient: least squares over all of them, then each rescaled tensor must pass.
 std::vector<Verdict> gradient_scale(Judge& judge, const TensorMap& candidate, const Group& group) {
   if (group.failing.front()->group != "grads") return {};
@@ -218,19 +233,12 @@ std::vector<Verdict> gradient_scale(Judge& judge, const TensorMap& candidate, co
   for (const Entry* e : group.compared) {
     if (!e->reason.empty()) return {};  // a wrong shape or a NaN is not a scale
     grads.emplace_back(e, reference_of(judge, *e));
-    const std::vector<double>& c = candidate.at(e->path).values;
-    const std::vector<double>& g = grads.back().second.values;
-    for (size_t i = 0; i < c.size(); ++i) {
-      cg += c[i] * g[i];
-      gg += g[i] * g[i];
-    }
+    add_scale_terms(candidate.at(e->path).values, grads.back().second.values, cg, gg);
   }
   const double factor = gg > 0 ? cg / gg : 0;
   if (factor == 0 || !std::isfinite(factor)) return {};
   for (const auto& [e, g] : grads) {
-    Recorded scaled = candidate.at(e->path);
-    for (double& v : scaled.values) v /= factor;
-    if (!passes(compare_values(g, scaled, e->tolerance), e->tolerance)) return {};
+    if (!passes_divided_by(g, candidate.at(e->path), factor, e->tolerance)) return {};
   }
   std::string hint;
   auto whole = [](double x) { return std::round(x) >= 2 && std::fabs(x - std::round(x)) < 1e-6 * x; };
@@ -253,16 +261,12 @@ std::vector<Verdict> tied_embedding_reduced_twice(const GoldenReader& golden, Ju
   const Entry& e = *group.failing.front();
   if (e.group != "grads" || e.param != golden.table().embedding() || !e.reason.empty()) return {};
   const Recorded g = reference_of(judge, e);
-  Recorded scaled = candidate.at(e.path);
+  const Recorded& c = candidate.at(e.path);
   double cg = 0, gg = 0;
-  for (size_t i = 0; i < g.values.size(); ++i) {
-    cg += scaled.values[i] * g.values[i];
-    gg += g.values[i] * g.values[i];
-  }
+  add_scale_terms(c.values, g.values, cg, gg);
   const double extra = gg > 0 ? std::round(std::log2(cg / gg)) : 0;
   if (!(extra >= 1 && extra <= 16)) return {};
-  for (double& v : scaled.values) v /= std::exp2(extra);
-  if (!passes(compare_values(g, scaled, e.tolerance), e.tolerance)) return {};
+  if (!passes_divided_by(g, c, std::exp2(extra), e.tolerance)) return {};
   return {{"tied_embedding_reduced_twice",
            "tied embedding gradient reduced " + fmt("%.0f", extra + 1) + " times: " + e.path + " = " +
                fmt("%.0f", std::exp2(extra)) +
