@@ -1,7 +1,8 @@
 """Pipeline schedules on this machine: the idle share of each stage measured from the trace
 (`touchstone train --trace` prints "pipeline idle: ..." after each step, parallel/pipeline/timeline.h
-measure_idle) next to the schedule's bubble formula, for AFAB, 1F1B and ZB-H1 at the given pipeline
-sizes and micro-batch counts, all in one run.
+measure_idle) next to the schedule's bubble formula, for AFAB, 1F1B, ZB-H1 and interleaved 1F1B with 2
+virtual stages (a layer per chunk at pp 2) at the given pipeline sizes and micro-batch counts, all in
+one run.
 
 The model: 4 layers, H 256, FFN 704, 8 heads (4 KV), T 256, vocabulary 256, one window per
 micro-batch, FP64; m micro-batches per step; 3 steps, the last one reported (the activation arena is
@@ -10,7 +11,9 @@ that waits in a blocking receive keeps its core busy, so oversubscribed ranks wo
 other's time slices as work.
 
 Formulas (equal stages, backward = 2 forwards, ZB-H1 with F = I = W): AFAB and 1F1B
-(p - 1) / (m + p - 1), ZB-H1 (p - 1) / (3m + p - 1) for m >= p. The stages are not equal here: the
+(p - 1) / (m + p - 1), ZB-H1 (p - 1) / (3m + p - 1) for m >= p, interleaved 1F1B (p - 1) / (v m + p - 1)
+(its bubble is (p - 1) / (v m) of the ideal time, Megatron-LM's figure; as a share of the step it is
+this). The stages are not equal here: the
 first holds the embedding and the last the output layer and the loss, so measured shares differ by
 stage.
 
@@ -27,7 +30,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MATRIX_CONFIG = os.path.join(ROOT, "tests", "parallel", "layout_matrix.json")
 MODEL = ["model.hidden_size=256", "model.ffn_hidden_size=704", "model.seq_length=256", "model.num_layers=4",
          "train.micro_batch_size=1", "train.steps=3"]
-SCHEDULES = ("afab", "1f1b", "zb_h1")
+# name: the config's settings; "interleaved_v2" is 1F1B over 2 model chunks per stage.
+SCHEDULES = {
+    "afab": ["parallel.schedule=afab"],
+    "1f1b": ["parallel.schedule=1f1b"],
+    "zb_h1": ["parallel.schedule=zb_h1"],
+    "interleaved_v2": ["parallel.schedule=1f1b", "parallel.virtual_stages=2"],
+}
 IDLE = re.compile(r"^pipeline idle: (.*) of ([0-9.]+) s$")
 
 
@@ -38,15 +47,16 @@ def launcher():
 def formula(schedule, p, m):
     if schedule == "zb_h1":
         return (p - 1) / (3 * m + p - 1) if m >= p else None
+    if schedule == "interleaved_v2":
+        return (p - 1) / (2 * m + p - 1)
     return (p - 1) / (m + p - 1)
 
 
 def measured_idle(touchstone, schedule, p, m):
     """The last step's (span in s, [idle share per stage]) from rank 0's trace."""
     args = [*launcher(), "-np", str(p), touchstone, "train", "--config", MATRIX_CONFIG, "--trace",
-            "--set", f"parallel.pp={p}", "--set", f"parallel.schedule={schedule}",
-            "--set", f"train.global_batch_size={m}"]
-    for s in MODEL:
+            "--set", f"parallel.pp={p}", "--set", f"train.global_batch_size={m}"]
+    for s in MODEL + SCHEDULES[schedule]:
         args += ["--set", s]
     run = subprocess.run(args, capture_output=True, text=True)
     if run.returncode != 0:
@@ -87,7 +97,7 @@ def main():
         if args.markdown:
             print(f"| {p} | {m} | {schedule} | {expected_text} | {per_stage} | {100 * mean:.1f}% | {span:.3f} s |")
         else:
-            print(f"pp {p} m {m:3d} {schedule:6s} formula {expected_text:>6s} measured {per_stage} "
+            print(f"pp {p} m {m:3d} {schedule:14s} formula {expected_text:>6s} measured {per_stage} "
                   f"(mean {100 * mean:.1f}%) of {span:.3f} s")
 
 

@@ -22,7 +22,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(EnvelopeConfig, k, floor)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OptimConfig, lr, min_lr, warmup_steps, decay_steps, warmup_init,
                                    schedule_convention, beta1, beta2, eps, weight_decay, clip_grad)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ParallelConfig, tp, pp, dp, schedule, sequence_parallel,
-                                   distributed_optimizer, zero_stage, stage_layers)
+                                   distributed_optimizer, zero_stage, virtual_stages, stage_layers)
 
 nlohmann::json to_json(const Config& config) {
   return nlohmann::json{{"model", config.model},       {"data", config.data},
@@ -54,6 +54,7 @@ const std::vector<IntegerLimit>& integer_limits() {
       {"parallel.pp", 1, kMaxProcesses},
       {"parallel.dp", 1, kMaxProcesses},
       {"parallel.zero_stage", 0, 3},
+      {"parallel.virtual_stages", 1, kMaxProcesses},
       {"parallel.stage_layers", 1, kMaxCount},
   };
   return limits;
@@ -311,20 +312,39 @@ void validate_config(const Config& c, int world_size) {
           "(" + std::to_string(p.tp) + ") must divide model.num_heads and model.num_kv_heads");
   require(m.ffn_hidden_size % p.tp == 0, "parallel.tp", "must divide model.ffn_hidden_size");
   require(m.vocab_size % p.tp == 0, "parallel.tp", "must divide model.vocab_size");
+  const int64_t chunks = p.num_virtual_stages();  // overflow-free: both are at most kMaxProcesses
+  const std::string cut = p.virtual_stages == 1 ? "parallel.pp" : "parallel.pp x parallel.virtual_stages";
   if (p.stage_layers.empty()) {
-    require(m.num_layers % p.pp == 0, "parallel.pp",
-            "(" + std::to_string(p.pp) + ") must divide model.num_layers (" + std::to_string(m.num_layers) +
-                ") unless parallel.stage_layers lists the layers of each stage");
+    require(m.num_layers % chunks == 0, p.virtual_stages == 1 ? "parallel.pp" : "parallel.virtual_stages",
+            "(" + (p.virtual_stages == 1 ? "" : cut + " = ") + std::to_string(chunks) +
+                ") must divide model.num_layers (" + std::to_string(m.num_layers) +
+                ") unless parallel.stage_layers lists the layers of each " +
+                (p.virtual_stages == 1 ? "stage" : "virtual stage"));
   } else {
     int64_t total = 0;
     for (int64_t layers : p.stage_layers) {
       total += layers;
     }
-    require(static_cast<int64_t>(p.stage_layers.size()) == p.pp, "parallel.stage_layers",
-            "has " + std::to_string(p.stage_layers.size()) + " entries but parallel.pp is " +
-                std::to_string(p.pp));
+    require(static_cast<int64_t>(p.stage_layers.size()) == chunks, "parallel.stage_layers",
+            "has " + std::to_string(p.stage_layers.size()) + " entries but " + cut + " is " +
+                std::to_string(chunks));
     require(total == m.num_layers, "parallel.stage_layers",
             "sums to " + std::to_string(total) + " but model.num_layers is " + std::to_string(m.num_layers));
+  }
+  if (p.virtual_stages > 1) {
+    // Megatron-LM's forward_backward_pipelining_with_interleaving, with its default micro-batch group
+    // of pp: the micro-batches run through the chunks in groups of pp (parallel/pipeline/schedule.h).
+    const int64_t per_rank = t.global_batch_size / (t.micro_batch_size * p.dp);
+    require(p.pp >= 2, "parallel.virtual_stages",
+            "> 1 needs parallel.pp >= 2 (it interleaves pipeline stages)");
+    require(p.schedule == PipelineSchedule::kOneForwardOneBackward, "parallel.virtual_stages",
+            "> 1 runs interleaved 1F1B: parallel.schedule must be \"1f1b\"");
+    require(per_rank % p.pp == 0, "parallel.virtual_stages",
+            "> 1 needs the micro-batches per data-parallel rank (train.global_batch_size / "
+            "(train.micro_batch_size "
+            "x parallel.dp) = " +
+                std::to_string(per_rank) + ") to be a multiple of parallel.pp (" + std::to_string(p.pp) +
+                "), as Megatron-LM's interleaved schedule does");
   }
   require(p.zero() != 3 || p.schedule != PipelineSchedule::kZeroBubbleH1, "parallel.zero_stage",
           "3 cannot run with parallel.schedule \"zb_h1\": a deferred weight gradient would add into a unit's "
@@ -342,8 +362,9 @@ void validate_config(const Config& c, int world_size) {
 
 std::vector<int64_t> Config::stage_boundaries() const {
   std::vector<int64_t> boundaries{0};
-  for (int64_t stage = 0; stage < parallel.pp; ++stage) {
-    const int64_t layers = parallel.stage_layers.empty() ? model.num_layers / parallel.pp
+  const int64_t chunks = parallel.num_virtual_stages();
+  for (int64_t stage = 0; stage < chunks; ++stage) {
+    const int64_t layers = parallel.stage_layers.empty() ? model.num_layers / chunks
                                                          : parallel.stage_layers[static_cast<size_t>(stage)];
     boundaries.push_back(boundaries.back() + layers);
   }

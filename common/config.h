@@ -80,7 +80,15 @@ struct ParallelConfig {
 
   // The stage in effect, also for a config built in code that sets only distributed_optimizer.
   int64_t zero() const { return distributed_optimizer && zero_stage == 0 ? 1 : zero_stage; }
-  std::vector<int64_t> stage_layers;  // layers per pipeline stage; empty: num_layers / pp each
+  // Interleaved 1F1B (Megatron-LM's virtual pipeline, docs/parallelism.md): model chunks per pipeline
+  // stage. The model is cut into pp x virtual_stages virtual stages and stage s holds virtual stages
+  // s, s + pp, s + 2 pp, ... (its chunks 0, 1, 2, ...). 1 is the plain pipeline.
+  int64_t virtual_stages = 1;
+  // Layers per virtual stage, in pipeline order (pp x virtual_stages entries; with virtual_stages = 1
+  // the layers of each stage); empty: num_layers / (pp x virtual_stages) each.
+  std::vector<int64_t> stage_layers;
+
+  int64_t num_virtual_stages() const { return pp * virtual_stages; }
 };
 
 // The BF16 tolerance model of `touchstone golden --envelope`: tolerance = k x (BF16-vs-FP64 error) + floor.
@@ -99,7 +107,8 @@ struct Config {
   EnvelopeConfig envelope;
 
   int64_t num_micro_batches() const { return train.global_batch_size / train.micro_batch_size; }
-  // The first layer of every pipeline stage, and num_layers at the end: [pp + 1].
+  // The first layer of every virtual pipeline stage (every stage without virtual stages), and
+  // num_layers at the end: [pp x virtual_stages + 1].
   std::vector<int64_t> stage_boundaries() const;
 };
 

@@ -54,7 +54,7 @@ ObjectiveResult evaluate_objective(const Transformer& model, const ParamTable& t
   const GlobalBatch& counted = counts_from != nullptr ? *counts_from : batch;
   const LossScaling scaling =
       loss_scaling(counted, starts, micro_batch_size, counted.loss_tokens(0, counted.windows), normalization);
-  const PipelineResult run = run_pipeline(PipelineSchedule::kOneForwardOneBackward, model, params,
+  const PipelineResult run = run_pipeline(PipelineSchedule::kOneForwardOneBackward, {&model}, params,
                                           micro_batches, scaling.loss_weights, scaling.backward_weights,
                                           single.context(), 0, with_gradients, result.grads, nullptr);
   for (auto& g : result.grads.tensors)
@@ -74,13 +74,17 @@ Trainer::Trainer(const Config& config, const ParamTensors& full_initial_params, 
       plan_(table_, config, context.tp.rank(), context.tp.size(), context.stage()),
       dim0_(dim0_shards(plan_, context.dp.size())),
       region_(context.tp, config.parallel.sequence_parallel, backend),
-      model_(config.model, config.data.document_masking, config.train.seed, table_, backend, region_,
-             plan_.stage_range()),
       params_(held_params(master_weights(plan_.shard(full_initial_params), backend))),
       timeline_(context.stage()) {
+  chunks_.reserve(plan_.chunk_ranges().size());  // chunk_pointers_ point into it: no reallocation
+  for (const StageRange& range : plan_.chunk_ranges()) {
+    chunks_.emplace_back(config.model, config.data.document_masking, config.train.seed, table_, backend,
+                         region_, range);
+    chunk_pointers_.push_back(&chunks_.back());
+  }
   if (config.parallel.zero() == 3) {
     fully_sharded_ = std::make_unique<FullyShardedParameters>(table_, dim0_, context.dp, backend);
-    model_.set_parameter_hooks(fully_sharded_.get());
+    for (Transformer& chunk : chunks_) chunk.set_parameter_hooks(fully_sharded_.get());
   }
   optimizer_ = std::make_unique<DataParallelOptimizer>(plan_, config.optim, config.parallel.zero(), dim0_,
                                                        context, backend, params_);
@@ -177,10 +181,10 @@ StepRecord Trainer::step(const GlobalBatch& batch, bool collect_outputs) {
   const ActivationArena::Step arena_step(arena_.get(), !last_update);
   const ParamTensors& weights = bf16_copy.tensors.empty() ? params_ : bf16_copy;
   if (fully_sharded_) fully_sharded_->begin_step(weights, record.grads);
-  const PipelineResult run =
-      run_pipeline(config_.parallel.schedule, model_, fully_sharded_ ? fully_sharded_->params() : weights,
-                   micro_batches, scaling.loss_weights, scaling.backward_weights, context_, record.step, true,
-                   fully_sharded_ ? fully_sharded_->grads() : record.grads, &timeline_);
+  const PipelineResult run = run_pipeline(
+      config_.parallel.schedule, chunk_pointers_, fully_sharded_ ? fully_sharded_->params() : weights,
+      micro_batches, scaling.loss_weights, scaling.backward_weights, context_, record.step, true,
+      fully_sharded_ ? fully_sharded_->grads() : record.grads, &timeline_);
   if (fully_sharded_) fully_sharded_->end_step();
 
   // The objective: the last stage's tp rank 0 of every dp rank holds a partial sum.

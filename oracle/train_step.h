@@ -20,6 +20,7 @@
 #include "parallel/comm/context.h"
 #include "parallel/data/data_parallel_optimizer.h"
 #include "parallel/data/fully_sharded_parameters.h"
+#include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/timeline.h"
 #include "parallel/shard_plan.h"
 #include "parallel/tensor/regions.h"
@@ -96,7 +97,8 @@ class Trainer {
   // (a collective: every rank calls it) into a copy kept until the next step or call.
   const ParamTensors& params() const;
   AdamWState optimizer_moments() const { return optimizer_->moments(); }
-  const Transformer& model() const { return model_; }
+  // This stage's model chunks: one Transformer each (one without virtual stages).
+  const ModelChunks& chunks() const { return chunk_pointers_; }
   pipeline::TimelineRecorder& timeline() { return timeline_; }
   // The passes' buffers: from the second step on, one block laid out after the first (docs/planning.md).
   const ActivationArena& arena() const { return *arena_; }
@@ -115,7 +117,8 @@ class Trainer {
   ShardPlan plan_;
   std::vector<Dim0Shard> dim0_;  // each held tensor's shard over dp (zero stages 2 and 3)
   TensorParallelRegion region_;
-  Transformer model_;
+  std::vector<Transformer> chunks_;  // one per model chunk of plan_.chunk_ranges()
+  ModelChunks chunk_pointers_;       // into chunks_, for the executor
   ParamTensors params_;  // master weights: full local tensors, or their dim-0 shards at zero stage 3
   mutable ParamTensors gathered_params_;  // zero stage 3: params() of the last call, until the next step
   std::unique_ptr<FullyShardedParameters> fully_sharded_;  // zero stage 3: the model's parameter hooks

@@ -12,16 +12,19 @@ ShardPlan::ShardPlan(const ParamTable& table, const Config& config, int tp_rank,
       tp_rank_(tp_rank),
       tp_size_(tp_size),
       stage_(stage),
+      num_stages_(static_cast<int>(config.parallel.pp)),
       stage_boundaries_(config.stage_boundaries()) {
-  const auto num_stages = static_cast<int>(config.parallel.pp);
-  range_ = StageRange{stage_boundaries_[static_cast<size_t>(stage)],
-                      stage_boundaries_[static_cast<size_t>(stage) + 1], stage == 0, stage == num_stages - 1};
+  const auto num_virtual = static_cast<int>(stage_boundaries_.size()) - 1;
+  for (int virtual_stage = stage; virtual_stage < num_virtual; virtual_stage += num_stages_) {
+    const auto k = static_cast<size_t>(virtual_stage);
+    chunks_.push_back(StageRange{stage_boundaries_[k], stage_boundaries_[k + 1], virtual_stage == 0,
+                                 virtual_stage == num_virtual - 1});
+  }
   holds_.assign(static_cast<size_t>(table.size()), false);
   for (int id = 0; id < table.size(); ++id) {
-    const ParamSpec& spec = table[id];
-    bool held = spec.layer >= 0 ? spec.layer >= range_.first_layer && spec.layer < range_.end_layer
-                                : owner_stage(id) == stage;
-    if (id == table.output() && range_.last_stage) held = true;  // a tied embedding's second copy
+    // A layer's tensors are held by the stage of its virtual stage, the others by their owner stage;
+    // the last stage also holds a tied embedding's second copy.
+    bool held = owner_stage(id) == stage || (id == table.output() && stage == num_stages_ - 1);
     holds_[static_cast<size_t>(id)] = held;
     if (held) held_ids_.push_back(id);
   }
@@ -29,11 +32,11 @@ ShardPlan::ShardPlan(const ParamTable& table, const Config& config, int tp_rank,
 
 int ShardPlan::owner_stage(int id) const {
   const ParamSpec& spec = table_[id];
-  const int last = static_cast<int>(stage_boundaries_.size()) - 2;
   if (spec.kind == ParamKind::kEmbedding) return 0;
-  if (spec.kind == ParamKind::kOutput || spec.kind == ParamKind::kFinalNorm) return last;
+  if (spec.kind == ParamKind::kOutput || spec.kind == ParamKind::kFinalNorm) return num_stages_ - 1;
   const auto it = std::upper_bound(stage_boundaries_.begin(), stage_boundaries_.end(), spec.layer);
-  return static_cast<int>(it - stage_boundaries_.begin()) - 1;
+  const auto virtual_stage = static_cast<int>(it - stage_boundaries_.begin()) - 1;
+  return virtual_stage % num_stages_;
 }
 
 bool ShardPlan::is_primary(int id) const {

@@ -153,7 +153,7 @@ PassReplay::UnitBuffers PassReplay::unit_before(Unit unit, int64_t layer, bool b
   for (const HeldTensor& t : r_.held) {
     const bool in_unit = unit == Unit::kEmbedding ? t.embedding
                          : unit == Unit::kHead    ? t.head
-                                                  : t.layer == r_.first_layer + layer;
+                                                  : t.layer == chunk_->first_layer + layer;
     if (in_unit) u.tensors.push_back(&t);
   }
   for (const HeldTensor* t : u.tensors)
@@ -173,8 +173,9 @@ void PassReplay::unit_after(UnitBuffers& u) {
   u = {};
 }
 
-PassStored PassReplay::forward(Fp64StepReplay* breakdown) {
-  const bool first_stage = r_.stage == 0, last_stage = r_.stage == r_.pp - 1;
+PassStored PassReplay::forward(const Fp64Chunk& chunk, Fp64StepReplay* breakdown) {
+  chunk_ = &chunk;
+  const bool first_stage = chunk.first, last_stage = chunk.last;
   PassStored stored;
   int x = 0;
   if (first_stage) {
@@ -189,8 +190,8 @@ PassStored PassReplay::forward(Fp64StepReplay* breakdown) {
   l_.store(x);  // the residual stream becomes x_final
   stored.all.push_back(x);
   stored.x_final = x;
-  for (int64_t layer = 0; layer < r_.layers; ++layer) {
-    l_.at("forward, layer " + std::to_string(r_.first_layer + layer));
+  for (int64_t layer = 0; layer < chunk.layers; ++layer) {
+    l_.at("forward, layer " + std::to_string(chunk.first_layer + layer));
     std::vector<NamedBytes>* names = breakdown && layer == 0 ? &breakdown->stored_per_layer : nullptr;
     UnitBuffers unit = unit_before(Unit::kLayer, layer, false);
     stored.layers.push_back(attention_forward(Keeper{l_, stored, names}));
@@ -288,9 +289,10 @@ bool PassReplay::keep_for_weights(int dy, double x_elements, const std::string& 
   return true;
 }
 
-int PassReplay::backward(PassStored& stored, std::vector<int>* deferred) {
+int PassReplay::backward(const Fp64Chunk& chunk, PassStored& stored, std::vector<int>* deferred) {
+  chunk_ = &chunk;
   deferred_ = deferred;
-  const bool first_stage = r_.stage == 0, last_stage = r_.stage == r_.pp - 1;
+  const bool first_stage = chunk.first, last_stage = chunk.last;
   int dx = 0;
   if (last_stage) {
     l_.at("backward, head");
@@ -301,8 +303,8 @@ int PassReplay::backward(PassStored& stored, std::vector<int>* deferred) {
     l_.release(stored.x_final);  // sent (the send made its copy)
     dx = l_.alloc(d_.Nl * d_.H, "dx (copy of the received gradient)");
   }
-  for (int64_t layer = r_.layers - 1; layer >= 0; --layer) {
-    l_.at("backward, layer " + std::to_string(r_.first_layer + layer));
+  for (int64_t layer = chunk.layers - 1; layer >= 0; --layer) {
+    l_.at("backward, layer " + std::to_string(chunk.first_layer + layer));
     LayerStored& s = stored.layers[static_cast<size_t>(layer)];
     UnitBuffers unit = unit_before(Unit::kLayer, layer, true);
     mlp_backward(s);

@@ -48,14 +48,14 @@ class PassReplay {
         dp_(dp_scratch),
         threads_(static_cast<double>(rank.kernel_threads)) {}
 
-  // One micro-batch's forward; returns the handles of what its Activations hold. With `breakdown`, the
-  // first layer's and the head's stored tensors are named there.
-  PassStored forward(Fp64StepReplay* breakdown);
+  // One micro-batch's forward through one of the stage's model chunks; returns the handles of what its
+  // Activations hold. With `breakdown`, the first layer's and the head's stored tensors are named there.
+  PassStored forward(const Fp64Chunk& chunk, Fp64StepReplay* breakdown);
   // One micro-batch's backward, freeing `stored` as it goes; returns the handle of the input gradient it
   // hands to the executor (-1 on the first stage). With `deferred`, the first half of a split backward
   // (model/transformer.h DeferredWeightGradients): the handles its W half keeps are added there, for the
   // step replay to free when the W runs.
-  int backward(PassStored& stored, std::vector<int>* deferred = nullptr);
+  int backward(const Fp64Chunk& chunk, PassStored& stored, std::vector<int>* deferred = nullptr);
 
  private:
   struct Keeper;
@@ -94,6 +94,7 @@ class PassReplay {
   GroupScratch& dp_;
   double threads_;
   std::vector<int>* deferred_ = nullptr;  // during a split backward's first half
+  const Fp64Chunk* chunk_ = nullptr;      // the chunk of the pass that runs
 };
 
 }  // namespace touchstone::plan

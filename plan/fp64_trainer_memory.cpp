@@ -60,6 +60,7 @@ class StepReplay {
     Fp64StepReplay result;
     step(&result);
     result.in_flight = pipeline::peak_in_flight(schedule());
+    result.stored_at_peak = stored_at_peak_;
     if (r_.moments_dropped) {  // a run of one step: no second step, no arena block
       result.peak = l_.peak();
       return result;
@@ -76,9 +77,13 @@ class StepReplay {
   }
 
  private:
+  // The executor's list (parallel/pipeline/executor.cpp stage_actions).
   std::vector<pipeline::Action> schedule() const {
-    return pipeline::build_schedule(r_.schedule, static_cast<int>(r_.pp), static_cast<int>(r_.stage),
-                                    static_cast<int>(r_.micro_batches));
+    const auto pp = static_cast<int>(r_.pp), stage = static_cast<int>(r_.stage),
+               m = static_cast<int>(r_.micro_batches);
+    if (r_.chunks.size() > 1)
+      return pipeline::build_interleaved_schedule(pp, static_cast<int>(r_.chunks.size()), stage, m);
+    return pipeline::build_schedule(r_.schedule, pp, stage, m);
   }
   bool last_stage() const { return r_.stage == r_.pp - 1; }
   double token_losses_per_rank() const { return static_cast<double>(r_.micro_batches) * d_.N; }
@@ -96,57 +101,64 @@ class StepReplay {
   const Fp64Rank& r_;
   Dims d_;
   Groups groups_;
+  double stored_at_peak_ = 0;
 };
 
 // parallel/pipeline/executor.cpp: the schedule's actions in order. Received inputs live through their
 // forward, received gradients through their backward; input gradients until the executor returns; the
-// last stage copies each micro-batch's token losses into the result, which lives until the step ends.
-// Returns those token-loss records.
+// pipeline's last chunk copies each micro-batch's token losses into the result, which lives until the
+// step ends. Buffers are per (chunk, micro-batch), as the executor's. Returns those token-loss records.
 std::vector<int> StepReplay::pipeline(Fp64StepReplay* breakdown) {
   PassReplay pass(l_, r_, groups_.tp, groups_.dp);
-  const auto m = static_cast<size_t>(r_.micro_batches);
-  std::vector<PassStored> acts(m);
-  std::vector<int> inputs(m, -1), d_outputs(m, -1), d_inputs(m, -1), token_records;
-  std::vector<std::vector<int>> deferred(m);  // what each split backward's W keeps
+  const auto m = static_cast<size_t>(r_.micro_batches), n = r_.chunks.size() * m;
+  std::vector<PassStored> acts(n);
+  std::vector<int> inputs(n, -1), d_outputs(n, -1), d_inputs(n, -1), token_records;
+  std::vector<std::vector<int>> deferred(n);  // what each split backward's W keeps
+  std::vector<double> stored_bytes(n, 0.0);   // of each set, from its forward to its backward
   int64_t stored = 0;
+  double live = 0;
   for (const pipeline::Action& action : schedule()) {
-    const auto j = static_cast<size_t>(action.micro_batch);
+    const auto j = static_cast<size_t>(action.micro_batch), k = static_cast<size_t>(action.chunk) * m + j;
+    const Fp64Chunk& chunk = r_.chunks[static_cast<size_t>(action.chunk)];
     const std::string micro_batch = "micro-batch " + std::to_string(j);
     const bool forward_kind = action.kind == ActionKind::kForward ||
                               action.kind == ActionKind::kRecvActivation ||
                               action.kind == ActionKind::kSendActivation;
-    l_.context(micro_batch);
+    l_.context(r_.chunks.size() > 1 ? micro_batch + ", chunk " + std::to_string(action.chunk) : micro_batch);
     l_.at(forward_kind ? "forward" : "backward");
     switch (action.kind) {
       case ActionKind::kRecvActivation:
-        inputs[j] = l_.alloc(d_.Nl * d_.H, "received activation");
+        inputs[k] = l_.alloc(d_.Nl * d_.H, "received activation");
         break;
-      case ActionKind::kForward:
-        acts[j] = pass.forward(breakdown && j == 0 ? breakdown : nullptr);
-        if (breakdown && j == 0) {
-          for (int h : acts[j].all) breakdown->stored_per_micro_batch += l_.bytes(h);
-        }
-        if (inputs[j] >= 0) l_.release(inputs[j]);
+      case ActionKind::kForward: {
+        const bool named = breakdown && k == 0;  // the first chunk's first micro-batch
+        acts[k] = pass.forward(chunk, named ? breakdown : nullptr);
+        for (int h : acts[k].all) stored_bytes[k] += l_.bytes(h);
+        if (named) breakdown->stored_per_micro_batch = stored_bytes[k];
+        stored_at_peak_ = std::max(stored_at_peak_, live += stored_bytes[k]);
+        if (inputs[k] >= 0) l_.release(inputs[k]);
         l_.set_stored_micro_batches(++stored);
-        if (last_stage()) token_records.push_back(l_.alloc_outside_arena(d_.N, "token-loss record"));
+        if (chunk.last) token_records.push_back(l_.alloc_outside_arena(d_.N, "token-loss record"));
         break;
+      }
       case ActionKind::kSendActivation:
         groups_.pp_sends.send(d_.Nl * d_.H, "activation of " + micro_batch);
         break;
       case ActionKind::kRecvGradient:
-        d_outputs[j] = l_.alloc(d_.Nl * d_.H, "received gradient");
+        d_outputs[k] = l_.alloc(d_.Nl * d_.H, "received gradient");
         break;
       case ActionKind::kBackward:
       case ActionKind::kBackwardInput:
-        d_inputs[j] =
-            pass.backward(acts[j], action.kind == ActionKind::kBackwardInput ? &deferred[j] : nullptr);
-        l_.release(acts[j].all);  // what the backward left
+        d_inputs[k] =
+            pass.backward(chunk, acts[k], action.kind == ActionKind::kBackwardInput ? &deferred[k] : nullptr);
+        l_.release(acts[k].all);  // what the backward left
         l_.set_stored_micro_batches(--stored);
-        if (d_outputs[j] >= 0) l_.release(d_outputs[j]);
+        live -= stored_bytes[k];
+        if (d_outputs[k] >= 0) l_.release(d_outputs[k]);
         break;
       case ActionKind::kBackwardWeight:
-        l_.release(deferred[j]);  // DeferredWeightGradients emptied by Transformer::backward_weights
-        deferred[j].clear();
+        l_.release(deferred[k]);  // DeferredWeightGradients emptied by Transformer::backward_weights
+        deferred[k].clear();
         break;
       case ActionKind::kSendGradient:
         groups_.pp_sends.send(d_.Nl * d_.H, "gradient of " + micro_batch);
@@ -331,6 +343,7 @@ Config config_for(const MemoryPlanInput& in) {
   c.model.tie_embeddings = s.tied_embeddings;
   c.parallel.tp = in.tp;
   c.parallel.pp = in.pp;
+  c.parallel.virtual_stages = in.virtual_stages;
   c.parallel.stage_layers = in.stage_layers;
   return c;
 }
@@ -360,8 +373,9 @@ Fp64Rank fp64_rank(const MemoryPlanInput& in, int64_t dp, int64_t micro_batches,
   const ParamTable table(config.model);
   const ShardPlan plan(table, config, static_cast<int>(tp_rank), static_cast<int>(in.tp),
                        static_cast<int>(stage));
-  rank.first_layer = plan.stage_range().first_layer;
-  rank.layers = plan.stage_range().end_layer - plan.stage_range().first_layer;
+  for (const StageRange& range : plan.chunk_ranges())
+    rank.chunks.push_back(
+        {range.first_layer, range.end_layer - range.first_layer, range.first_stage, range.last_stage});
   for (int id : plan.held_ids()) {
     rank.held.push_back({static_cast<double>(plan.local_numel(id)),
                          table[id].sharding == Sharding::kReplicated, id == table.embedding(),
@@ -383,6 +397,7 @@ MemoryPlanInput plan_input_from_config(const Config& c) {
   in.zero_stage = c.parallel.zero();
   in.tp = c.parallel.tp;
   in.pp = c.parallel.pp;
+  in.virtual_stages = c.parallel.virtual_stages;
   in.dps = {c.parallel.dp};
   in.stage_layers = c.parallel.stage_layers;
   in.schedule = c.parallel.schedule;
@@ -399,7 +414,7 @@ MemoryPlanInput plan_input_from_config(const Config& c) {
 
 StepPeakPrediction predict_single_process_step(const Config& config) {
   MemoryPlanInput in = plan_input_from_config(config);
-  in.tp = in.pp = 1;
+  in.tp = in.pp = in.virtual_stages = 1;
   in.dps = {1};
   in.stage_layers.clear();
   validate(in);

@@ -31,6 +31,13 @@ struct HeldTensor {
   bool head = false;        // the final norm or the output layer (the head unit of zero stage 3)
 };
 
+// A model chunk of a stage (parallel/shard_plan.h): its layers, and whether it is the pipeline's first
+// virtual stage (it embeds) or its last (it runs the head). Without virtual stages a stage is one chunk.
+struct Fp64Chunk {
+  int64_t first_layer = 0, layers = 0;
+  bool first = false, last = false;
+};
+
 // One rank of the grid: tensor-parallel rank tp_rank and data-parallel rank dp_rank of pipeline stage
 // `stage`.
 struct Fp64Rank {
@@ -39,7 +46,7 @@ struct Fp64Rank {
   int64_t micro_batches = 1;  // per replica per update
   int64_t tp = 1, pp = 1, dp = 1;
   int64_t tp_rank = 0, dp_rank = 0, stage = 0;
-  int64_t first_layer = 0, layers = 0;
+  std::vector<Fp64Chunk> chunks;                                         // [virtual_stages]
   PipelineSchedule schedule = PipelineSchedule::kOneForwardOneBackward;  // parallel/pipeline/schedule.h
   bool sequence_parallel = false, distributed_optimizer = false;
   int64_t zero_stage = 0;        // parallel.zero_stage (1 when only distributed_optimizer is set)
@@ -76,9 +83,11 @@ Fp64Rank fp64_rank(const MemoryPlanInput& input, int64_t dp, int64_t micro_batch
                    int64_t tp_rank, int64_t dp_rank);
 
 struct Fp64StepReplay {
-  double stored_per_micro_batch = 0;         // bytes one micro-batch keeps from its forward to its backward
-  int64_t in_flight = 0;                     // most micro-batches stored at once under the schedule
-  PeakSnapshot peak;                         // largest live bytes beyond the model state, where, and of what
+  double stored_per_micro_batch = 0;  // bytes one micro-batch keeps in the stage's first chunk from its
+                                      // forward to its backward
+  int64_t in_flight = 0;              // most micro-batches (with virtual stages: chunk sets) stored at once
+  double stored_at_peak = 0;          // the most bytes of those sets held at once
+  PeakSnapshot peak;                  // largest live bytes beyond the model state, where, and of what
   std::vector<NamedBytes> stored_per_layer;  // one layer's stored tensors
   std::vector<NamedBytes> stored_head;       // stage output, and the head's on the last stage
 };

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "common/errors.h"
+#include "parallel/pipeline/schedule.h"
 #include "plan/fp64_trainer_memory.h"
 
 namespace touchstone::plan {
@@ -34,19 +35,23 @@ void validate_shape(const MemoryPlanInput& in) {
           "the tensor-parallel size (" + str(in.tp) + ") must divide the ffn size (" + str(m.ffn) + ")");
 }
 
-// The trainer's rule (common/config.cpp): equal stages unless every stage's layers are listed.
+// The trainer's rule (common/config.cpp): equal virtual stages unless every one's layers are listed;
+// with v > 1 the interleaved schedule needs two stages and micro-batches in groups of pp.
 void validate_stages(const MemoryPlanInput& in) {
-  const int64_t layers = in.shape.layers;
-  require(in.pp <= layers, "the pipeline-parallel size " + str(in.pp) + " is larger than the " + str(layers) +
-                               " layers: every pipeline stage needs at least one layer");
+  const int64_t layers = in.shape.layers, v = in.virtual_stages, stages = in.pp * in.virtual_stages;
+  const std::string what =
+      v == 1 ? "the pipeline-parallel size" : "the pipeline-parallel size x virtual stages";
+  require(stages <= layers, what + " " + str(stages) + " is larger than the " + str(layers) +
+                                " layers: every pipeline stage needs at least one layer");
+  require(v == 1 || in.pp >= 2, "virtual stages need a pipeline of at least 2 stages, not " + str(in.pp));
   if (in.stage_layers.empty()) {
-    require(layers % in.pp == 0, "the pipeline-parallel size (" + str(in.pp) + ") must divide the layers (" +
-                                     str(layers) + ") unless the layers of each stage are listed");
+    require(layers % stages == 0, what + " (" + str(stages) + ") must divide the layers (" + str(layers) +
+                                      ") unless the layers of each stage are listed");
     return;
   }
   const auto entries = static_cast<int64_t>(in.stage_layers.size());
-  require(entries == in.pp, "the stage layer counts list " + str(entries) +
-                                " stages but the pipeline-parallel size is " + str(in.pp));
+  require(entries == stages,
+          "the stage layer counts list " + str(entries) + " stages but " + what + " is " + str(stages));
   for (int64_t stage : in.stage_layers) require(stage >= 1, "stage layer counts: every stage needs a layer");
   const int64_t sum = std::accumulate(in.stage_layers.begin(), in.stage_layers.end(), int64_t{0});
   require(sum == layers,
@@ -75,6 +80,9 @@ void validate_activations(const MemoryPlanInput& in) {
   require(in.vocab_multiple == 1, "vocabulary padding: Touchstone's trainer does not pad the vocabulary");
   require(m.vocab % in.tp == 0, "the tensor-parallel size (" + str(in.tp) + ") must divide the vocabulary (" +
                                     str(m.vocab) + ") for Touchstone's trainer");
+  require(in.virtual_stages == 1 || in.schedule == PipelineSchedule::kOneForwardOneBackward,
+          "virtual stages run interleaved 1F1B: the schedule must be \"" +
+              option_name(PipelineSchedule::kOneForwardOneBackward) + "\"");
 }
 
 }  // namespace
@@ -82,6 +90,7 @@ void validate_activations(const MemoryPlanInput& in) {
 void validate(const MemoryPlanInput& in) {
   require(in.tp >= 1, "the tensor-parallel size must be >= 1, got " + str(in.tp));
   require(in.pp >= 1, "the pipeline-parallel size must be >= 1, got " + str(in.pp));
+  require(in.virtual_stages >= 1, "the virtual stages must be >= 1, got " + str(in.virtual_stages));
   require(!in.dps.empty(), "no data-parallel size given");
   for (int64_t dp : in.dps) require(dp >= 1, "a data-parallel size must be >= 1, got " + str(dp));
   require(in.micro_batch >= 1, "the micro-batch size must be >= 1, got " + str(in.micro_batch));
@@ -107,13 +116,19 @@ void validate(const MemoryPlanInput& in) {
       require(in.global_batch % (dp * in.micro_batch) == 0,
               "the global batch " + str(in.global_batch) + " is not divisible by DP " + str(dp) +
                   " x micro-batch " + str(in.micro_batch) + " = " + str(dp * in.micro_batch));
+      // Megatron-LM's interleaved schedule runs micro-batches in groups of pp (parallel/pipeline/schedule.h).
+      const int64_t micro_batches = in.global_batch / (dp * in.micro_batch);
+      require(in.virtual_stages == 1 || micro_batches % in.pp == 0,
+              "interleaved 1F1B: the " + str(micro_batches) + " micro-batches per replica at DP " + str(dp) +
+                  " are not a multiple of the pipeline-parallel size " + str(in.pp));
     }
   }
 }
 
-std::vector<int64_t> stage_layer_counts(const MemoryPlanInput& in) {
+std::vector<int64_t> virtual_stage_layer_counts(const MemoryPlanInput& in) {
   if (!in.stage_layers.empty()) return in.stage_layers;
-  return std::vector<int64_t>(static_cast<size_t>(in.pp), in.shape.known() ? in.shape.layers / in.pp : 0);
+  const int64_t stages = in.pp * in.virtual_stages;
+  return std::vector<int64_t>(static_cast<size_t>(stages), in.shape.known() ? in.shape.layers / stages : 0);
 }
 
 const StageMemory& LayoutPlan::largest() const {
@@ -123,20 +138,49 @@ const StageMemory& LayoutPlan::largest() const {
 
 namespace {
 
-void add_megatron_activations(const MemoryPlanInput& in, StageMemory& s) {
+// Interleaved 1F1B holds sets of one chunk's activations of one micro-batch: the schedule of this stage
+// (m unknown: 2 pp, enough that the warm-up count is not cut short) says which are live at once.
+void add_interleaved_megatron_activations(const MemoryPlanInput& in, int64_t micro_batches,
+                                          const std::vector<double>& chunk_bytes, StageMemory& s) {
+  const int64_t m = micro_batches > 0 ? micro_batches : 2 * in.pp;
+  const std::vector<pipeline::Action> actions =
+      pipeline::build_interleaved_schedule(static_cast<int>(in.pp), static_cast<int>(in.virtual_stages),
+                                           static_cast<int>(s.stage), static_cast<int>(m));
+  s.in_flight = pipeline::peak_in_flight(actions);
+  double live = 0;
+  for (const pipeline::Action& action : actions) {
+    const double bytes = chunk_bytes[static_cast<size_t>(action.chunk)];
+    if (action.kind == pipeline::ActionKind::kForward) s.activations = std::max(s.activations, live += bytes);
+    if (action.kind == pipeline::ActionKind::kBackward) live -= bytes;
+  }
+}
+
+void add_megatron_activations(const MemoryPlanInput& in, int64_t micro_batches,
+                              const std::vector<int64_t>& chunk_layers, StageMemory& s) {
   const ModelShape& m = in.shape;
   const int64_t vocab = padded_vocab(m.vocab, in.vocab_multiple, in.tp);
-  double per_micro_batch = static_cast<double>(s.layers) *
-                           megatron_layer_activation_bytes(m, in.micro_batch, in.tp, in.sequence_parallel,
-                                                           in.recompute, in.flash_attention);
-  if (s.first)
-    per_micro_batch += megatron_embedding_activation_bytes(m, in.micro_batch, in.tp, in.sequence_parallel);
-  if (s.last)
-    per_micro_batch += megatron_head_activation_bytes(m, in.micro_batch, in.tp, in.sequence_parallel, vocab);
-  s.activations = static_cast<double>(s.in_flight) * per_micro_batch;
+  const double layer = megatron_layer_activation_bytes(m, in.micro_batch, in.tp, in.sequence_parallel,
+                                                       in.recompute, in.flash_attention);
+  // One micro-batch's bytes in each chunk: the embedding in the pipeline's first chunk, the head in its last.
+  std::vector<double> chunk_bytes;
+  for (size_t c = 0; c < chunk_layers.size(); ++c) {
+    double bytes = static_cast<double>(chunk_layers[c]) * layer;
+    if (s.first && c == 0)
+      bytes += megatron_embedding_activation_bytes(m, in.micro_batch, in.tp, in.sequence_parallel);
+    if (s.last && c + 1 == chunk_layers.size())
+      bytes += megatron_head_activation_bytes(m, in.micro_batch, in.tp, in.sequence_parallel, vocab);
+    chunk_bytes.push_back(bytes);
+  }
+  if (in.virtual_stages > 1) {
+    add_interleaved_megatron_activations(in, micro_batches, chunk_bytes, s);
+  } else {
+    s.activations = static_cast<double>(s.in_flight) * chunk_bytes.front();
+  }
   const double working = megatron_recompute_working_bytes(m, in.micro_batch, in.tp, in.sequence_parallel,
                                                           in.recompute, in.flash_attention);
-  s.peak = {working > 0 ? "backward, recomputing one layer" : "all in-flight micro-batches stored (1F1B)",
+  s.peak = {working > 0 ? "backward, recomputing one layer"
+                        : "all in-flight micro-batches stored (" +
+                              std::string(in.virtual_stages > 1 ? "interleaved 1F1B" : "1F1B") + ")",
             s.activations + working};
 }
 
@@ -151,7 +195,7 @@ void add_fp64_activations(const MemoryPlanInput& in, int64_t dp, int64_t micro_b
   }
   const Fp64StepReplay replay = replay_fp64_step(rank);
   s.in_flight = replay.in_flight;
-  s.activations = static_cast<double>(s.in_flight) * replay.stored_per_micro_batch;
+  s.activations = replay.stored_at_peak;
   s.peak = replay.peak.at;
   s.stored_per_layer = replay.stored_per_layer;
   s.stored_head = replay.stored_head;
@@ -163,15 +207,16 @@ LayoutPlan plan_layout(const MemoryPlanInput& in, int64_t dp) {
   LayoutPlan plan;
   plan.dp = dp;
   plan.micro_batches = in.global_batch > 0 ? in.global_batch / (dp * in.micro_batch) : 0;
-  const std::vector<int64_t> layers = stage_layer_counts(in);
+  const std::vector<int64_t> layers = virtual_stage_layer_counts(in);
   const int64_t vocab = in.shape.known() ? padded_vocab(in.shape.vocab, in.vocab_multiple, in.tp) : 0;
-  int64_t first_layer = 0;
   for (int64_t stage = 0; stage < in.pp; ++stage) {
     StageMemory s;
     s.stage = stage;
-    s.first_layer = first_layer;
-    s.layers = layers[static_cast<size_t>(stage)];
-    first_layer += s.layers;
+    s.first_layer = std::accumulate(layers.begin(), layers.begin() + stage, int64_t{0});
+    std::vector<int64_t> chunk_layers;  // chunk c is virtual stage c x pp + stage
+    for (int64_t c = 0; c < in.virtual_stages; ++c)
+      chunk_layers.push_back(layers[static_cast<size_t>(c * in.pp + stage)]);
+    s.layers = std::accumulate(chunk_layers.begin(), chunk_layers.end(), int64_t{0});
     s.first = stage == 0;
     s.last = stage == in.pp - 1;
     double params = 0;
@@ -186,7 +231,8 @@ LayoutPlan plan_layout(const MemoryPlanInput& in, int64_t dp) {
                           std::max<int64_t>(in.zero_stage, in.distributed_optimizer ? 1 : 0), dp);
     if (in.moments_dropped) s.state.moments = 0;
     s.in_flight = in_flight_micro_batches(stage, in.pp, plan.micro_batches);
-    if (in.activations == ActivationModel::kMegatron16Bit) add_megatron_activations(in, s);
+    if (in.activations == ActivationModel::kMegatron16Bit)
+      add_megatron_activations(in, plan.micro_batches, chunk_layers, s);
     if (in.activations == ActivationModel::kTouchstoneFp64)
       add_fp64_activations(in, dp, plan.micro_batches, s);
     plan.stages.push_back(s);

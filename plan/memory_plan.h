@@ -31,7 +31,11 @@ struct MemoryPlanInput {
   int64_t zero_stage = 0;
   int64_t tp = 1, pp = 1;
   std::vector<int64_t> dps{1};
-  std::vector<int64_t> stage_layers;  // empty: layers / pp on every stage
+  // Interleaved 1F1B (parallel.virtual_stages): each stage holds v model chunks, chunk c of stage s being
+  // virtual stage c x pp + s (Megatron-LM's assignment).
+  int64_t virtual_stages = 1;
+  // The layers of each virtual stage, pp x virtual_stages entries; empty: layers / (pp x v) on each.
+  std::vector<int64_t> stage_layers;
   // The FP64 trainer's pipeline schedule (a Touchstone config's parallel.schedule).
   PipelineSchedule schedule = PipelineSchedule::kOneForwardOneBackward;
   int64_t micro_batch = 1;   // b, sequences per micro-batch
@@ -89,8 +93,8 @@ struct LayoutPlan {
 // One GPU of every stage (tensor-parallel rank 0; the others hold the same amounts).
 LayoutPlan plan_layout(const MemoryPlanInput& input, int64_t dp);
 
-// The stage's layer counts: input.stage_layers, or layers / pp each.
-std::vector<int64_t> stage_layer_counts(const MemoryPlanInput& input);
+// The layer counts of the pp x v virtual stages: input.stage_layers, or layers / (pp x v) each.
+std::vector<int64_t> virtual_stage_layer_counts(const MemoryPlanInput& input);
 
 // The whole report of `touchstone plan memory`.
 void print_memory_plan(const MemoryPlanInput& input, std::ostream& out);

@@ -107,7 +107,8 @@ void print_stage_table(const MemoryPlanInput& in, const LayoutPlan& plan, const 
 }
 
 void print_breakdown(const StageMemory& s, std::ostream& out) {
-  out << "\nStage " << s.stage << ": stored per micro-batch, layer " << s.first_layer << " (bytes):\n";
+  out << "\nStage " << s.stage << ": stored per micro-batch, layer " << s.first_layer
+      << " (bytes; with virtual stages, of the stage's first chunk):\n";
   for (const NamedBytes& t : s.stored_per_layer) out << "  " << t.name << ": " << grouped(t.bytes) << "\n";
   out << "Stage output and head (bytes):\n";
   for (const NamedBytes& t : s.stored_head) out << "  " << t.name << ": " << grouped(t.bytes) << "\n";
@@ -123,7 +124,11 @@ void print_memory_plan(const MemoryPlanInput& in, std::ostream& out) {
   for (int64_t dp : in.dps) plans.push_back(plan_layout(in, dp));
   const double params = in.total_params > 0 ? in.total_params : total_params(in.shape);
   out << "Memory plan: " << count(params) << " parameters" << (in.total_params > 0 ? " (given)" : "")
-      << ", TP " << in.tp << " x PP " << in.pp << ", recipe " << in.recipe.name << ", distributed optimizer "
+      << ", TP " << in.tp << " x PP " << in.pp
+      << (in.virtual_stages > 1
+              ? " (" + std::to_string(in.virtual_stages) + " virtual stages each, interleaved 1F1B)"
+              : "")
+      << ", recipe " << in.recipe.name << ", distributed optimizer "
       << (in.distributed_optimizer ? "on" : "off");
   if (in.zero_stage >= 2) out << ", ZeRO stage " << in.zero_stage;
   out << "\n";

@@ -65,6 +65,10 @@ Layout read_layout(const std::string& directory, const GoldenReader& golden) {
   layout.summed_tied_grads = tied == "summed";
   config.parallel.tp = layout.tp;
   config.parallel.pp = layout.pp;
+  // The candidate's stages are those shards.json describes, whatever layout produced the golden file:
+  // equal stages unless it lists them, and one model chunk per stage (docs/diffing.md).
+  config.parallel.virtual_stages = 1;
+  config.parallel.stage_layers.clear();
   config.parallel.dp = 1;
   config.train.micro_batch_size = 1;  // the batch plays no part in where tensors live
   try {

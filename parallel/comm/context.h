@@ -34,9 +34,10 @@ struct ParallelContext {
   }
   bool first_stage() const { return pp.rank() == 0; }
   bool last_stage() const { return pp.rank() == pp.size() - 1; }
-  // Marks where the step is, for the trace and for the phase hook (an injected process fault).
-  void set_phase(int64_t step, int64_t micro_batch, const char* phase) const {
-    if (trace) *trace = TraceContext{step, micro_batch, phase};
+  // Marks where the step is, for the trace and for the phase hook (an injected process fault); `chunk`
+  // names the model chunk with virtual pipeline stages.
+  void set_phase(int64_t step, int64_t micro_batch, const char* phase, int64_t chunk = -1) const {
+    if (trace) *trace = TraceContext{step, micro_batch, phase, chunk};
     if (PhaseHook hook = phase_hook()) hook(step, phase);
   }
 };

@@ -3,8 +3,10 @@
 //
 // clang-format off
 //   group  tag                      transfer                                  sent in
-//   pp     2 j                      activation of micro-batch j, s -> s + 1   parallel/pipeline/executor.cpp
-//   pp     2 j + 1                  its gradient, stage s + 1 -> s            parallel/pipeline/executor.cpp
+//   pp     2 (j v + c)              activation of micro-batch j into model    parallel/pipeline/executor.cpp
+//                                   chunk c of the receiving stage
+//   pp     2 (j v + c) + 1          a gradient into chunk c of the receiving  parallel/pipeline/executor.cpp
+//                                   stage (v: virtual stages; 1 without)
 //   world  parameter id (< 2^20)    a parameter's shard to world rank 0       oracle/gather.cpp
 //   world  2^20                     token losses to world rank 0              oracle/train_step.cpp
 //   world  2^20 + 1, 2^20 + 2       a stage's timeline: length, events        oracle/run.cpp
@@ -16,8 +18,15 @@
 
 namespace touchstone::message_tags {
 
-constexpr int pipeline_activation(int64_t micro_batch) { return static_cast<int>(2 * micro_batch); }
-constexpr int pipeline_gradient(int64_t micro_batch) { return static_cast<int>(2 * micro_batch + 1); }
+// `chunk` is the receiving stage's model chunk, which both ends know (pipeline::Action's chunk on the
+// receiving side, peer_chunk on the sending side): with virtual stages the last stage sends chunk c's
+// output to the first stage's chunk c + 1 while the same pair of ranks also exchanges other chunks'.
+constexpr int pipeline_activation(int64_t micro_batch, int chunk, int virtual_stages) {
+  return static_cast<int>(2 * (micro_batch * virtual_stages + chunk));
+}
+constexpr int pipeline_gradient(int64_t micro_batch, int chunk, int virtual_stages) {
+  return static_cast<int>(2 * (micro_batch * virtual_stages + chunk) + 1);
+}
 
 // The world group's gathers to rank 0. Parameter tags are the parameter table's indices, so the fixed
 // tags start above any table size.

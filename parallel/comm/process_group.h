@@ -44,6 +44,7 @@ struct TraceContext {
   int64_t step = 0;          // optimizer step, 1-based; 0 outside a step
   int64_t micro_batch = -1;  // micro-batch index within the step on this rank; -1 outside one
   std::string phase;         // "forward", "backward", "grads", "optimizer", "output", ...
+  int64_t chunk = -1;        // the model chunk running (interleaved 1F1B); -1 without virtual stages
 };
 
 // One recorded transfer.

@@ -15,6 +15,7 @@ std::string format_trace_line(int rank, const GridCoordinates& coordinates, cons
   } else {
     line << record.context.micro_batch;
   }
+  if (record.context.chunk >= 0) line << " chunk " << record.context.chunk;
   // Padded to the longest phase and op names so the columns of a trace line up.
   line << ' ' << std::left << std::setw(9) << (record.context.phase.empty() ? "-" : record.context.phase)
        << ' ' << std::setw(14) << record.op << "  group=" << record.group << "  shape=[";

@@ -86,6 +86,28 @@ class PlanCli(unittest.TestCase):
         self.assertIn("32 micro-batches per replica per update", out)
         self.assertIn("DOES NOT FIT: DP 2, stage 0", out)
 
+    def test_memory_virtual_stages(self):
+        # Interleaved 1F1B, pp 4 x v 2 with 32 micro-batches: the first stage holds (4 - 1) 2 + (2 - 1) 4 + 1
+        # = 11 chunk sets of 1 layer (Megatron-LM's warm-up plus one), the last 5.
+        shape = ["--layers", "8", "--hidden", "1024", "--heads", "16", "--ffn", "4096", "--vocab", "32000",
+                 "--seq-length", "2048", "--pp", "4", "--global-batch", "32"]
+        out = self.ok("memory", *shape, "--virtual-stages", "2")
+        self.assertIn("TP 1 x PP 4 (2 virtual stages each, interleaved 1F1B)", out)
+        rows = {r[0]: r for r in (line.split() for line in out.splitlines()) if len(r) > 5 and r[0].isdigit()}
+        self.assertEqual((rows["0"][1], rows["0"][4]), ("2", "11"))
+        self.assertEqual((rows["3"][1], rows["3"][4]), ("2", "5"))
+        self.assert_refused(["memory", *shape[:-1], "30", "--virtual-stages", "2"],
+                            "interleaved 1F1B: the 30 micro-batches per replica at DP 1 are not a multiple of "
+                            "the pipeline-parallel size 4")
+        self.assert_refused(["memory", *shape, "--virtual-stages", "2", "--stage-layers", "2,2,2,2"],
+                            "the stage layer counts list 4 stages but the pipeline-parallel size x virtual "
+                            "stages is 8")
+        self.assert_refused(["memory", *shape, "--virtual-stages", "0"], "--virtual-stages: must be >= 1")
+        # The FP64 trainer's own layout, every rank: the peak is named by chunk.
+        out = self.ok("memory", "--set", "parallel.pp=2", "--set", "parallel.virtual_stages=2", "--set",
+                      "model.num_layers=4", "--ranks")
+        self.assertIn(", chunk ", out[out.index("Per rank, bytes"):])
+
     def test_memory_fp64_trainer_from_config(self):
         out = self.ok("memory", "--set", "train.steps=1", "--breakdown")
         self.assertIn("Touchstone's FP64 trainer", out)

@@ -146,6 +146,10 @@ TEST_F(CountersTest, TraceLineFormat) {
   EXPECT_EQ(format_trace_line(3, GridCoordinates{1, 0, 1}, record),
             "[rank 3 tp1 dp0 pp1] step 0 mb - -         send            group=pp  shape=[2,16,32]  "
             "bytes=8192  peer=5");
+  record.context = TraceContext{2, 3, "backward", 1};  // interleaved 1F1B: the model chunk too
+  EXPECT_EQ(format_trace_line(3, GridCoordinates{1, 0, 1}, record),
+            "[rank 3 tp1 dp0 pp1] step 2 mb 3 chunk 1 backward  send            group=pp  shape=[2,16,32]  "
+            "bytes=8192  peer=5");
 }
 
 TEST_F(CountersTest, TracePrinterWritesOneLinePerTransferAndASummary) {

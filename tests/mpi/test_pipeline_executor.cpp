@@ -9,6 +9,7 @@
 //   - loss_weights weight the loss and backward_weights start the backward (distinct values for each);
 //   - without gradients, the forwards alone give the same losses on any number of stages;
 //   - the recorded timeline of each stage, transfers included, is the schedule's action list in order;
+//   - with two virtual stages per stage (interleaved 1F1B) the same, chunk by chunk;
 //   - without gradients (one stage, as the objective alone is evaluated) only the forward passes run,
 //     in micro-batch order; the loss is unchanged and the gradients are left alone.
 #include <algorithm>
@@ -104,23 +105,77 @@ bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
 }
 
-// One stage of the pipeline: this rank's shard plan, model and parameters.
+// One stage of the pipeline: this rank's shard plan, model chunks and parameters.
 struct Stage {
   Stage(const Config& c, const ParamTable& table, const ParamTensors& full_params, Grid& grid)
       : context(context_of(grid)),
         backend(make_cpu_backend()),
         plan(table, c, 0, 1, context.stage()),
         region(context.tp, false, *backend),
-        model(c.model, c.data.document_masking, c.train.seed, table, *backend, region, plan.stage_range()),
-        params(plan.shard(full_params)) {}
+        params(plan.shard(full_params)) {
+    models.reserve(plan.chunk_ranges().size());
+    for (const StageRange& range : plan.chunk_ranges()) {
+      models.emplace_back(c.model, c.data.document_masking, c.train.seed, table, *backend, region, range);
+      chunks.push_back(&models.back());
+    }
+  }
 
   ParallelContext context;
   std::unique_ptr<Backend> backend;
   ShardPlan plan;
   TensorParallelRegion region;
-  Transformer model;
+  std::vector<Transformer> models;
+  ModelChunks chunks;
   ParamTensors params;
 };
+
+// Every held gradient equals the whole model's bitwise, tensors not held stay empty; the last stage's
+// losses equal the reference's, other stages report none.
+void expect_equals_reference(const Stage& stage, const ParamTable& table, const ParamTensors& grads,
+                             const PipelineResult& result, const Reference& reference, int m) {
+  for (int id = 0; id < table.size(); ++id) {
+    if (stage.plan.holds(id)) {
+      EXPECT_TRUE(same_bits(grads[id], reference.grads[id])) << table[id].name;
+    } else {
+      EXPECT_TRUE(grads[id].empty()) << table[id].name << " is not held by stage " << stage.context.stage();
+    }
+  }
+  if (stage.context.last_stage()) {
+    EXPECT_EQ(result.weighted_loss, reference.weighted_loss);
+    EXPECT_EQ(result.token_losses.size(), static_cast<size_t>(m));
+    for (int j = 0; j < m && j < static_cast<int>(result.token_losses.size()); ++j) {
+      EXPECT_TRUE(same_bits(result.token_losses[static_cast<size_t>(j)],
+                            reference.token_losses[static_cast<size_t>(j)]))
+          << "micro-batch " << j;
+    }
+  } else {
+    EXPECT_EQ(result.weighted_loss, 0.0);
+    EXPECT_TRUE(result.token_losses.empty());
+  }
+}
+
+// The first m micro-batches of the batch.
+std::vector<MicroBatch> first_micro_batches(const GlobalBatch& batch, int m) {
+  std::vector<MicroBatch> micro_batches;
+  for (int j = 0; j < m; ++j)
+    micro_batches.push_back(batch.micro_batch(j * kWindowsPerMicroBatch, kWindowsPerMicroBatch));
+  return micro_batches;
+}
+
+// Without gradients every stage runs its forwards only (and frees what it sent): the same losses as
+// `with_gradients`, and no gradient touched.
+void expect_forward_only_matches(PipelineSchedule schedule, const Stage& stage,
+                                 const std::vector<MicroBatch>& micro_batches,
+                                 const PipelineResult& with_gradients) {
+  const int m = static_cast<int>(micro_batches.size());
+  ParamTensors untouched = stage.plan.zeros();
+  const PipelineResult forward_only =
+      run_pipeline(schedule, stage.chunks, stage.params, micro_batches, loss_weights(m), backward_weights(m),
+                   stage.context, 1, false, untouched, nullptr);
+  EXPECT_EQ(untouched.tensors, stage.plan.zeros().tensors);
+  EXPECT_EQ(forward_only.weighted_loss, with_gradients.weighted_loss);
+  EXPECT_EQ(forward_only.token_losses, with_gradients.token_losses);
+}
 
 TEST_F(PipelineExecutorTest, EqualsTheWholeModelOnOneRankAndFollowsTheSchedule) {
   const Config c = pipeline_config();
@@ -136,50 +191,58 @@ TEST_F(PipelineExecutorTest, EqualsTheWholeModelOnOneRankAndFollowsTheSchedule) 
         PipelineSchedule::kZeroBubbleH1}) {
     for (int m : {1, 3, kMaxMicroBatches}) {
       SCOPED_TRACE(option_name(schedule) + ", " + std::to_string(m) + " micro-batches");
-      std::vector<MicroBatch> micro_batches;
-      for (int j = 0; j < m; ++j)
-        micro_batches.push_back(batch.micro_batch(j * kWindowsPerMicroBatch, kWindowsPerMicroBatch));
+      const std::vector<MicroBatch> micro_batches = first_micro_batches(batch, m);
       const Reference reference = whole_model_reference(c, table, full_params, micro_batches);
 
       ParamTensors grads = stage.plan.zeros();
       pipeline::TimelineRecorder recorder(s);
       const PipelineResult result =
-          run_pipeline(schedule, stage.model, stage.params, micro_batches, loss_weights(m),
+          run_pipeline(schedule, stage.chunks, stage.params, micro_batches, loss_weights(m),
                        backward_weights(m), stage.context, 1, true, grads, &recorder);
-      // Without gradients every stage runs its forwards only (and frees what it sent): the same losses,
-      // and no gradient touched.
-      ParamTensors untouched = stage.plan.zeros();
-      const PipelineResult forward_only =
-          run_pipeline(schedule, stage.model, stage.params, micro_batches, loss_weights(m),
-                       backward_weights(m), stage.context, 1, false, untouched, nullptr);
-      EXPECT_EQ(untouched.tensors, stage.plan.zeros().tensors);
-      EXPECT_EQ(forward_only.weighted_loss, result.weighted_loss);
-      EXPECT_EQ(forward_only.token_losses, result.token_losses);
+      expect_forward_only_matches(schedule, stage, micro_batches, result);
 
-      for (int id = 0; id < table.size(); ++id) {
-        if (stage.plan.holds(id)) {
-          EXPECT_TRUE(same_bits(grads[id], reference.grads[id])) << table[id].name;
-        } else {
-          EXPECT_TRUE(grads[id].empty()) << table[id].name << " is not held by stage " << s;
-        }
-      }
-      if (stage.context.last_stage()) {
-        EXPECT_EQ(result.weighted_loss, reference.weighted_loss);
-        EXPECT_EQ(result.token_losses.size(), static_cast<size_t>(m));
-        for (int j = 0; j < m && j < static_cast<int>(result.token_losses.size()); ++j) {
-          EXPECT_TRUE(same_bits(result.token_losses[static_cast<size_t>(j)],
-                                reference.token_losses[static_cast<size_t>(j)]))
-              << "micro-batch " << j;
-        }
-      } else {
-        EXPECT_EQ(result.weighted_loss, 0.0);
-        EXPECT_TRUE(result.token_losses.empty());
-      }
+      expect_equals_reference(stage, table, grads, result, reference, m);
       const std::string expected_order =
           pipeline::format_actions(pipeline::build_schedule(schedule, num_stages, s, m), true);
       EXPECT_EQ(pipeline::render_order(recorder.events(), num_stages, true)[static_cast<size_t>(s)],
                 expected_order);
     }
+  }
+}
+
+// Interleaved 1F1B: two model chunks per stage (virtual stages 0..2p-1, the first with two layers), for
+// p and 2p micro-batches (Megatron-LM's schedule needs a multiple of p). Each layer lives in one chunk,
+// whose backwards run in micro-batch order, so every gradient equals the whole model's bitwise too; the
+// recorded order, transfers and chunks included, is build_interleaved_schedule's.
+TEST_F(PipelineExecutorTest, InterleavedChunksEqualTheWholeModelAndFollowTheSchedule) {
+  constexpr int kChunks = 2;
+  Config c = pipeline_config();
+  const int p = testing::world_size();
+  c.parallel.virtual_stages = kChunks;
+  c.model.num_layers = p * kChunks + 1;
+  c.parallel.stage_layers.assign(static_cast<size_t>(p * kChunks), 1);
+  c.parallel.stage_layers[0] = 2;
+  const ParamTable table(c.model);
+  const ParamTensors full_params = init_parameters(table, c.model, 7);
+  const GlobalBatch batch = testing::batch_from_documents(c, documents());
+  std::unique_ptr<Grid> grid = Grid::create(GridLayout{1, 1, p});
+  Stage stage(c, table, full_params, *grid);
+  const int s = stage.context.stage();
+  ASSERT_EQ(stage.chunks.size(), static_cast<size_t>(kChunks));
+  EXPECT_EQ(stage.chunks[1]->stage().first_layer, s + p + 1);  // virtual stage p + s, after layers 0, 1
+  for (int m = p; m <= kMaxMicroBatches; m += p) {
+    SCOPED_TRACE(std::to_string(m) + " micro-batches");
+    const std::vector<MicroBatch> micro_batches = first_micro_batches(batch, m);
+    const Reference reference = whole_model_reference(c, table, full_params, micro_batches);
+    ParamTensors grads = stage.plan.zeros();
+    pipeline::TimelineRecorder recorder(s);
+    const PipelineResult result =
+        run_pipeline(PipelineSchedule::kOneForwardOneBackward, stage.chunks, stage.params, micro_batches,
+                     loss_weights(m), backward_weights(m), stage.context, 1, true, grads, &recorder);
+    expect_equals_reference(stage, table, grads, result, reference, m);
+    EXPECT_EQ(pipeline::render_order(recorder.events(), p, true)[static_cast<size_t>(s)],
+              pipeline::format_actions(pipeline::build_interleaved_schedule(p, kChunks, s, m), true));
+    expect_forward_only_matches(PipelineSchedule::kOneForwardOneBackward, stage, micro_batches, result);
   }
 }
 
@@ -206,7 +269,7 @@ TEST_F(PipelineExecutorTest, WithoutGradientsRunsTheForwardsOnly) {
   const ParamTensors untouched = grads;
   pipeline::TimelineRecorder recorder(0);
   const PipelineResult result =
-      run_pipeline(PipelineSchedule::kOneForwardOneBackward, model, params, micro_batches, loss_weights(m),
+      run_pipeline(PipelineSchedule::kOneForwardOneBackward, {&model}, params, micro_batches, loss_weights(m),
                    backward_weights(m), single.context(), 1, false, grads, &recorder);
   EXPECT_EQ(grads.tensors, untouched.tensors);
   EXPECT_EQ(result.weighted_loss, reference.weighted_loss);

@@ -1,5 +1,5 @@
-"""Parallel runs seen from the command line: the teaching trace of a PP2 1F1B step lists the expected
-forward/backward order per stage and every transfer; every invalid layout ends all ranks with a
+"""Parallel runs seen from the command line: the teaching trace of a PP2 step (1F1B, ZB-H1, interleaved)
+lists the expected forward/backward order per stage and every transfer; every invalid layout ends all ranks with a
 non-zero status within seconds, the message printed once.
 
 Usage: test_parallel_cli.py PATH_TO_TOUCHSTONE   (standard library only)
@@ -66,6 +66,29 @@ class Trace(unittest.TestCase):
             self.assertIn("backward, weight gradients", text)
 
 
+    def test_pp2_interleaved_step_runs_megatrons_order(self):
+        with tempfile.TemporaryDirectory() as d:
+            svg = os.path.join(d, "timeline.svg")
+            result, _ = mpirun(2, "train", "--set", "parallel.pp=2", "--set", "parallel.virtual_stages=2",
+                               "--set", "model.num_layers=4", "--set", "train.steps=1", "--trace", "--timeline", svg)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            out = result.stdout
+            # Megatron-LM's interleaved order, worked by hand for p = 2, v = 2, m = 4 (groups of p = 2
+            # micro-batches through chunk 0 then chunk 1; backwards from the last chunk): stage 0 warms up
+            # with (p - 1) 2 + (v - 1) p = 4 forwards, stage 1 with 2. ":1" marks chunk 1.
+            self.assertIn("stage 0: F0 F1 F0:1 F1:1 F2 B0:1 F3 B1:1 F2:1 B0 F3:1 B1 B2:1 B3:1 B2 B3", out)
+            self.assertIn("stage 1: F0 F1 F0:1 B0:1 F1:1 B1:1 F2 B0 F3 B1 F2:1 B2:1 F3:1 B3:1 B2 B3", out)
+            with open(svg) as f:
+                self.assertEqual(f.read().count('class="event'), 32)  # 4 micro-batches x 2 chunks x 2 stages
+        # Every pipeline transfer names its chunk: per stage 2 chunks x 4 micro-batches, each sent once
+        # forward and once back, except the pipeline's two ends (stage 0's chunk 0 receives no activation
+        # and sends no gradient; stage 1's chunk 1 the reverse): 12 sends and 12 receives per stage.
+        pp = [l for l in out.splitlines() if "group=pp" in l]
+        self.assertEqual(len(pp), 48, "\n".join(pp))
+        for line in pp:
+            self.assertRegex(line, r"step 1 mb \d chunk [01] (forward|backward) +(send|recv) ")
+
+
 class InvalidLayouts(unittest.TestCase):
     CASES = [
         (4, ["--set", "parallel.tp=2"], "tp x pp x dp = 2 but the run has 4 process"),
@@ -75,6 +98,8 @@ class InvalidLayouts(unittest.TestCase):
         (2, ["--set", "parallel.tp=2", "--set", "model.vocab_size=255"], "must divide model.vocab_size"),
         (2, ["--set", "parallel.pp=2", "--set", "model.num_layers=3"], "parallel.pp (2) must divide model.num_layers (3)"),
         (2, ["--set", "parallel.pp=2", "--set", "parallel.stage_layers=[1,2]"], "parallel.stage_layers sums to 3"),
+        (2, ["--set", "parallel.pp=2", "--set", "parallel.virtual_stages=2", "--set", "model.num_layers=4",
+             "--set", "train.micro_batch_size=8"], "= 1) to be a multiple of parallel.pp (2)"),
         (2, ["--set", "parallel.dp=2", "--set", "train.micro_batch_size=3"], "must be divisible by parallel.dp x train.micro_batch_size"),
         (2, ["--set", "parallel.tp=2", "--set", "parallel.sequence_parallel=true", "--set", "model.seq_length=17"],
          "needs model.seq_length divisible by parallel.tp"),

@@ -24,6 +24,7 @@ LAYOUTS = {  # name: (ranks, overrides)
     "dp4_zero": (4, ["parallel.dp=4", "parallel.distributed_optimizer=true"]),
     "dp4_zero3": (4, ["parallel.dp=4", "parallel.zero_stage=3"]),
     "tp1_pp4_dp2": (8, ["parallel.pp=4", "parallel.dp=2", "model.num_layers=4"]),
+    "pp2_v2": (2, ["parallel.pp=2", "parallel.virtual_stages=2"]),  # interleaved 1F1B, a layer per chunk
     "single": (1, []),
 }
 MODEL = ["model.num_layers=4"]  # so that pp=4 has a layer per stage
@@ -116,6 +117,9 @@ class Resume(unittest.TestCase):
     def test_resume_on_one_process(self):
         self.check_other_layout("single")
 
+    def test_resume_at_pp2_virtual_stages_2(self):
+        self.check_other_layout("pp2_v2")
+
     def test_resume_without_a_checkpoint_starts_fresh(self):
         directory = os.path.join(self.tmp.name, "fresh")
         out = self.run_layout(self.saved_at, "--checkpoint-dir", directory, "--resume")
@@ -129,6 +133,12 @@ class ResumeFromZeroStage3(Resume):
     """A ZeRO-3 run keeps each tensor as dim-0 shards over dp; its checkpoint holds full tensors (gathered
     at save), so it resumes at the same layout bitwise and at any other within tolerance."""
     saved_at = "dp4_zero3"
+
+
+class ResumeFromInterleaved(Resume):
+    """A stage of an interleaved pipeline holds non-adjacent layers (virtual stages s and s + pp); its
+    checkpoint names every tensor by its global layer, so it resumes anywhere."""
+    saved_at = "pp2_v2"
 
 
 class ResumeWithDropout(Resume):

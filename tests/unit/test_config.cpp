@@ -186,5 +186,47 @@ TEST(ConfigOptions, AnUnknownNameIsRefusedAtLoadNamingTheKey) {
             "c.json: precision must be a string, got 64");
 }
 
+// Interleaved 1F1B (parallel.virtual_stages): each rule of docs/config.md is one error naming its key.
+TEST(Config, VirtualStagesConstraints) {
+  const auto with = [](std::vector<std::string> sets, int world) {
+    return error_of([&] { validate_config(resolve_config(nullptr, sets, "c"), world); });
+  };
+  // The default batch: 8 windows of 2, 4 micro-batches; 2 layers.
+  EXPECT_EQ(with({"parallel.pp=2", "parallel.virtual_stages=2", "model.num_layers=4"}, 2), "");
+  EXPECT_EQ(with({"parallel.pp=2", "parallel.virtual_stages=2", "model.num_layers=6"}, 2),
+            "config: parallel.virtual_stages (parallel.pp x parallel.virtual_stages = 4) must divide "
+            "model.num_layers (6) unless parallel.stage_layers lists the layers of each virtual stage");
+  EXPECT_EQ(with({"parallel.pp=2", "parallel.virtual_stages=2", "model.num_layers=6",
+                  "parallel.stage_layers=[1,2,2,1]"},
+                 2),
+            "");
+  EXPECT_EQ(with({"parallel.pp=2", "parallel.virtual_stages=2", "model.num_layers=6",
+                  "parallel.stage_layers=[3,3]"},
+                 2),
+            "config: parallel.stage_layers has 2 entries but parallel.pp x parallel.virtual_stages is 4");
+  EXPECT_EQ(with({"parallel.virtual_stages=2"}, 1),
+            "config: parallel.virtual_stages > 1 needs parallel.pp >= 2 (it interleaves pipeline stages)");
+  EXPECT_EQ(
+      with({"parallel.pp=2", "parallel.virtual_stages=2", "model.num_layers=4", "parallel.schedule=zb_h1"},
+           2),
+      "config: parallel.virtual_stages > 1 runs interleaved 1F1B: parallel.schedule must be \"1f1b\"");
+  EXPECT_EQ(with({"parallel.pp=4", "parallel.virtual_stages=2", "model.num_layers=8"}, 4), "");
+  EXPECT_EQ(
+      with({"parallel.pp=4", "parallel.virtual_stages=2", "model.num_layers=8", "train.micro_batch_size=4"},
+           4),
+      "config: parallel.virtual_stages > 1 needs the micro-batches per data-parallel rank "
+      "(train.global_batch_size / (train.micro_batch_size x parallel.dp) = 2) to be a multiple of "
+      "parallel.pp (4), as Megatron-LM's interleaved schedule does");
+  EXPECT_EQ(with({"parallel.pp=2", "parallel.dp=2", "parallel.virtual_stages=2", "model.num_layers=4",
+                  "parallel.zero_stage=3"},
+                 4),
+            "");  // ZeRO-3's per-unit hooks run on every chunk
+  EXPECT_EQ(
+      with({"parallel.pp=2", "parallel.virtual_stages=2", "model.num_layers=4", "train.micro_batch_size=1"},
+           2),
+      "");  // 8 micro-batches
+  EXPECT_NE(with({"parallel.virtual_stages=0"}, 1).find("parallel.virtual_stages"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace touchstone

@@ -154,6 +154,38 @@ std::string error_of(const MemoryPlanInput& in) {
   return "";
 }
 
+// Korthikanti et al. 2022, section 4.2.3: with the interleaved schedule the first stage stores
+// L (1 + (p - 1) / (p v)) layers' activations per micro-batch, where 1F1B stores L (p layers of L / p
+// each): its warm-up of (p - 1) 2 + (v - 1) p forwards plus the steady state's one, each of L / (p v)
+// layers. Here L = 16 layers, p = 4, v = 2, micro-batches a multiple of p and large enough (m = 8).
+TEST(PlanMemory, InterleavedFirstStageStoresKorthikantisLayerCount) {
+  MemoryPlanInput in = shaped_input();
+  in.shape.layers = 16;
+  in.tp = 1;
+  in.global_batch = 16;  // m = 16 / (dp 2 x b 1) = 8
+  const double layer = megatron_layer_activation_bytes(in.shape, 1, 1, false, Recompute::kNone, false);
+  const double head = megatron_head_activation_bytes(in.shape, 1, 1, false, 256);
+  const LayoutPlan one_f_one_b = plan_layout(in, 2);
+  in.virtual_stages = 2;
+  ASSERT_EQ(error_of(in), "");
+  const LayoutPlan interleaved = plan_layout(in, 2);
+  const StageMemory& first = interleaved.stages[0];
+  EXPECT_EQ(first.layers, 4);
+  EXPECT_EQ(first.in_flight, 11);  // (4 - 1) 2 + (2 - 1) 4 + 1 chunk sets of 2 layers
+  // Stage 0 keeps the embedding dropout mask of each micro-batch its chunk 0 holds: the 11 sets are at
+  // most 8 of chunk 0 (micro-batches 0-7, once the forward of micro-batch 7 ran; chunk 0's backwards come
+  // last) and 3 of chunk 1.
+  const double embedding = megatron_embedding_activation_bytes(in.shape, 1, 1, false);
+  EXPECT_DOUBLE_EQ(first.activations, 16 * (1 + 3.0 / 8) * layer + 8 * embedding);
+  EXPECT_DOUBLE_EQ(one_f_one_b.stages[0].activations, 16 * layer + 4 * embedding);
+  // The last stage: its warm-up is (v - 1) p = 4 forwards, and the head only in its last chunk.
+  EXPECT_EQ(interleaved.stages[3].in_flight, 5);
+  EXPECT_DOUBLE_EQ(interleaved.stages[3].activations, 5 * 2 * layer + 1 * head);
+  // Parameters follow the layers: 2 chunks of 2 on every stage, embedding on 0, head on 3.
+  for (int s = 0; s < 4; ++s)
+    EXPECT_DOUBLE_EQ(interleaved.stages[s].state.params, one_f_one_b.stages[s].state.params);
+}
+
 TEST(PlanMemory, InvalidLayoutsAreInputErrors) {
   MemoryPlanInput in = shaped_input();
   in.pp = 16;
@@ -172,6 +204,27 @@ TEST(PlanMemory, InvalidLayoutsAreInputErrors) {
   EXPECT_EQ(error_of(in), "");
   in.stage_layers = {2, 3, 2};
   EXPECT_EQ(error_of(in), "the stage layer counts add up to 7 layers, not the model's 8");
+  in = shaped_input();  // pp 4, 8 layers, 8 micro-batches per replica
+  in.virtual_stages = 2;
+  EXPECT_EQ(error_of(in), "");
+  in.virtual_stages = 3;
+  EXPECT_EQ(
+      error_of(in),
+      "the pipeline-parallel size x virtual stages 12 is larger than the 8 layers: every pipeline stage "
+      "needs at least one layer");
+  in.shape.layers = 24;
+  in.global_batch = 12;  // 6 micro-batches per replica
+  EXPECT_EQ(error_of(in),
+            "interleaved 1F1B: the 6 micro-batches per replica at DP 2 are not a multiple of the "
+            "pipeline-parallel size 4");
+  in = shaped_input();
+  in.virtual_stages = 2;
+  in.stage_layers = {1, 1, 1, 1, 1, 1, 2};
+  EXPECT_EQ(error_of(in),
+            "the stage layer counts list 7 stages but the pipeline-parallel size x virtual stages is 8");
+  in.stage_layers.clear();
+  in.pp = 1;
+  EXPECT_EQ(error_of(in), "virtual stages need a pipeline of at least 2 stages, not 1");
   in = shaped_input();
   in.tp = 8;
   EXPECT_NE(error_of(in).find("the tensor-parallel size (8) must divide the heads (4)"), std::string::npos);

@@ -31,7 +31,7 @@ struct MemoryOptions {
   int64_t zero_stage = 0;
   bool tied = false, distributed_optimizer = false, sequence_parallel = false, flash_attention = false;
   bool breakdown = false, ranks = false;
-  int64_t tp = 1, pp = 1, micro_batch = 1, global_batch = 0, vocab_multiple = 1;
+  int64_t tp = 1, pp = 1, virtual_stages = 1, micro_batch = 1, global_batch = 0, vocab_multiple = 1;
   std::vector<int64_t> dps{1}, stage_layers;
   double gpu_memory_gb = 0;
 };
@@ -111,6 +111,7 @@ void check_memory_flags(const MemoryPlanInput& in) {
   };
   at_least_one("--tp", in.tp);
   at_least_one("--pp", in.pp);
+  at_least_one("--virtual-stages", in.virtual_stages);
   if (in.dps.empty()) throw InputError("--dp: give at least one data-parallel size");
   for (int64_t dp : in.dps) at_least_one("--dp", dp);
   at_least_one("--micro-batch", in.micro_batch);
@@ -219,7 +220,12 @@ void PlanCommandImpl::add_memory_options() {
       ->delimiter(',')
       ->allow_extra_args(false)
       ->capture_default_str();
-  c->add_option("--stage-layers", m_.stage_layers, "Layers of each stage, e.g. 11,13,13,11 (default: equal)")
+  c->add_option("--virtual-stages", m_.virtual_stages,
+                "Model chunks per pipeline stage (interleaved 1F1B; Megatron-LM's virtual pipeline size)")
+      ->capture_default_str();
+  c->add_option("--stage-layers", m_.stage_layers,
+                "Layers of each stage, e.g. 11,13,13,11 (default: equal); with --virtual-stages v, pp x v "
+                "entries, one per virtual stage")
       ->delimiter(',')
       ->allow_extra_args(false);
   c->add_option("--micro-batch", m_.micro_batch, "Sequences per micro-batch b")->capture_default_str();
@@ -282,6 +288,7 @@ MemoryPlanInput PlanCommandImpl::memory_input() const {
     throw InputError("--params: must be > 0, got " + m_.params);
   if (given("--tp")) in.tp = m_.tp;
   if (given("--pp")) in.pp = m_.pp;
+  if (given("--virtual-stages")) in.virtual_stages = m_.virtual_stages;
   if (given("--dp")) in.dps = m_.dps;
   if (given("--stage-layers")) in.stage_layers = m_.stage_layers;
   if (given("--micro-batch")) in.micro_batch = m_.micro_batch;
@@ -313,8 +320,8 @@ int PlanCommandImpl::run_memory(std::ostream& out) const {
       throw InputError("--ranks needs a Touchstone config: --config FILE and/or --set key=value");
     for (const char* option :
          {"--layers", "--hidden", "--heads", "--kv-heads", "--ffn", "--vocab", "--seq-length",
-          "--tied-embeddings", "--tp", "--pp", "--dp", "--stage-layers", "--micro-batch", "--global-batch",
-          "--distributed-optimizer", "--sequence-parallel", "--recipe"}) {
+          "--tied-embeddings", "--tp", "--pp", "--virtual-stages", "--dp", "--stage-layers", "--micro-batch",
+          "--global-batch", "--distributed-optimizer", "--sequence-parallel", "--recipe"}) {
       if (given(option)) {
         throw InputError(std::string("--ranks takes the layout and shapes from the config; instead of ") +
                          option + ", use --set (e.g. --set parallel.tp=2)");
