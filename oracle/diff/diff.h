@@ -41,6 +41,11 @@ struct Entry {
   bool trajectory_passes = true;
 };
 
+// The values an entry was judged against (re-anchored, optimizer check or the golden file).
+inline Recorded reference_of(Judge& judge, const Entry& e) {
+  return judge.judge(e.path, e.group, e.param, e.step).reference;
+}
+
 struct Verdict {
   std::string
       signature;        // "loss_normalization", "token_count", "gradient_scale", "one_layer", "tp_shard", ...

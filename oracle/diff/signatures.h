@@ -33,6 +33,12 @@
 
 namespace touchstone::diff {
 
+// Where the per-tensor signatures look: the first group of the step (initial parameters, gradients,
+// updated parameters, moments) with a failing tensor.
+struct Group {
+  std::vector<const Entry*> compared, failing;
+};
+
 struct SignatureOptions {
   std::vector<int> tp_sizes;  // empty: 2, 4 and 8
   bool recompute = true;

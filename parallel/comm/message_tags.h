@@ -15,17 +15,24 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 namespace touchstone::message_tags {
 
 // `chunk` is the receiving stage's model chunk, which both ends know (pipeline::Action's chunk on the
 // receiving side, peer_chunk on the sending side): with virtual stages the last stage sends chunk c's
 // output to the first stage's chunk c + 1 while the same pair of ranks also exchanges other chunks'.
+// A tag beyond int (over 2^30 micro-batch chunks) becomes -1, which every send and receive refuses
+// with the group's valid tag range, instead of wrapping onto another transfer's tag.
+constexpr int pipeline_tag(int64_t micro_batch, int chunk, int virtual_stages, int direction) {
+  const int64_t tag = 2 * (micro_batch * virtual_stages + chunk) + direction;
+  return tag <= std::numeric_limits<int>::max() ? static_cast<int>(tag) : -1;
+}
 constexpr int pipeline_activation(int64_t micro_batch, int chunk, int virtual_stages) {
-  return static_cast<int>(2 * (micro_batch * virtual_stages + chunk));
+  return pipeline_tag(micro_batch, chunk, virtual_stages, 0);
 }
 constexpr int pipeline_gradient(int64_t micro_batch, int chunk, int virtual_stages) {
-  return static_cast<int>(2 * (micro_batch * virtual_stages + chunk) + 1);
+  return pipeline_tag(micro_batch, chunk, virtual_stages, 1);
 }
 
 // The world group's gathers to rank 0. Parameter tags are the parameter table's indices, so the fixed

@@ -7,12 +7,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "parallel/comm/message_tags.h"
 #include "parallel/pipeline/schedule.h"
 #include "parallel/pipeline/timeline.h"
 
@@ -368,6 +370,29 @@ TEST(TimelineIdle, MeasuredOnSimulatedTimelinesIsTheBubbleFormula) {
   const PipelineIdle empty = measure_idle({}, 2);
   EXPECT_EQ(empty.span_seconds, 0.0);
   EXPECT_EQ(empty.idle_share, (std::vector<double>{0.0, 0.0}));
+}
+
+// Every (micro-batch, chunk, direction) of a pipeline gets its own tag, so no two transfers a pair of
+// stages may have in flight match each other; a tag beyond int is -1 (refused by every group).
+TEST(PipelineTags, DistinctPerMicroBatchChunkAndDirectionAndNeverWrap) {
+  for (int v : {1, 2, 4}) {
+    std::map<int, std::tuple<int, int, int>> owner;
+    for (int j = 0; j < 32; ++j) {
+      for (int c = 0; c < v; ++c) {
+        for (int gradient = 0; gradient < 2; ++gradient) {
+          const int tag = gradient ? message_tags::pipeline_gradient(j, c, v)
+                                   : message_tags::pipeline_activation(j, c, v);
+          EXPECT_GE(tag, 0);
+          EXPECT_TRUE(owner.emplace(tag, std::make_tuple(j, c, gradient)).second)
+              << "tag " << tag << ", v " << v;
+        }
+      }
+    }
+  }
+  // The largest: 2 (j v + c) + 1 with j v + c = 2^30 - 1.
+  EXPECT_EQ(message_tags::pipeline_gradient((int64_t{1} << 29) - 1, 1, 2), std::numeric_limits<int>::max());
+  EXPECT_EQ(message_tags::pipeline_activation(int64_t{1} << 30, 0, 1), -1);
+  EXPECT_EQ(message_tags::pipeline_gradient(int64_t{1} << 40, 3, 4), -1);
 }
 
 }  // namespace
