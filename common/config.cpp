@@ -346,9 +346,6 @@ void validate_config(const Config& c, int world_size) {
                 std::to_string(per_rank) + ") to be a multiple of parallel.pp (" + std::to_string(p.pp) +
                 "), as Megatron-LM's interleaved schedule does");
   }
-  require(p.zero() != 3 || p.schedule != PipelineSchedule::kZeroBubbleH1, "parallel.zero_stage",
-          "3 cannot run with parallel.schedule \"zb_h1\": a deferred weight gradient would add into a unit's "
-          "gradient after it was reduce-scattered and freed");
   require(!p.sequence_parallel || m.seq_length % p.tp == 0, "parallel.sequence_parallel",
           "needs model.seq_length divisible by parallel.tp");
   require(p.tp * p.pp * p.dp == world_size, "parallel",

@@ -297,16 +297,17 @@ void Transformer::head_backward(const ParamTensors& params, const MicroBatch& ba
 
 // ---- one stage: [embedding] -> layers -> [head] ----------------------------------------------------------
 
-void Transformer::before(Pass pass, const ParameterUnit& unit) const {
+void Transformer::before(Pass pass, const ParameterUnit& unit, DeferredWeightGradients* deferred) const {
+  if (deferred != nullptr) deferred->units.push_back(unit);
   if (hooks_ == nullptr) return;
   if (pass == kForward) hooks_->before_forward(unit);
   if (pass == kBackward) hooks_->before_backward(unit);
 }
 
-void Transformer::after(Pass pass, const ParameterUnit& unit) const {
+void Transformer::after(Pass pass, const ParameterUnit& unit, const DeferredWeightGradients* deferred) const {
   if (hooks_ == nullptr) return;
   if (pass == kForward) hooks_->after_forward(unit);
-  if (pass == kBackward) hooks_->after_backward(unit);
+  if (pass == kBackward) hooks_->after_backward(unit, deferred != nullptr);
 }
 
 void Transformer::forward(const ParamTensors& params, const MicroBatch& batch, const ActivationBuffer* input,
@@ -344,66 +345,36 @@ void Transformer::backward(const ParamTensors& params, const MicroBatch& batch, 
                            ActivationBuffer* d_input, DeferredWeightGradients* deferred) const {
   const int64_t N = batch.windows * model_.seq_length, H = model_.hidden_size;
   ActivationBuffer dx;  // [Nl,H]
-  if (hooks_ != nullptr && deferred != nullptr) {
-    throw std::logic_error(
-        "a split backward cannot run with parameter hooks: W would add into freed gradients");
-  }
   if (stage_.last_stage) {
-    before(kBackward, {ParameterUnit::Kind::kHead});
+    before(kBackward, {ParameterUnit::Kind::kHead}, deferred);
     head_backward(params, batch, acts, loss_weight, grads, dx, deferred);
-    after(kBackward, {ParameterUnit::Kind::kHead});
+    after(kBackward, {ParameterUnit::Kind::kHead}, deferred);
   } else {
     release(acts.x_final);  // the stage's output: its send made a copy
     dx = *d_output;
   }
   for (int64_t l = stage_.end_layer - 1; l >= stage_.first_layer; --l) {
     LayerActivations& a = acts.layers[static_cast<size_t>(l - stage_.first_layer)];
-    before(kBackward, {ParameterUnit::Kind::kLayer, l});
+    before(kBackward, {ParameterUnit::Kind::kLayer, l}, deferred);
     mlp_block_backward(params, l, batch, a, dx, grads, deferred);
     attention_block_backward(params, l, batch, a, dx, grads, deferred);
-    after(kBackward, {ParameterUnit::Kind::kLayer, l});
+    after(kBackward, {ParameterUnit::Kind::kLayer, l}, deferred);
   }
   if (stage_.first_stage) {
     ActivationBuffer dfull;
     tp_.gather(dx, N, H, dfull);
+    before(kBackward, {ParameterUnit::Kind::kEmbedding}, deferred);
     if (deferred != nullptr) {
-      deferred->embedding.push_back({std::move(dfull), batch.tokens, N, grads[table_.embedding()].data()});
+      deferred->embedding.push_back(
+          {std::move(dfull), batch.tokens, N, grads[table_.embedding()].data(), deferred->units.size() - 1});
     } else {
-      before(kBackward, {ParameterUnit::Kind::kEmbedding});
       backend_.embedding_backward(batch.tokens, dfull.data(), N, H, vocab_start(), vocab_local(),
                                   grads[table_.embedding()].data());
-      after(kBackward, {ParameterUnit::Kind::kEmbedding});
     }
+    after(kBackward, {ParameterUnit::Kind::kEmbedding}, deferred);
   } else {
     *d_input = std::move(dx);
   }
-}
-
-void Transformer::linear_backward(ActivationBuffer& dy, const ActivationBuffer& x, const double* weight,
-                                  int64_t rows, int64_t in, int64_t out, double* dx, double* dweight,
-                                  DeferredWeightGradients* deferred) const {
-  if (deferred == nullptr) {
-    backend_.linear_backward(dy.data(), x.data(), weight, rows, in, out, dx, dweight);
-    return;
-  }
-  backend_.linear_backward(dy.data(), x.data(), weight, rows, in, out, dx, nullptr);
-  // x is still needed after this call in some blocks (attention's output, for the softmax backward),
-  // so W keeps a copy; dy is done with here.
-  ActivationBuffer x_kept = buffer(rows * in);
-  std::copy_n(x.data(), rows * in, x_kept.data());
-  deferred->linears.push_back({std::move(dy), std::move(x_kept), rows, in, out, dweight});
-}
-
-void Transformer::backward_weights(DeferredWeightGradients& deferred) const {
-  for (DeferredWeightGradients::Linear& call : deferred.linears) {
-    backend_.linear_backward(call.dy.data(), call.x.data(), nullptr, call.rows, call.in, call.out, nullptr,
-                             call.dweight);
-  }
-  for (DeferredWeightGradients::Embedding& call : deferred.embedding) {
-    backend_.embedding_backward(call.tokens, call.dy.data(), call.rows, model_.hidden_size, vocab_start(),
-                                vocab_local(), call.dtable);
-  }
-  deferred = {};
 }
 
 }  // namespace touchstone

@@ -81,6 +81,13 @@ struct Activations {
   ActivationBuffer token_losses;  // [N]    cross entropy per position, 0 where target = -100
 };
 
+// A unit of parameters the hooks below gather and free together (ParameterHooks).
+struct ParameterUnit {
+  enum class Kind { kEmbedding, kLayer, kHead };
+  Kind kind;
+  int64_t layer = -1;  // kLayer: the global layer number
+};
+
 // The weight-gradient half of a split backward (ZB-H1's W, docs/parallelism.md): the inputs of every
 // weight-gradient call of one micro-batch's backward on this stage, kept by backward() when it is given
 // one and run by backward_weights() later. The calls are the whole backward's, in its order, so each
@@ -92,15 +99,19 @@ struct DeferredWeightGradients {
     ActivationBuffer x;   // [rows,in]  the input
     int64_t rows = 0, in = 0, out = 0;
     double* dweight = nullptr;  // [out,in] the main gradient the call adds into
+    size_t unit = 0;            // index into `units`
   };
   struct Embedding {
     ActivationBuffer dy;  // [rows,H] the gradient of the lookup (full sequence)
     const int32_t* tokens = nullptr;
     int64_t rows = 0;
     double* dtable = nullptr;  // [Vl,H]
+    size_t unit = 0;
   };
   std::vector<Linear> linears;       // in the order the whole backward calls them
   std::vector<Embedding> embedding;  // first stage: one, after every linear
+  // The units whose backward ran, in order: W tells the hooks when each unit's weight gradients are done.
+  std::vector<ParameterUnit> units;
   bool empty() const { return linears.empty() && embedding.empty(); }
 };
 
@@ -108,19 +119,17 @@ struct DeferredWeightGradients {
 // gathers just before a unit runs and frees after it, as FSDP2's hooks do around each module it wraps:
 // the embedding, each decoder layer, the head (final norm and output layer). The model calls the hooks
 // around each unit's forward and backward; between before_* and after_* the unit's tensors are in the
-// `params` (and, in the backward, `grads`) the pass was given.
-struct ParameterUnit {
-  enum class Kind { kEmbedding, kLayer, kHead };
-  Kind kind;
-  int64_t layer = -1;  // kLayer: the global layer number
-};
+// `params` (and, in the backward, `grads`) the pass was given. A split backward (ZB-H1) ends a unit's
+// backward with `weight_gradients_deferred`: its gradients must stay until after_weight_gradients, which
+// backward_weights() calls once that micro-batch's W of the unit has added into them.
 class ParameterHooks {
  public:
   virtual ~ParameterHooks() = default;
   virtual void before_forward(const ParameterUnit& unit) = 0;
   virtual void after_forward(const ParameterUnit& unit) = 0;
   virtual void before_backward(const ParameterUnit& unit) = 0;
-  virtual void after_backward(const ParameterUnit& unit) = 0;
+  virtual void after_backward(const ParameterUnit& unit, bool weight_gradients_deferred) = 0;
+  virtual void after_weight_gradients(const ParameterUnit& unit) = 0;
 };
 
 class Transformer {
@@ -149,8 +158,7 @@ class Transformer {
   // The weight gradients a split backward left in `deferred`, added to the gradients it names; empties it.
   void backward_weights(DeferredWeightGradients& deferred) const;
 
-  // Hooks around each unit's passes (none by default); the caller keeps them alive. Not with `deferred`:
-  // a split backward's W adds into gradients after the unit's after_backward.
+  // Hooks around each unit's passes (none by default); the caller keeps them alive.
   void set_parameter_hooks(ParameterHooks* hooks) { hooks_ = hooks; }
 
   const StageRange& stage() const { return stage_; }
@@ -198,10 +206,11 @@ class Transformer {
                        int64_t in, int64_t out, double* dx, double* dweight,
                        DeferredWeightGradients* deferred) const;
 
-  // The hooks' calls around one unit (nothing without hooks).
+  // The hooks' calls around one unit (nothing without hooks). A split backward also lists the unit in
+  // `deferred`, so that its W records name the unit they add into.
   enum Pass { kForward, kBackward };
-  void before(Pass pass, const ParameterUnit& unit) const;
-  void after(Pass pass, const ParameterUnit& unit) const;
+  void before(Pass pass, const ParameterUnit& unit, DeferredWeightGradients* deferred = nullptr) const;
+  void after(Pass pass, const ParameterUnit& unit, const DeferredWeightGradients* deferred = nullptr) const;
 
   ModelConfig model_;
   bool document_masking_;

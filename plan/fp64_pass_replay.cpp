@@ -150,6 +150,7 @@ void replay_reduce_scatter_add(BufferTally& tally, GroupScratch& dp, const Fp64R
 PassReplay::UnitBuffers PassReplay::unit_before(Unit unit, int64_t layer, bool backward) {
   UnitBuffers u;
   if (r_.zero_stage != 3) return u;
+  u.backward = backward;
   for (const HeldTensor& t : r_.held) {
     const bool in_unit = unit == Unit::kEmbedding ? t.embedding
                          : unit == Unit::kHead    ? t.head
@@ -159,18 +160,42 @@ PassReplay::UnitBuffers PassReplay::unit_before(Unit unit, int64_t layer, bool b
   for (const HeldTensor* t : u.tensors)
     u.params.push_back(l_.alloc_outside_arena(r_.gathered(*t), "gathered parameter"));
   for (const HeldTensor* t : u.tensors) {
-    if (backward) u.grads.push_back(l_.alloc_outside_arena(t->numel, "unit gradient"));
+    UnitGradient& g = unit_grads_[t];
+    if (backward && g.handle < 0) g.handle = l_.alloc_outside_arena(t->numel, "unit gradient");
   }
   return u;
 }
 
+void PassReplay::reduce_scatter_unit_gradient(const HeldTensor* t) {
+  replay_reduce_scatter_add(l_, dp_, r_, *t);
+  l_.release(unit_grads_[t].handle);
+  unit_grads_.erase(t);
+}
+
 void PassReplay::unit_after(UnitBuffers& u) {
-  for (size_t i = 0; i < u.grads.size(); ++i) {
-    replay_reduce_scatter_add(l_, dp_, r_, *u.tensors[i]);
-    l_.release(u.grads[i]);
+  if (u.backward) {
+    for (const HeldTensor* t : u.tensors) {
+      UnitGradient& g = unit_grads_[t];
+      if (deferred_ != nullptr) {
+        ++g.pending_weights;
+      } else if (g.pending_weights == 0) {
+        reduce_scatter_unit_gradient(t);
+      }
+    }
+    if (deferred_ != nullptr) deferred_->units.push_back(u.tensors);
   }
   l_.release(u.params);
   u = {};
+}
+
+void PassReplay::backward_weights(DeferredReplay& deferred) {
+  for (const std::vector<const HeldTensor*>& unit : deferred.units) {
+    for (const HeldTensor* t : unit) {
+      if (--unit_grads_[t].pending_weights == 0) reduce_scatter_unit_gradient(t);
+    }
+  }
+  l_.release(deferred.buffers);
+  deferred = {};
 }
 
 PassStored PassReplay::forward(const Fp64Chunk& chunk, Fp64StepReplay* breakdown) {
@@ -284,12 +309,12 @@ int PassReplay::head_backward(PassStored& s) {
 
 bool PassReplay::keep_for_weights(int dy, double x_elements, const std::string& x_name) {
   if (deferred_ == nullptr) return false;
-  deferred_->push_back(dy);
-  deferred_->push_back(l_.alloc(x_elements, x_name + " (copy kept for the weight gradients)"));
+  deferred_->buffers.push_back(dy);
+  deferred_->buffers.push_back(l_.alloc(x_elements, x_name + " (copy kept for the weight gradients)"));
   return true;
 }
 
-int PassReplay::backward(const Fp64Chunk& chunk, PassStored& stored, std::vector<int>* deferred) {
+int PassReplay::backward(const Fp64Chunk& chunk, PassStored& stored, DeferredReplay* deferred) {
   chunk_ = &chunk;
   deferred_ = deferred;
   const bool first_stage = chunk.first, last_stage = chunk.last;
@@ -311,19 +336,22 @@ int PassReplay::backward(const Fp64Chunk& chunk, PassStored& stored, std::vector
     attention_backward(s);
     unit_after(unit);
   }
-  deferred_ = nullptr;
-  if (!first_stage) return dx;
-  l_.at("backward, embedding");
-  const int dfull = gather("dfull");
-  if (deferred != nullptr) {
-    deferred->push_back(dfull);
-  } else {
+  if (first_stage) {
+    l_.at("backward, embedding");
+    const int dfull = gather("dfull");
     UnitBuffers embedding = unit_before(Unit::kEmbedding, -1, true);
-    unit_after(embedding);
-    l_.release(dfull);
+    if (deferred != nullptr) {
+      deferred->buffers.push_back(dfull);
+      unit_after(embedding);
+    } else {
+      unit_after(embedding);
+      l_.release(dfull);
+    }
+    l_.release(dx);
+    dx = -1;
   }
-  l_.release(dx);
-  return -1;
+  deferred_ = nullptr;
+  return dx;
 }
 
 }  // namespace touchstone::plan

@@ -3,6 +3,7 @@
 // replay of fp64_trainer_memory.cpp.
 #pragma once
 
+#include <map>
 #include <vector>
 
 #include "plan/buffer_tally.h"
@@ -33,6 +34,13 @@ struct PassStored {
   int x_final = -1, rstd_final = -1, h_final = -1, logits = -1, row_max = -1, sum_exp = -1;
 };
 
+// What one micro-batch's split backward leaves for its W (model/transformer.h DeferredWeightGradients):
+// the buffers the W calls read, and the zero-stage-3 units whose gradients they add into, in order.
+struct DeferredReplay {
+  std::vector<int> buffers;
+  std::vector<std::vector<const HeldTensor*>> units;
+};
+
 // Dim0Shard::reduce_scatter_add (parallel/data/dim0_shard.cpp) of tensor t: the gradient copied into a
 // buffer of dp shards, this rank's reduced chunk, and the group's exchange scratch.
 void replay_reduce_scatter_add(BufferTally& tally, GroupScratch& dp, const Fp64Rank& rank,
@@ -53,9 +61,11 @@ class PassReplay {
   PassStored forward(const Fp64Chunk& chunk, Fp64StepReplay* breakdown);
   // One micro-batch's backward, freeing `stored` as it goes; returns the handle of the input gradient it
   // hands to the executor (-1 on the first stage). With `deferred`, the first half of a split backward
-  // (model/transformer.h DeferredWeightGradients): the handles its W half keeps are added there, for the
-  // step replay to free when the W runs.
-  int backward(const Fp64Chunk& chunk, PassStored& stored, std::vector<int>* deferred = nullptr);
+  // (model/transformer.h DeferredWeightGradients): what its W half keeps is added there.
+  int backward(const Fp64Chunk& chunk, PassStored& stored, DeferredReplay* deferred = nullptr);
+  // Transformer::backward_weights of that W: unit by unit, the last pending W of a zero-stage-3 tensor
+  // reduce-scatters its gradient and frees it; then the kept buffers go. Empties `deferred`.
+  void backward_weights(DeferredReplay& deferred);
 
  private:
   struct Keeper;
@@ -78,14 +88,22 @@ class PassReplay {
   bool keep_for_weights(int dy, double x_elements, const std::string& x_name);
 
   // Zero stage 3 (parallel/data/fully_sharded_parameters.cpp): one unit's gathered parameters (and, in
-  // its backward, its full gradients) from before its pass to after it; nothing at other stages.
+  // its backward, its full gradients) from before its pass to after it; nothing at other stages. A split
+  // backward's gradients stay after it, each tensor counting the W still to add into it.
   enum class Unit { kEmbedding, kLayer, kHead };
   struct UnitBuffers {
     std::vector<const HeldTensor*> tensors;
-    std::vector<int> params, grads;
+    std::vector<int> params;
+    bool backward = false;
+  };
+  struct UnitGradient {
+    int handle = -1;
+    int pending_weights = 0;
   };
   UnitBuffers unit_before(Unit unit, int64_t layer, bool backward);
-  void unit_after(UnitBuffers& buffers);  // a backward's gradients are reduce-scattered first
+  // A backward's gradients are reduce-scattered first, unless a W will still add into them.
+  void unit_after(UnitBuffers& buffers);
+  void reduce_scatter_unit_gradient(const HeldTensor* t);
 
   BufferTally& l_;
   Dims d_;
@@ -93,8 +111,9 @@ class PassReplay {
   GroupScratch& tp_;
   GroupScratch& dp_;
   double threads_;
-  std::vector<int>* deferred_ = nullptr;  // during a split backward's first half
-  const Fp64Chunk* chunk_ = nullptr;      // the chunk of the pass that runs
+  DeferredReplay* deferred_ = nullptr;                    // during a split backward's first half
+  std::map<const HeldTensor*, UnitGradient> unit_grads_;  // zero stage 3: full gradients held now
+  const Fp64Chunk* chunk_ = nullptr;                      // the chunk of the pass that runs
 };
 
 }  // namespace touchstone::plan

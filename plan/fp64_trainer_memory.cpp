@@ -92,8 +92,8 @@ std::vector<int> StepReplay::pipeline(Fp64StepReplay* breakdown) {
   const auto m = static_cast<size_t>(r_.micro_batches), n = r_.chunks.size() * m;
   std::vector<PassStored> acts(n);
   std::vector<int> inputs(n, -1), d_outputs(n, -1), d_inputs(n, -1), token_records;
-  std::vector<std::vector<int>> deferred(n);  // what each split backward's W keeps
-  std::vector<double> stored_bytes(n, 0.0);   // of each set, from its forward to its backward
+  std::vector<DeferredReplay> deferred(n);   // what each split backward's W keeps
+  std::vector<double> stored_bytes(n, 0.0);  // of each set, from its forward to its backward
   int64_t stored = 0;
   double live = 0;
   for (const pipeline::Action& action : schedule()) {
@@ -136,8 +136,7 @@ std::vector<int> StepReplay::pipeline(Fp64StepReplay* breakdown) {
         if (d_outputs[k] >= 0) l_.release(d_outputs[k]);
         break;
       case ActionKind::kBackwardWeight:
-        l_.release(deferred[k]);  // DeferredWeightGradients emptied by Transformer::backward_weights
-        deferred[k].clear();
+        pass.backward_weights(deferred[k]);
         break;
       case ActionKind::kSendGradient:
         groups_.pp_sends.send(d_.Nl * d_.H, "gradient of " + micro_batch);

@@ -56,12 +56,13 @@ class StaleBackwardWeights final : public ParameterHooks {
       params_[mine[i]] = params_[stale[i]];
     }
   }
-  void after_backward(const ParameterUnit& unit) override {
+  void after_backward(const ParameterUnit& unit, bool) override {
     if (unit.kind != ParameterUnit::Kind::kLayer || unit.layer >= last_) return;
     const std::vector<int> mine = linears(unit.layer);
     for (size_t i = 0; i < mine.size(); ++i) params_[mine[i]] = std::move(saved_[i]);
     saved_.clear();
   }
+  void after_weight_gradients(const ParameterUnit&) override {}
 
  private:
   std::vector<int> linears(int64_t layer) const {

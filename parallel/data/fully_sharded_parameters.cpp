@@ -15,6 +15,7 @@ FullyShardedParameters::FullyShardedParameters(const ParamTable& table, const st
     : table_(table), shards_(shards), dp_(dp), backend_(backend) {
   params_.tensors.resize(static_cast<size_t>(table.size()));
   grads_.tensors.resize(static_cast<size_t>(table.size()));
+  pending_weights_.assign(static_cast<size_t>(table.size()), 0);
 }
 
 void FullyShardedParameters::begin_step(const ParamTensors& compute_shards, ParamTensors& grad_shards) {
@@ -61,19 +62,41 @@ void FullyShardedParameters::after_forward(const ParameterUnit& unit) { free_par
 
 void FullyShardedParameters::before_backward(const ParameterUnit& unit) {
   gather(unit);
-  for (int id : ids_of(unit))
+  for (int id : ids_of(unit)) {
+    // Still there while a deferred W of an earlier micro-batch will add into it: never reallocate.
+    if (pending_weights_[static_cast<size_t>(id)] > 0) continue;
     grads_[id].assign(static_cast<size_t>(shards_[static_cast<size_t>(id)].full_numel()), 0.0);
+  }
 }
 
-void FullyShardedParameters::after_backward(const ParameterUnit& unit) {
+void FullyShardedParameters::after_backward(const ParameterUnit& unit, bool weight_gradients_deferred) {
   for (int id : ids_of(unit)) {
-    std::vector<double>& shard = (*grad_shards_)[id];
-    shards_[static_cast<size_t>(id)].reduce_scatter_add(dp_, grads_[id], shard);
-    backend_.round(TensorRole::kState, shard.data(),
-                   static_cast<int64_t>(shard.size()));  // FP32 main gradients
-    free_tensor(grads_[id]);
+    if (weight_gradients_deferred) {
+      ++pending_weights_[static_cast<size_t>(id)];
+    } else if (pending_weights_[static_cast<size_t>(id)] == 0) {
+      reduce_scatter(id);
+    }
   }
   free_params(unit);
+}
+
+void FullyShardedParameters::after_weight_gradients(const ParameterUnit& unit) {
+  for (int id : ids_of(unit)) {
+    int& pending = pending_weights_[static_cast<size_t>(id)];
+    if (pending == 0) {
+      throw std::logic_error("fully sharded parameters: a W of " + table_[id].name +
+                             " ran without a deferred backward before it");
+    }
+    if (--pending == 0) reduce_scatter(id);
+  }
+}
+
+void FullyShardedParameters::reduce_scatter(int id) {
+  std::vector<double>& shard = (*grad_shards_)[id];
+  shards_[static_cast<size_t>(id)].reduce_scatter_add(dp_, grads_[id], shard);
+  backend_.round(TensorRole::kState, shard.data(),
+                 static_cast<int64_t>(shard.size()));  // FP32 main gradients
+  free_tensor(grads_[id]);
 }
 
 }  // namespace touchstone

@@ -11,6 +11,13 @@
 // So a rank holds at most the tensors of the units in flight at once, plus shards of everything. The
 // gradient of each micro-batch is reduce-scattered when its unit's backward ends, as FSDP2 does with
 // gradient synchronisation on; the shard sums the micro-batches in the order their backwards run.
+//
+// Under ZB-H1 a unit's backward (B) leaves its weight gradients to a later W, so its gradients outlive
+// after_backward: the parameters are freed there (W reads none), the gradients stay and count one
+// pending W per micro-batch; before_backward of a later micro-batch adds into the same buffers (W keeps
+// pointers into them). after_weight_gradients takes one pending W off each of the unit's tensors, and
+// the last one reduce-scatters the sum of those micro-batches and frees it. A tensor two units share
+// (the tied embedding and output layer on one stage) counts both units' W.
 #pragma once
 
 #include <vector>
@@ -42,12 +49,15 @@ class FullyShardedParameters final : public ParameterHooks {
   void before_forward(const ParameterUnit& unit) override;
   void after_forward(const ParameterUnit& unit) override;
   void before_backward(const ParameterUnit& unit) override;
-  void after_backward(const ParameterUnit& unit) override;
+  void after_backward(const ParameterUnit& unit, bool weight_gradients_deferred) override;
+  void after_weight_gradients(const ParameterUnit& unit) override;
 
  private:
   std::vector<int> ids_of(const ParameterUnit& unit) const;
   void gather(const ParameterUnit& unit);
   void free_params(const ParameterUnit& unit);
+  // Adds this rank's chunk of grads_[id], summed over dp, into its gradient shard and frees grads_[id].
+  void reduce_scatter(int id);
 
   const ParamTable& table_;
   const std::vector<Dim0Shard>& shards_;
@@ -55,7 +65,8 @@ class FullyShardedParameters final : public ParameterHooks {
   Backend& backend_;
   const ParamTensors* compute_shards_ = nullptr;
   ParamTensors* grad_shards_ = nullptr;
-  ParamTensors params_, grads_;  // full local tensors of the units in flight
+  ParamTensors params_, grads_;       // full local tensors of the units in flight
+  std::vector<int> pending_weights_;  // per tensor: deferred W that will still add into grads_[id]
 };
 
 }  // namespace touchstone

@@ -98,11 +98,12 @@ TEST(Config, ImpossibleShapesAreRefused) {
             std::string::npos);
   EXPECT_NE(invalid("parallel.schedule=gpipe").find("parallel.schedule"), std::string::npos);
   EXPECT_NE(invalid("parallel.zero_stage=4").find("parallel.zero_stage"), std::string::npos);
+  // ZeRO-3 runs with ZB-H1: the last deferred W of each unit reduce-scatters its gradients.
   EXPECT_EQ(error_of([] {
               validate_config(
                   resolve_config(nullptr, {"parallel.zero_stage=3", "parallel.schedule=zb_h1"}, "c"), 1);
-            }).rfind("config: parallel.zero_stage 3 cannot run with parallel.schedule \"zb_h1\"", 0),
-            0u);
+            }),
+            "");
   EXPECT_EQ(invalid("optim.warmup_init=0.5"), "config: optim.warmup_init must be in [0, optim.lr] (got 0.5)");
   EXPECT_EQ(invalid("optim.warmup_init=-1e-9"),
             "config: optim.warmup_init must be in [0, optim.lr] (got -1e-09)");
