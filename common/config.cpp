@@ -21,7 +21,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TrainConfig, global_batch_size, micro_batch_s
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(EnvelopeConfig, k, floor)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OptimConfig, lr, min_lr, warmup_steps, decay_steps, warmup_init,
                                    schedule_convention, beta1, beta2, eps, weight_decay, clip_grad)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ParallelConfig, tp, pp, dp, schedule, sequence_parallel,
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(ParallelConfig, tp, pp, dp, cp, cp_comm, schedule, sequence_parallel,
                                    distributed_optimizer, zero_stage, virtual_stages, stage_layers)
 
 nlohmann::json to_json(const Config& config) {
@@ -53,6 +53,7 @@ const std::vector<IntegerLimit>& integer_limits() {
       {"parallel.tp", 1, kMaxProcesses},
       {"parallel.pp", 1, kMaxProcesses},
       {"parallel.dp", 1, kMaxProcesses},
+      {"parallel.cp", 1, kMaxProcesses},
       {"parallel.zero_stage", 0, 3},
       {"parallel.virtual_stages", 1, kMaxProcesses},
       {"parallel.stage_layers", 1, kMaxCount},
@@ -346,12 +347,20 @@ void validate_config(const Config& c, int world_size) {
                 std::to_string(per_rank) + ") to be a multiple of parallel.pp (" + std::to_string(p.pp) +
                 "), as Megatron-LM's interleaved schedule does");
   }
-  require(!p.sequence_parallel || m.seq_length % p.tp == 0, "parallel.sequence_parallel",
-          "needs model.seq_length divisible by parallel.tp");
-  require(p.tp * p.pp * p.dp == world_size, "parallel",
-          "tp x pp x dp = " + std::to_string(p.tp * p.pp * p.dp) + " but the run has " +
-              std::to_string(world_size) + " process(es) (launch with mpirun -np " +
-              std::to_string(p.tp * p.pp * p.dp) + ")");
+  require(p.cp == 1 || m.seq_length % (2 * p.cp) == 0, "parallel.cp",
+          "(" + std::to_string(p.cp) + ") needs model.seq_length (" + std::to_string(m.seq_length) +
+              ") divisible by 2 x parallel.cp: each cp rank holds two chunks of every window");
+  require(!p.sequence_parallel || (m.seq_length / p.cp) % p.tp == 0, "parallel.sequence_parallel",
+          p.cp == 1 ? "needs model.seq_length divisible by parallel.tp"
+                    : "needs model.seq_length / parallel.cp divisible by parallel.tp");
+  // Each factor is at most kMaxProcesses = 2^20, so the product of three fits in int64_t; a product of
+  // four that would not is far above any world size.
+  const int64_t three = p.tp * p.cp * p.pp;
+  const bool fits = three <= std::numeric_limits<int64_t>::max() / p.dp;
+  const std::string ranks = fits ? std::to_string(three * p.dp) : "more than 2^63";
+  require(fits && three * p.dp == world_size, "parallel",
+          "tp x cp x pp x dp = " + ranks + " but the run has " + std::to_string(world_size) +
+              " process(es) (launch with mpirun -np " + ranks + ")");
 
   require(c.envelope.k >= 1, "envelope.k", "must be >= 1 (a tolerance below the measured error cannot pass)");
   require(c.envelope.floor >= 0, "envelope.floor", "must be >= 0");

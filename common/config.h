@@ -70,6 +70,10 @@ struct ParallelConfig {
   int64_t tp = 1;
   int64_t pp = 1;
   int64_t dp = 1;
+  // Context parallelism (docs/parallelism.md): each window's positions split over cp ranks, two chunks
+  // each (parallel/context/load_balanced_split.h); world = tp x cp x dp x pp.
+  int64_t cp = 1;
+  CpComm cp_comm = CpComm::kP2p;
   PipelineSchedule schedule = PipelineSchedule::kOneForwardOneBackward;
   bool sequence_parallel = false;      // shard norm and residual regions along the sequence over tp
   bool distributed_optimizer = false;  // ZeRO-1: optimizer state and master weights sharded over dp

@@ -21,6 +21,7 @@ Option option_from_json(const nlohmann::json& json) {
 void to_json(nlohmann::json& json, Precision value) { json = option_name(value); }
 void to_json(nlohmann::json& json, LossNormalization value) { json = option_name(value); }
 void to_json(nlohmann::json& json, PipelineSchedule value) { json = option_name(value); }
+void to_json(nlohmann::json& json, CpComm value) { json = option_name(value); }
 void to_json(nlohmann::json& json, ScheduleConvention value) { json = option_name(value); }
 
 void from_json(const nlohmann::json& json, Precision& value) { value = option_from_json<Precision>(json); }
@@ -30,6 +31,7 @@ void from_json(const nlohmann::json& json, LossNormalization& value) {
 void from_json(const nlohmann::json& json, PipelineSchedule& value) {
   value = option_from_json<PipelineSchedule>(json);
 }
+void from_json(const nlohmann::json& json, CpComm& value) { value = option_from_json<CpComm>(json); }
 void from_json(const nlohmann::json& json, ScheduleConvention& value) {
   value = option_from_json<ScheduleConvention>(json);
 }

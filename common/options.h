@@ -37,6 +37,13 @@ enum class PipelineSchedule {
   kZeroBubbleH1,           // ZB-H1: 1F1B with the backward split into input and weight gradients
 };
 
+// `parallel.cp_comm`: how context parallelism's attention passes keys and values between the cp ranks
+// (parallel/context/context_attention.h).
+enum class CpComm {
+  kP2p,       // ring attention: cp point-to-point steps (Megatron-LM's default, --cp-comm-type p2p)
+  kAllGather  // all-gather K and V, reduce-scatter dK and dV (Llama 3)
+};
+
 // `optim.schedule_convention`: which learning rate update s uses (optim/optimizer.h).
 enum class ScheduleConvention {
   kTouchstone,  // update s uses the schedule at s (docs/contract.md)
@@ -76,6 +83,13 @@ struct OptionTable<PipelineSchedule> {
       {{PipelineSchedule::kOneForwardOneBackward, "1f1b"},
        {PipelineSchedule::kAllForwardAllBackward, "afab"},
        {PipelineSchedule::kZeroBubbleH1, "zb_h1"}}};
+};
+
+template <>
+struct OptionTable<CpComm> {
+  static constexpr std::string_view key = "parallel.cp_comm";
+  static constexpr std::array<OptionName<CpComm>, 2> names{
+      {{CpComm::kP2p, "p2p"}, {CpComm::kAllGather, "allgather"}}};
 };
 
 template <>
@@ -129,11 +143,13 @@ Option parse_option(std::string_view name) {
 void to_json(nlohmann::json& json, Precision value);
 void to_json(nlohmann::json& json, LossNormalization value);
 void to_json(nlohmann::json& json, PipelineSchedule value);
+void to_json(nlohmann::json& json, CpComm value);
 void to_json(nlohmann::json& json, ScheduleConvention value);
 // A JSON string naming a value; throws InputError as parse_option does.
 void from_json(const nlohmann::json& json, Precision& value);
 void from_json(const nlohmann::json& json, LossNormalization& value);
 void from_json(const nlohmann::json& json, PipelineSchedule& value);
+void from_json(const nlohmann::json& json, CpComm& value);
 void from_json(const nlohmann::json& json, ScheduleConvention& value);
 
 }  // namespace touchstone

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/errors.h"
+#include "kernels/attention_tiles.h"
 #include "kernels/cpu/cpu_backend.h"
 #if defined(TOUCHSTONE_HAVE_CUDA) || defined(TOUCHSTONE_CUDA_EMULATION)
 #include "kernels/cuda/cuda_device.h"
@@ -13,6 +14,23 @@
 namespace touchstone {
 
 double AttentionShape::scale() const { return 1.0 / std::sqrt(static_cast<double>(head_dim)); }
+
+void Backend::attention_forward(const double* q, const double* k, const double* v,
+                                const int32_t* document_ids, bool document_masking,
+                                const AttentionDropout& dropout, const AttentionShape& shape, double* out,
+                                double* lse) {
+  const WholeWindowBlock whole(document_ids, shape.windows, shape.seq);
+  attention_block_forward(q, k, v, whole.block, document_masking, dropout, shape, out, lse);
+}
+
+void Backend::attention_backward(const double* dout, const double* q, const double* k, const double* v,
+                                 const double* out, const double* lse, const int32_t* document_ids,
+                                 bool document_masking, const AttentionDropout& dropout,
+                                 const AttentionShape& shape, double* dq, double* dk, double* dv) {
+  const WholeWindowBlock whole(document_ids, shape.windows, shape.seq);
+  attention_block_backward(dout, q, k, v, out, lse, whole.block, document_masking, dropout, shape, dq, dk,
+                           dv);
+}
 
 std::unique_ptr<Backend> make_cpu_backend(const BackendOptions& options) {
   return std::make_unique<CpuBackend>(options);

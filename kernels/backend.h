@@ -47,6 +47,23 @@ struct AttentionDropout {
   bool active() const { return site.probability > 0.0; }
 };
 
+// Where the rows of one attention call sit in their windows, for a call over part of a window (context
+// parallelism computes a rank's query chunks against one chunk of keys at a time, docs/parallelism.md).
+// Query row i of window w is position query_positions[w*Tq + i] of that window, in document
+// query_document_ids[w*Tq + i]; key row j is position key_positions[w*Tk + j], in document
+// key_document_ids[w*Tk + j]. Causality and document masking compare these, and the attention dropout
+// mask's element is keyed by the positions and window_seq (attention_dropout_element), so every entry a
+// block computes is the entry the whole window's call computes. The whole-window call
+// (Backend::attention_forward) is the block with Tk = Tq = T and positions 0..T-1 on both sides.
+struct AttentionBlock {
+  int64_t key_seq = 0;                          // Tk: key rows per window
+  int64_t window_seq = 0;                       // T of the whole window
+  const int32_t* query_positions = nullptr;     // [b*Tq]
+  const int32_t* query_document_ids = nullptr;  // [b*Tq]
+  const int32_t* key_positions = nullptr;       // [b*Tk]
+  const int32_t* key_document_ids = nullptr;    // [b*Tk]
+};
+
 // (query tile, key tile) pairs of attention: computed, or skipped because causality or document masking
 // hides every entry of the pair. The work grows with `computed`.
 struct AttentionTileCount {
@@ -125,16 +142,39 @@ class Backend {
   // log-sum-exp of each query row's scaled scores, is all the backward needs to recompute P: the
   // kernels work in tiles of queries and keys (flash attention), so memory is O(T) per head, and a
   // tile that the mask leaves empty is never computed (attention_tiles counts them).
-  virtual void attention_forward(const double* q, const double* k, const double* v,
-                                 const int32_t* document_ids, bool document_masking,
-                                 const AttentionDropout& dropout, const AttentionShape& shape, double* out,
-                                 double* lse) = 0;
+  // The whole window: attention_block_forward with positions 0..T-1 for queries and keys.
+  void attention_forward(const double* q, const double* k, const double* v, const int32_t* document_ids,
+                         bool document_masking, const AttentionDropout& dropout, const AttentionShape& shape,
+                         double* out, double* lse);
   // dout[N, NH*D] -> dq[b,NH,T,D], dk[b,NKV,T,D], dv[b,NKV,T,D] (overwritten), from the forward's
   // inputs, its output out[N, NH*D] and lse[b,NH,T]
-  virtual void attention_backward(const double* dout, const double* q, const double* k, const double* v,
-                                  const double* out, const double* lse, const int32_t* document_ids,
-                                  bool document_masking, const AttentionDropout& dropout,
-                                  const AttentionShape& shape, double* dq, double* dk, double* dv) = 0;
+  void attention_backward(const double* dout, const double* q, const double* k, const double* v,
+                          const double* out, const double* lse, const int32_t* document_ids,
+                          bool document_masking, const AttentionDropout& dropout, const AttentionShape& shape,
+                          double* dq, double* dk, double* dv);
+
+  // Attention of Tq = shape.seq query rows against Tk = block.key_seq key rows placed by `block`:
+  // q[b,NH,Tq,D], k[b,NKV,Tk,D], v[b,NKV,Tk,D] -> out[b*Tq, NH*D], lse[b,NH,Tq], the rule and the
+  // formulas of attention_forward over the keys of this block only. A query row that sees no key of
+  // the block gets out = 0 and lse = -inf (so attention_merge leaves the other blocks' result as it is).
+  virtual void attention_block_forward(const double* q, const double* k, const double* v,
+                                       const AttentionBlock& block, bool document_masking,
+                                       const AttentionDropout& dropout, const AttentionShape& shape,
+                                       double* out, double* lse) = 0;
+  // This block's share of the backward: dq[b,NH,Tq,D], dk[b,NKV,Tk,D], dv[b,NKV,Tk,D] (overwritten), from
+  // dout[b*Tq, NH*D] and the output out[b*Tq, NH*D] and lse[b,NH,Tq] of the attention over all the keys
+  // (every block merged): P = exp(S - lse) is then the whole softmax's, so the blocks' dq add up to
+  // the whole dq and each block's dk, dv are its keys' whole gradients from these queries.
+  virtual void attention_block_backward(const double* dout, const double* q, const double* k, const double* v,
+                                        const double* out, const double* lse, const AttentionBlock& block,
+                                        bool document_masking, const AttentionDropout& dropout,
+                                        const AttentionShape& shape, double* dq, double* dk, double* dv) = 0;
+  // Merges one block's attention into the running result of the blocks before it, rows [b*Tq]:
+  //   lse' = log(exp(lse) + exp(block_lse)),  out' = exp(lse - lse') out + exp(block_lse - lse') block_out
+  // (the log-sum-exp rule of flash attention across key blocks); a row at -inf on one side takes the
+  // other side's values. out[b*Tq, NH*D], lse[b,NH,Tq] are updated in place.
+  virtual void attention_merge(const double* block_out, const double* block_lse, const AttentionShape& shape,
+                               double* out, double* lse) = 0;
   // The (query tile, key tile) pairs attention_forward has computed and skipped since construction.
   virtual AttentionTileCount attention_tiles() const = 0;
 

@@ -11,17 +11,25 @@ int64_t ParamSpec::numel() const {
   return count;
 }
 
-int ParamTable::add(std::string name, std::vector<int64_t> shape, ParamKind kind, int64_t layer, InitRule init) {
+int ParamTable::add(std::string name, std::vector<int64_t> shape, ParamKind kind, int64_t layer,
+                    InitRule init) {
   const bool decay = shape.size() >= 2;
   Sharding sharding = Sharding::kReplicated;
   switch (kind) {
     case ParamKind::kEmbedding:
     case ParamKind::kOutput:
-    case ParamKind::kQkv: sharding = Sharding::kRows; break;
-    case ParamKind::kFc1: sharding = Sharding::kGateUp; break;
+    case ParamKind::kQkv:
+      sharding = Sharding::kRows;
+      break;
+    case ParamKind::kFc1:
+      sharding = Sharding::kGateUp;
+      break;
     case ParamKind::kProj:
-    case ParamKind::kFc2: sharding = Sharding::kColumns; break;
-    default: break;
+    case ParamKind::kFc2:
+      sharding = Sharding::kColumns;
+      break;
+    default:
+      break;
   }
   specs_.push_back(ParamSpec{std::move(name), std::move(shape), kind, layer, decay, init, sharding});
   return size() - 1;
@@ -38,7 +46,8 @@ ParamTable::ParamTable(const ModelConfig& m) {
                   InitRule::kNormal);
     ids.proj = add(prefix + "self_attention.linear_proj.weight", {H, m.num_heads * m.head_dim()},
                    ParamKind::kProj, l, InitRule::kScaledNormal);
-    ids.pre_mlp_norm = add(prefix + "pre_mlp_layernorm.weight", {H}, ParamKind::kPreMlpNorm, l, InitRule::kOnes);
+    ids.pre_mlp_norm =
+        add(prefix + "pre_mlp_layernorm.weight", {H}, ParamKind::kPreMlpNorm, l, InitRule::kOnes);
     ids.fc1 = add(prefix + "mlp.linear_fc1.weight", {2 * F, H}, ParamKind::kFc1, l, InitRule::kNormal);
     ids.fc2 = add(prefix + "mlp.linear_fc2.weight", {H, F}, ParamKind::kFc2, l, InitRule::kScaledNormal);
     layers_.push_back(ids);
@@ -55,7 +64,8 @@ int ParamTable::find(const std::string& name) const {
 
 ParamTensors ParamTensors::zeros_like(const ParamTable& table) {
   ParamTensors result;
-  for (const ParamSpec& spec : table.specs()) result.tensors.emplace_back(static_cast<size_t>(spec.numel()), 0.0);
+  for (const ParamSpec& spec : table.specs())
+    result.tensors.emplace_back(static_cast<size_t>(spec.numel()), 0.0);
   return result;
 }
 

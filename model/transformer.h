@@ -5,12 +5,14 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "common/activation_arena.h"
 #include "common/config.h"
 #include "kernels/backend.h"
 #include "model/param_table.h"
+#include "parallel/context/context_attention.h"
 #include "parallel/tensor/regions.h"
 
 namespace touchstone {
@@ -18,6 +20,12 @@ namespace touchstone {
 // b windows of T positions, flattened to N = b*T rows. Pointers into the batch, each [N] except
 // sample_indices [b]: the global sample index of each window, which keys its dropout masks (may be null
 // when dropout is off).
+//
+// With context parallelism (cp > 1) a rank holds T/cp rows of each window (its two chunks,
+// parallel/context/load_balanced_split.h): the [N] arrays above hold those rows only (N = b*T/cp),
+// window_positions [N] says where each row sits in its window (it keys the hidden dropout masks), and
+// window_document_ids [b*T] are the whole windows' document ids (the keys of every cp rank). Both are
+// null without context parallelism, where row i of a window is position i.
 struct MicroBatch {
   int64_t windows = 0;  // b
   const int32_t* tokens = nullptr;
@@ -25,6 +33,8 @@ struct MicroBatch {
   const int32_t* position_ids = nullptr;
   const int32_t* document_ids = nullptr;
   const int64_t* sample_indices = nullptr;
+  const int32_t* window_positions = nullptr;
+  const int32_t* window_document_ids = nullptr;
 };
 
 // The streams of layer l's dropout masks (docs/architecture.md "Dropout"): stream_key(seed, name) of
@@ -138,9 +148,12 @@ class Transformer {
   // kCrossEntropyRows x Vl, next to logits of N x Vl.
   static constexpr int64_t kCrossEntropyRows = 256;
 
-  // `dropout_seed` (train.seed) keys the dropout masks; unused when model.*_dropout are 0.
+  // `dropout_seed` (train.seed) keys the dropout masks; unused when model.*_dropout are 0. `cp`: the
+  // context-parallel attention of a run with parallel.cp > 1 (then every batch holds T/cp rows per
+  // window); null without context parallelism.
   Transformer(const ModelConfig& model, bool document_masking, int64_t dropout_seed, const ParamTable& table,
-              Backend& backend, const TensorParallelRegion& tp, const StageRange& stage);
+              Backend& backend, const TensorParallelRegion& tp, const StageRange& stage,
+              const ContextParallelAttention* cp = nullptr);
 
   // `input` is the previous stage's output [Nl,H]; unused (may be null) on the first stage.
   void forward(const ParamTensors& params, const MicroBatch& batch, const ActivationBuffer* input,
@@ -163,11 +176,16 @@ class Transformer {
 
   const StageRange& stage() const { return stage_; }
   Backend& backend() const { return backend_; }
-  int64_t local_rows(int64_t windows) const { return tp_.local_rows(windows * model_.seq_length); }
+  int64_t local_rows(int64_t windows) const { return tp_.local_rows(windows * seq_); }
   int64_t hidden_size() const { return model_.hidden_size; }
 
  private:
   AttentionShape attention_shape(int64_t windows) const;
+  // Names the tp group's transfers of a scope for the trace: "<module> <operation>", the module by its
+  // Megatron-Core name and the operation in Megatron-LM's words (ColumnParallelLinear, ...).
+  TransferSite tp_site(const std::string& module, const std::string& operation) const;
+  // What a RowParallelLinear exit (or a ColumnParallelLinear's input gradient) does with partial sums.
+  std::string tp_reduce_words() const;
   int64_t vocab_local() const { return model_.vocab_size / tp_.tp_size(); }
   int64_t vocab_start() const { return tp_.tp_rank() * vocab_local(); }
 
@@ -218,6 +236,8 @@ class Transformer {
   Backend& backend_;
   const TensorParallelRegion& tp_;
   StageRange stage_;
+  const ContextParallelAttention* cp_;  // null without context parallelism
+  int64_t seq_;                         // rows of each window on this rank: T, or T / cp
   ParameterHooks* hooks_ = nullptr;
   std::vector<LayerDropoutKeys> dropout_keys_;  // [num_layers], by global layer index
 };

@@ -55,7 +55,8 @@ std::vector<std::vector<int64_t>> gather_consumed_samples(const GlobalBatch& bat
       mine.push_back(static_cast<double>(batch.sample_indices[static_cast<size_t>(i)]));
     }
   }
-  const bool source = context.first_stage() && context.tp.rank() == 0;
+  const bool source = context.first_stage() && context.tp.rank() == 0 && context.cp.rank() == 0;
+  const TransferSite site(context.world, "ledger: consumed sample indices to world rank 0");
   const auto count = static_cast<int64_t>(mine.size());
   if (source && context.world.rank() != 0) {
     context.world.send(mine.data(), count, 0, message_tags::kConsumedSamples, {count});

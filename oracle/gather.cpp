@@ -9,7 +9,9 @@ namespace touchstone {
 ParamTensors gather_full_tensors(const ShardPlan& plan, const ParallelContext& context,
                                  const ParamTensors& local) {
   const ParamTable& table = plan.table();
-  const bool sender = context.dp.rank() == 0 && context.world.rank() != 0;
+  // Replicas over dp and cp hold the same tensors: dp rank 0, cp rank 0 sends.
+  const bool sender = context.dp.rank() == 0 && context.cp.rank() == 0 && context.world.rank() != 0;
+  const TransferSite site(context.world, "outputs: parameter shards to world rank 0");
   if (sender) {
     for (int id : plan.held_ids()) {
       if (!plan.is_primary(id)) continue;

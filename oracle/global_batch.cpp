@@ -13,6 +13,26 @@ MicroBatch GlobalBatch::micro_batch(int64_t first, int64_t count) const {
                     sample_indices.empty() ? nullptr : sample_indices.data() + first};
 }
 
+ContextMicroBatch GlobalBatch::context_micro_batch(int64_t first, int64_t count,
+                                                   const LoadBalancedSplit& split, int rank) const {
+  const MicroBatch whole = micro_batch(first, count);
+  ContextMicroBatch c;
+  c.tokens = split.take(whole.tokens, rank, count);
+  c.targets = split.take(whole.targets, rank, count);
+  c.position_ids = split.take(whole.position_ids, rank, count);
+  c.document_ids = split.take(whole.document_ids, rank, count);
+  c.window_positions = split.positions(rank, count);
+  c.batch = MicroBatch{count,
+                       c.tokens.data(),
+                       c.targets.data(),
+                       c.position_ids.data(),
+                       c.document_ids.data(),
+                       whole.sample_indices,
+                       c.window_positions.data(),
+                       whole.document_ids};
+  return c;
+}
+
 int64_t GlobalBatch::loss_tokens(int64_t first, int64_t count) const {
   int64_t n = 0;
   for (int64_t i = first * seq; i < (first + count) * seq; ++i)

@@ -122,10 +122,11 @@ int64_t real_tokens(const GlobalBatch& batch) {
   return n;
 }
 
-// The step's pipeline timeline of every stage (recorded on tp rank 0, dp rank 0), on world rank 0.
+// The step's pipeline timeline of every stage (recorded on tp rank 0, cp rank 0, dp rank 0), on world rank 0.
 std::vector<pipeline::TimelineEvent> gather_timeline(Trainer& trainer, const ParallelContext& context) {
   std::vector<double> mine = pipeline::encode_events(trainer.timeline().take_events());
-  const bool source = context.tp.rank() == 0 && context.dp.rank() == 0;
+  const bool source = context.tp.rank() == 0 && context.cp.rank() == 0 && context.dp.rank() == 0;
+  const TransferSite site(context.world, "outputs: each stage's pipeline timeline to world rank 0");
   if (source && context.world.rank() != 0) {
     double length = static_cast<double>(mine.size());
     context.world.send(&length, 1, 0, message_tags::kTimelineLength, {1});

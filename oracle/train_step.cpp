@@ -11,6 +11,14 @@ namespace touchstone {
 
 namespace {
 
+// `context` with dp_cp in the role of dp (Trainer::reduce_context_); `context` itself without context
+// parallelism, where the two groups hold the same ranks (so traces and counters keep naming "dp").
+ParallelContext with_dp_cp_as_dp(const ParallelContext& c) {
+  if (c.cp.size() == 1) return c;
+  return ParallelContext{c.world, c.tp,        c.cp,    c.dp_cp,  c.dp_cp,
+                         c.pp,    c.embedding, c.trace, c.layout, c.coordinates};
+}
+
 // The optimizer's copy of the weights: FP32 master weights unless FP64.
 ParamTensors master_weights(ParamTensors params, Backend& backend) {
   for (auto& t : params.tensors) backend.round(TensorRole::kState, t.data(), static_cast<int64_t>(t.size()));
@@ -70,37 +78,43 @@ Trainer::Trainer(const Config& config, const ParamTensors& full_initial_params, 
     : config_(config),
       backend_(backend),
       context_(context),
+      reduce_context_(with_dp_cp_as_dp(context)),
+      cp_attention_(config.parallel.cp > 1 ? std::make_unique<ContextParallelAttention>(
+                                                 context.cp, config.parallel.cp_comm, backend)
+                                           : nullptr),
       table_(config.model),
       plan_(table_, config, context.tp.rank(), context.tp.size(), context.stage()),
-      dim0_(dim0_shards(plan_, context.dp.size())),
+      dim0_(dim0_shards(plan_, reduce_context_.dp.size())),
       region_(context.tp, config.parallel.sequence_parallel, backend),
       params_(held_params(master_weights(plan_.shard(full_initial_params), backend))),
       timeline_(context.stage()) {
   chunks_.reserve(plan_.chunk_ranges().size());  // chunk_pointers_ point into it: no reallocation
   for (const StageRange& range : plan_.chunk_ranges()) {
     chunks_.emplace_back(config.model, config.data.document_masking, config.train.seed, table_, backend,
-                         region_, range);
+                         region_, range, cp_attention_.get());
     chunk_pointers_.push_back(&chunks_.back());
   }
   if (config.parallel.zero() == 3) {
-    fully_sharded_ = std::make_unique<FullyShardedParameters>(table_, dim0_, context.dp, backend);
+    fully_sharded_ = std::make_unique<FullyShardedParameters>(table_, dim0_, reduce_context_.dp, backend);
     for (Transformer& chunk : chunks_) chunk.set_parameter_hooks(fully_sharded_.get());
   }
   optimizer_ = std::make_unique<DataParallelOptimizer>(plan_, config.optim, config.parallel.zero(), dim0_,
-                                                       context, backend, params_);
+                                                       reduce_context_, backend, params_);
 }
 
 ParamTensors Trainer::held_params(ParamTensors local) const {
   if (config_.parallel.zero() != 3) return local;
-  return take_shards(dim0_, local, context_.dp.rank());
+  return take_shards(dim0_, local, reduce_context_.dp.rank());
 }
 
 const ParamTensors& Trainer::params() const {
   if (config_.parallel.zero() != 3) return params_;
   gathered_params_ = ParamTensors();
   gathered_params_.tensors.resize(params_.tensors.size());
+  const TransferSite site(reduce_context_.dp,
+                          "FSDP: all-gather of full parameters from their shards (outputs)");
   for (int id : plan_.held_ids())
-    dim0_[static_cast<size_t>(id)].all_gather(context_.dp, params_[id], gathered_params_[id]);
+    dim0_[static_cast<size_t>(id)].all_gather(reduce_context_.dp, params_[id], gathered_params_[id]);
   return gathered_params_;
 }
 
@@ -112,11 +126,31 @@ void Trainer::restore(int64_t step, const ParamTensors& full_params, const Param
   steps_done_ = step;
 }
 
+std::vector<MicroBatch> Trainer::micro_batches(const GlobalBatch& batch, const std::vector<int64_t>& starts,
+                                               std::vector<ContextMicroBatch>& rows) const {
+  const int64_t mbs = config_.train.micro_batch_size;
+  std::vector<MicroBatch> batches;
+  if (cp_attention_ == nullptr) {
+    for (int64_t start : starts) batches.push_back(batch.micro_batch(start, mbs));
+    return batches;
+  }
+  const LoadBalancedSplit split(batch.seq, context_.cp.size());
+  for (int64_t start : starts)
+    rows.push_back(batch.context_micro_batch(start, mbs, split, context_.cp.rank()));
+  for (const ContextMicroBatch& r : rows) batches.push_back(r.batch);
+  return batches;
+}
+
 std::vector<double> Trainer::gather_token_losses(const GlobalBatch& batch,
                                                  const std::vector<std::vector<double>>& losses) const {
-  const int last = context_.pp.size() - 1, dp = context_.dp.size();
+  const int last = context_.pp.size() - 1, dp = context_.dp.size(), cp = context_.cp.size();
   const int64_t T = batch.seq, mbs = config_.train.micro_batch_size;
+  // Every cp rank of the last stage's tp rank 0 sends the losses of its rows; rank 0 puts each row at
+  // its position (LoadBalancedSplit; all positions in order without context parallelism).
+  const LoadBalancedSplit split(T, cp);
+  const int64_t rows = split.local_seq();
   const bool source = context_.last_stage() && context_.tp.rank() == 0;
+  const TransferSite site(context_.world, "outputs: token losses to world rank 0");
   std::vector<double> mine;
   for (const auto& l : losses) mine.insert(mine.end(), l.begin(), l.end());
   if (source && context_.world.rank() != 0) {
@@ -128,17 +162,22 @@ std::vector<double> Trainer::gather_token_losses(const GlobalBatch& batch,
   std::vector<double> all(static_cast<size_t>(batch.windows * T), 0.0);
   for (int r = 0; r < dp; ++r) {
     const std::vector<int64_t> their_starts = micro_batch_starts(batch.windows, mbs, dp, r);
-    std::vector<double> theirs(static_cast<size_t>(static_cast<int64_t>(their_starts.size()) * mbs * T));
-    const int from = context_.global_rank_of(0, r, last);
-    if (from == 0) {
-      theirs = mine;
-    } else {
-      context_.world.recv(theirs.data(), static_cast<int64_t>(theirs.size()), from,
-                          message_tags::kTokenLosses, {static_cast<int64_t>(theirs.size())});
-    }
-    for (size_t j = 0; j < their_starts.size(); ++j) {
-      std::copy_n(theirs.begin() + static_cast<int64_t>(j) * mbs * T, mbs * T,
-                  all.begin() + their_starts[j] * T);
+    for (int c = 0; c < cp; ++c) {
+      std::vector<double> theirs(static_cast<size_t>(static_cast<int64_t>(their_starts.size()) * mbs * rows));
+      const int from = context_.global_rank_of(0, r, last, c);
+      if (from == 0) {
+        theirs = mine;
+      } else {
+        context_.world.recv(theirs.data(), static_cast<int64_t>(theirs.size()), from,
+                            message_tags::kTokenLosses, {static_cast<int64_t>(theirs.size())});
+      }
+      const std::vector<int32_t> positions = split.positions(c);
+      size_t next = 0;
+      for (int64_t start : their_starts) {
+        for (int64_t w = start; w < start + mbs; ++w) {
+          for (int32_t p : positions) all[static_cast<size_t>(w * T + p)] = theirs[next++];
+        }
+      }
     }
   }
   return all;
@@ -151,15 +190,24 @@ StepRecord Trainer::step(const GlobalBatch& batch, bool collect_outputs) {
   const std::vector<int64_t> starts =
       micro_batch_starts(batch.windows, mbs, context_.dp.size(), context_.dp.rank());
 
-  // The global loss-token count: every dp rank counts its own micro-batches, summed over dp.
+  std::vector<ContextMicroBatch> context_rows;  // with context parallelism: this rank's rows
+  const std::vector<MicroBatch> micro_batches = this->micro_batches(batch, starts, context_rows);
+
+  // The global loss-token count: every rank counts the tokens of its own rows (its micro-batches' windows,
+  // or with context parallelism its chunks of them), summed over dp x cp (Megatron-LM's dp_cp group).
   context_.set_phase(record.step, -1, "loss tokens");
   int64_t loss_tokens = 0;
-  for (int64_t start : starts) loss_tokens += batch.loss_tokens(start, mbs);
-  context_.dp.all_reduce_sum(&loss_tokens, 1);
+  const int64_t rows = mbs * batch.seq / context_.cp.size();
+  for (const MicroBatch& m : micro_batches) {
+    for (int64_t i = 0; i < rows; ++i) loss_tokens += m.targets[i] != data::kIgnoreTarget;
+  }
+  {
+    ProcessGroup& group = reduce_context_.dp;  // dp x cp
+    const TransferSite site(group, "loss-token count: all-reduce of each rank's count over dp x cp");
+    group.all_reduce_sum(&loss_tokens, 1);
+  }
   record.num_loss_tokens = loss_tokens;
 
-  std::vector<MicroBatch> micro_batches;
-  for (int64_t start : starts) micro_batches.push_back(batch.micro_batch(start, mbs));
   gathered_params_ = ParamTensors();
   // Zero stage 3: the passes fill each unit's gradient shards; other stages accumulate full tensors.
   record.grads = fully_sharded_ ? zero_shards(dim0_) : plan_.zeros();
@@ -190,7 +238,10 @@ StepRecord Trainer::step(const GlobalBatch& batch, bool collect_outputs) {
   // The objective: the last stage's tp rank 0 of every dp rank holds a partial sum.
   context_.set_phase(record.step, -1, "loss");
   record.loss = context_.last_stage() && context_.tp.rank() == 0 ? run.weighted_loss : 0.0;
-  context_.world.all_reduce_sum(&record.loss, 1, {1});
+  {
+    const TransferSite site(context_.world, "loss: all-reduce of the last stages' weighted sums");
+    context_.world.all_reduce_sum(&record.loss, 1, {1});
+  }
   if (collect_outputs) record.token_losses = gather_token_losses(batch, run.token_losses);
 
   context_.set_phase(record.step, -1, "grads");

@@ -110,9 +110,19 @@ class Trainer {
   std::vector<double> gather_token_losses(const GlobalBatch& batch,
                                           const std::vector<std::vector<double>>& losses) const;
 
+  // This rank's micro-batches of the step: views into the global batch, or with context parallelism
+  // its rows of them, kept in `rows`.
+  std::vector<MicroBatch> micro_batches(const GlobalBatch& batch, const std::vector<int64_t>& starts,
+                                        std::vector<ContextMicroBatch>& rows) const;
+
   Config config_;
   Backend& backend_;
   ParallelContext context_;
+  // The gradient reductions' view: context_ with the dp_cp group as its dp group, since the cp ranks'
+  // gradients are partial sums over their tokens as the dp replicas' are over their micro-batches
+  // (the optimizer, ZeRO's shards and the gathers of zero stage 3 all reduce over dp x cp).
+  ParallelContext reduce_context_;
+  std::unique_ptr<ContextParallelAttention> cp_attention_;  // parallel.cp > 1
   ParamTable table_;
   ShardPlan plan_;
   std::vector<Dim0Shard> dim0_;  // each held tensor's shard over dp (zero stages 2 and 3)

@@ -17,6 +17,8 @@ void finalize_model_grads(const ShardPlan& plan, const ParallelContext& context,
   if (sequence_parallel) {
     for (int id : plan.held_ids()) {
       if (table[id].sharding != Sharding::kReplicated) continue;
+      const TransferSite site(context.tp, "finalize_model_grads: all-reduce of the sequence-parallel " +
+                                              table[id].name + " gradient over tp");
       context.tp.all_reduce_sum(grads[id].data(), static_cast<int64_t>(grads[id].size()),
                                 shape_of(plan, id, grads[id]));
       backend.round(TensorRole::kState, grads[id].data(), static_cast<int64_t>(grads[id].size()));
@@ -24,6 +26,9 @@ void finalize_model_grads(const ShardPlan& plan, const ParallelContext& context,
   }
   if (tie_embeddings && context.pp.size() > 1 && plan.holds(table.embedding())) {
     std::vector<double>& g = grads[table.embedding()];
+    const TransferSite site(
+        context.embedding,
+        "finalize_model_grads: all-reduce of the tied embedding's gradient (first and last stage)");
     context.embedding.all_reduce_sum(g.data(), static_cast<int64_t>(g.size()),
                                      shape_of(plan, table.embedding(), g));
     backend.round(TensorRole::kState, g.data(), static_cast<int64_t>(g.size()));

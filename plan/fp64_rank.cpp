@@ -5,6 +5,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "common/errors.h"
 #include "kernels/cpu/parallel_for.h"
 #include "model/param_table.h"
 #include "parallel/shard_plan.h"
@@ -85,6 +86,11 @@ Fp64Rank fp64_rank(const MemoryPlanInput& in, int64_t dp, int64_t micro_batches,
 }
 
 MemoryPlanInput plan_input_from_config(const Config& c) {
+  // The replay follows the trainer's buffers without context parallelism (docs/planning.md).
+  if (c.parallel.cp > 1) {
+    throw InputError("config: parallel.cp = " + std::to_string(c.parallel.cp) +
+                     ": the memory planner does not model context parallelism yet (parallel.cp must be 1)");
+  }
   MemoryPlanInput in;
   const ModelConfig& m = c.model;
   in.shape = ModelShape{m.num_layers,      m.hidden_size, m.num_heads,  m.num_kv_heads,

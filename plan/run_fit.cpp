@@ -32,7 +32,9 @@ ModelShape shape_of(const Config& c) {
 
 double full_weights_bytes(const Config& c) { return total_params(shape_of(c)) * kElement; }
 
-bool single_rank(const Config& c) { return c.parallel.tp * c.parallel.pp * c.parallel.dp == 1; }
+bool single_rank(const Config& c) {
+  return c.parallel.tp * c.parallel.cp * c.parallel.pp * c.parallel.dp == 1;
+}
 
 // What every process holds beside the trainer: every step's global batch (made before the first step),
 // at least one packed window, the parameter bookkeeping, and with --envelope the full initial weights
@@ -98,7 +100,7 @@ MemoryBudget memory_budget(int world_size, double limit_gb) {
 double lower_bound_bytes(const Config& c, const RunOutputs& outputs) {
   const ModelShape shape = shape_of(c);
   const auto model_parallel = static_cast<double>(c.parallel.tp * c.parallel.pp);
-  const auto dp = static_cast<double>(c.parallel.dp);
+  const auto dp = static_cast<double>(c.parallel.dp * c.parallel.cp);  // ZeRO shards over dp x cp
   // Weights and gradients of the share, and the AdamW moments at their most sharded (none in a run of
   // one step that saves no optimizer state).
   const bool moments = c.train.steps > 1 || outputs.save_optimizer_state || outputs.checkpoints;
@@ -107,7 +109,7 @@ double lower_bound_bytes(const Config& c, const RunOutputs& outputs) {
   // kernels keep no [T, T] probabilities (they recompute them per tile), and the replay of
   // planned_bytes counts the rest.
   const double heads = static_cast<double>(c.model.num_heads) / static_cast<double>(c.parallel.tp);
-  const auto t = static_cast<double>(c.model.seq_length);
+  const auto t = static_cast<double>(c.model.seq_length / c.parallel.cp);  // this rank's positions
   const double lse = static_cast<double>(c.train.micro_batch_size) * heads * t * kElement;
   return beside_trainer_bytes(c, outputs) + state + lse + output_bytes(c, outputs);
 }
@@ -115,6 +117,11 @@ double lower_bound_bytes(const Config& c, const RunOutputs& outputs) {
 double planned_bytes(const Config& config, const RunOutputs& outputs) {
   Config fp64 = config;  // the trainer's buffers are FP64 at every precision; the planner's recipe is
   fp64.precision = Precision::kFp64;
+  // The replay does not model context parallelism yet: a cp rank is planned as the same layout without
+  // it, which holds every activation for all T positions instead of T / cp. That bounds it from above:
+  // the ring's K/V blocks (or the all-gather's whole-window K and V) of one layer are smaller than the
+  // activations that one layer stores for the T - T/cp positions the plan adds (docs/planning.md).
+  fp64.parallel.cp = 1;
   const std::vector<RankMemory> ranks = predict_rank_memory(fp64);
   double largest = 0.0;
   for (const RankMemory& rank : ranks) {

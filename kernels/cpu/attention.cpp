@@ -1,5 +1,7 @@
 // CPU document-masked causal attention with grouped KV heads, in tiles (the flash-attention algorithm):
 // forward and backward side by side. Memory is O(T) per head: only lse[T] is kept for the backward.
+// A call covers Tq query rows against Tk key rows of one block (AttentionBlock, kernels/backend.h); the
+// mask compares their positions in the window, so the whole window is the block of positions 0..T-1.
 //
 // Per (window b, query head h, its KV head g), queries and keys in tiles of kTile positions:
 //   forward, per query tile I, over the key tiles J the mask leaves nonempty, in order:
@@ -8,7 +10,7 @@
 //     P~ = exp(S - m') where visible, 0 elsewhere                [tq,tk]
 //     l = l * exp(m - m') + row sum of P~                        [tq]  the running sum
 //     acc = acc * exp(m - m') + (P~ * M_IJ) V_J                  [tq,D] M: the dropout mask's tile
-//   then O_I = acc / l and lse_I = m + log l.
+//   then O_I = acc / l and lse_I = m + log l (a row that saw no key of the block: O = 0, lse = -inf).
 //   backward, per KV group (b, g): its query heads h, key tiles J, query tiles I, in order:
 //     P = exp(S - lse_I) where visible (recomputed, exactly the forward's P), P' = P * M_IJ
 //     dV_J += P'^T dO_I;  dP = (dO_I V_J^T) * M_IJ;  dS = P * (dP - Delta_I)
@@ -24,8 +26,13 @@
 // stores O, dQ, dK, dV in BF16; lse is FP32.
 //
 // Threads (parallel_for.h): the forward splits over (b, h, I), each writing its own rows of out and lse;
-// the backward over (b, g), each writing its group's dK, dV and its heads' dQ. Every sum runs inside one
-// task in the order above, so the bits do not depend on the thread count.
+// the backward over (b, g), each writing its group's dK, dV and its heads' dQ; the merge over rows. Every
+// sum runs inside one task in the order above, so the bits do not depend on the thread count.
+//
+// Merging blocks (attention_merge): a query's attention over keys split into blocks A and B is
+//   lse = log(exp(lse_A) + exp(lse_B)),  O = exp(lse_A - lse) O_A + exp(lse_B - lse) O_B
+// because O_X = sum_{j in X} exp(s_j - lse_X) v_j. In FP32 and BF16 modes the weights and sums are FP32
+// and O is stored as an activation again (BF16 in BF16 mode).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -56,39 +63,40 @@ const double* gemm_input(const double* m, int64_t n, Precision p, double* copy) 
   return copy;
 }
 
-// One (window, query head) slice of the inputs and outputs, with the shapes of attention_forward.
+// One (window, query head) slice of the inputs and outputs, with the shapes of attention_block_forward.
 struct HeadSlice {
-  const double* q;     // [T,D]
-  const double* k;     // [T,D] its KV head
-  const double* v;     // [T,D]
+  const double* q;     // [Tq,D]
+  const double* k;     // [Tk,D] its KV head
+  const double* v;     // [Tk,D]
   int64_t window;      // b
   int64_t head;        // h, local
-  int64_t out_offset;  // of row 0 of this head in out[N, NH*D]
+  int64_t out_offset;  // of row 0 of this head in out[b*Tq, NH*D]
 };
 
-HeadSlice head_slice(const double* q, const double* k, const double* v, const AttentionShape& s, int64_t b,
-                     int64_t h) {
-  const int64_t T = s.seq, D = s.head_dim, g = h / (s.num_heads / s.num_kv_heads);
-  return HeadSlice{q + (b * s.num_heads + h) * T * D,
-                   k + (b * s.num_kv_heads + g) * T * D,
-                   v + (b * s.num_kv_heads + g) * T * D,
+HeadSlice head_slice(const double* q, const double* k, const double* v, const AttentionShape& s, int64_t Tk,
+                     int64_t b, int64_t h) {
+  const int64_t Tq = s.seq, D = s.head_dim, g = h / (s.num_heads / s.num_kv_heads);
+  return HeadSlice{q + (b * s.num_heads + h) * Tq * D,
+                   k + (b * s.num_kv_heads + g) * Tk * D,
+                   v + (b * s.num_kv_heads + g) * Tk * D,
                    b,
                    h,
-                   b * T * s.num_heads * D + h * D};
+                   b * Tq * s.num_heads * D + h * D};
 }
 
-// The dropout mask of one tile pair, or nothing: keep[tq,tk] = M_ij.
+// The dropout mask of one tile pair, or nothing: keep[tq,tk] = M_ij, keyed by the positions in the window.
 struct TileDropout {
   const AttentionDropout& dropout;
   double kept;
-  int64_t seq;
-  void fill(const HeadSlice& x, int64_t i0, int64_t tq, int64_t j0, int64_t tk, double* keep) const {
+  int64_t window_seq;
+  void fill(const HeadSlice& x, const WindowMask& mask, int64_t i0, int64_t tq, int64_t j0, int64_t tk,
+            double* keep) const {
     const int64_t sample = dropout.site.sample_indices[x.window];
     for (int64_t r = 0; r < tq; ++r) {
       for (int64_t c = 0; c < tk; ++c) {
-        keep[r * tk + c] = dropout_keep_scale(
-            dropout.site, sample, attention_dropout_element(dropout.first_head + x.head, i0 + r, j0 + c, seq),
-            kept);
+        const int64_t element = attention_dropout_element(
+            dropout.first_head + x.head, mask.query_position(i0 + r), mask.key_position(j0 + c), window_seq);
+        keep[r * tk + c] = dropout_keep_scale(dropout.site, sample, element, kept);
       }
     }
   }
@@ -97,10 +105,10 @@ struct TileDropout {
 // Forward of one query tile [i0, i0 + tq) of one head; returns the tile pairs computed and skipped.
 template <typename C>
 AttentionTileCount forward_tile(Precision p, const AttentionShape& s, const WindowMask& mask,
-                                const TileDropout* dropout, const HeadSlice& x, int64_t qt, double* slot,
-                                double* out, double* lse) {
-  const int64_t T = s.seq, D = s.head_dim, out_width = s.num_heads * D;
-  const int64_t i0 = qt * kTile, tq = std::min(kTile, T - i0);
+                                const TileDropout* dropout, const HeadSlice& x, int64_t Tk, int64_t qt,
+                                double* slot, double* out, double* lse) {
+  const int64_t Tq = s.seq, D = s.head_dim, out_width = s.num_heads * D;
+  const int64_t i0 = qt * kTile, tq = std::min(kTile, Tq - i0);
   double* scores = slot;                  // [tq,tk] S, then P~ * M
   double* keep = scores + kTile * kTile;  // [tq,tk] M
   double* input = keep + kTile * kTile;   // [tq,tk] the BF16 copy of P~ * M
@@ -111,16 +119,16 @@ AttentionTileCount forward_tile(Precision p, const AttentionShape& s, const Wind
   std::fill(m, m + tq, -std::numeric_limits<double>::infinity());
   std::fill(l, l + tq, 0.0);
   AttentionTileCount count;
-  for (int64_t kt = 0; kt < mask.tiles(); ++kt) {
+  for (int64_t kt = 0; kt < mask.key_tiles(); ++kt) {
     if (!mask.tile_needed(qt, kt)) {
       ++count.skipped;
       continue;
     }
     ++count.computed;
-    const int64_t j0 = kt * kTile, tk = std::min(kTile, T - j0);
+    const int64_t j0 = kt * kTile, tk = std::min(kTile, Tk - j0);
     cpu::gemm(p, scores_format(p), false, true, tq, tk, D, s.scale(), x.q + i0 * D, D, x.k + j0 * D, D,
               Store::kOverwrite, scores, tk);
-    if (dropout) dropout->fill(x, i0, tq, j0, tk, keep);
+    if (dropout) dropout->fill(x, mask, i0, tq, j0, tk, keep);
     for (int64_t r = 0; r < tq; ++r) {
       const int64_t i = i0 + r;
       double* srow = scores + r * tk;
@@ -153,8 +161,13 @@ AttentionTileCount forward_tile(Precision p, const AttentionShape& s, const Wind
   }
   const cpu::Rounding rounding{p};
   for (int64_t r = 0; r < tq; ++r) {
-    const C sum = static_cast<C>(l[r]);  // >= 1: every query sees at least itself
+    const C sum = static_cast<C>(l[r]);  // >= 1 once a key was seen (the row's max contributes exp(0))
     double* o = out + x.out_offset + (i0 + r) * out_width;
+    if (sum == C(0)) {  // no key of this block is visible to the query (a whole window: never)
+      std::fill(o, o + D, 0.0);
+      lse[i0 + r] = -std::numeric_limits<double>::infinity();
+      continue;
+    }
     for (int64_t d = 0; d < D; ++d)
       o[d] = rounding.activation(static_cast<double>(static_cast<C>(acc[r * D + d]) / sum));
     lse[i0 + r] = static_cast<double>(static_cast<C>(m[r]) + std::log(sum));
@@ -162,36 +175,36 @@ AttentionTileCount forward_tile(Precision p, const AttentionShape& s, const Wind
   return count;
 }
 
-// Backward of one (window, query head) into its dq[T,D] (FP32 sums unless FP64) and its group's
-// dk, dv [T,D] accumulators.
+// Backward of one (window, query head) into its dq[Tq,D] (FP32 sums unless FP64) and its group's
+// dk, dv [Tk,D] accumulators.
 template <typename C>
 void backward_head(Precision p, const AttentionShape& s, const WindowMask& mask, const TileDropout* dropout,
-                   const HeadSlice& x, const double* dout, const double* out, const double* lse, double* slot,
-                   double* dq, double* dk, double* dv) {
-  const int64_t T = s.seq, D = s.head_dim, out_width = s.num_heads * D;
+                   const HeadSlice& x, int64_t Tk, const double* dout, const double* out, const double* lse,
+                   double* slot, double* dq, double* dk, double* dv) {
+  const int64_t Tq = s.seq, D = s.head_dim, out_width = s.num_heads * D;
   const cpu::RoundTo accumulate = scores_format(p);
   double* probs = slot;                     // [tq,tk] P, then P'
   double* dprobs = probs + kTile * kTile;   // [tq,tk] dP', then dS
   double* keep = dprobs + kTile * kTile;    // [tq,tk] M
   double* input = keep + kTile * kTile;     // [tq,tk] a BF16 copy
-  double* delta = input + kTile * kTile;    // [T] Delta_i = dO_i . O_i
-  const double* doh = dout + x.out_offset;  // [T,D] with row stride NH*D
+  double* delta = input + kTile * kTile;    // [Tq] Delta_i = dO_i . O_i
+  const double* doh = dout + x.out_offset;  // [Tq,D] with row stride NH*D
   const double* oh = out + x.out_offset;
-  for (int64_t i = 0; i < T; ++i) {
+  for (int64_t i = 0; i < Tq; ++i) {
     C dot = 0;
     for (int64_t d = 0; d < D; ++d)
       dot += static_cast<C>(doh[i * out_width + d]) * static_cast<C>(oh[i * out_width + d]);
     delta[i] = static_cast<double>(dot);
   }
-  std::fill(dq, dq + T * D, 0.0);
-  for (int64_t kt = 0; kt < mask.tiles(); ++kt) {
-    const int64_t j0 = kt * kTile, tk = std::min(kTile, T - j0);
-    for (int64_t qt = 0; qt < mask.tiles(); ++qt) {
+  std::fill(dq, dq + Tq * D, 0.0);
+  for (int64_t kt = 0; kt < mask.key_tiles(); ++kt) {
+    const int64_t j0 = kt * kTile, tk = std::min(kTile, Tk - j0);
+    for (int64_t qt = 0; qt < mask.query_tiles(); ++qt) {
       if (!mask.tile_needed(qt, kt)) continue;
-      const int64_t i0 = qt * kTile, tq = std::min(kTile, T - i0);
+      const int64_t i0 = qt * kTile, tq = std::min(kTile, Tq - i0);
       cpu::gemm(p, scores_format(p), false, true, tq, tk, D, s.scale(), x.q + i0 * D, D, x.k + j0 * D, D,
                 Store::kOverwrite, probs, tk);
-      if (dropout) dropout->fill(x, i0, tq, j0, tk, keep);
+      if (dropout) dropout->fill(x, mask, i0, tq, j0, tk, keep);
       for (int64_t r = 0; r < tq; ++r) {
         for (int64_t c = 0; c < tk; ++c) {
           const int64_t i = i0 + r, j = j0 + c;
@@ -233,70 +246,114 @@ int64_t CpuBackend::attention_forward_scratch(const AttentionShape& s) {
 
 int64_t CpuBackend::attention_backward_scratch(const AttentionShape& s) { return 4 * kTile * kTile + s.seq; }
 
-void CpuBackend::attention_forward(const double* q, const double* k, const double* v,
-                                   const int32_t* document_ids, bool document_masking,
-                                   const AttentionDropout& dropout, const AttentionShape& s, double* out,
-                                   double* lse) {
-  const int64_t T = s.seq, tiles = (T + kTile - 1) / kTile;
+void CpuBackend::attention_block_forward(const double* q, const double* k, const double* v,
+                                         const AttentionBlock& block, bool document_masking,
+                                         const AttentionDropout& dropout, const AttentionShape& s,
+                                         double* out, double* lse) {
+  const int64_t Tq = s.seq, Tk = block.key_seq, tiles = (Tq + kTile - 1) / kTile;
   const bool added = mask_form() == MaskForm::kAllowedAdded;
   std::vector<WindowMask> masks;  // [b]
-  for (int64_t b = 0; b < s.windows; ++b)
-    masks.emplace_back(document_ids + b * T, document_masking, added, T);
-  const TileDropout tile_dropout{dropout, dropout_kept_value(dropout.site.probability, rounding_), T};
+  for (int64_t b = 0; b < s.windows; ++b) masks.emplace_back(block, Tq, b, document_masking, added);
+  const TileDropout tile_dropout{dropout, dropout_kept_value(dropout.site.probability, rounding_),
+                                 block.window_seq};
   const TileDropout* drop = dropout.active() ? &tile_dropout : nullptr;
   std::vector<AttentionTileCount> counts(static_cast<size_t>(s.windows * s.num_heads * tiles));
   cpu::ThreadScratch scratch(attention_forward_scratch(s));
   const cpu::SingleThreadedBlas blas;
-  // A task's work: at most kTile queries against the T keys, D products each.
-  cpu::parallel_for(s.windows * s.num_heads * tiles, std::min(kTile, T) * T * s.head_dim, [&](int64_t task) {
-    const int64_t qt = task % tiles, h = task / tiles % s.num_heads, b = task / tiles / s.num_heads;
-    const HeadSlice x = head_slice(q, k, v, s, b, h);
-    double* head_lse = lse + (b * s.num_heads + h) * T;
-    counts[static_cast<size_t>(task)] =
-        precision() == Precision::kFp64 ? forward_tile<double>(precision(), s, masks[static_cast<size_t>(b)],
-                                                               drop, x, qt, scratch.slot(), out, head_lse)
-                                        : forward_tile<float>(precision(), s, masks[static_cast<size_t>(b)],
-                                                              drop, x, qt, scratch.slot(), out, head_lse);
-  });
+  // A task's work: at most kTile queries against the Tk keys, D products each.
+  cpu::parallel_for(
+      s.windows * s.num_heads * tiles, std::min(kTile, Tq) * Tk * s.head_dim, [&](int64_t task) {
+        const int64_t qt = task % tiles, h = task / tiles % s.num_heads, b = task / tiles / s.num_heads;
+        const HeadSlice x = head_slice(q, k, v, s, Tk, b, h);
+        const WindowMask& mask = masks[static_cast<size_t>(b)];
+        double* head_lse = lse + (b * s.num_heads + h) * Tq;
+        counts[static_cast<size_t>(task)] =
+            precision() == Precision::kFp64
+                ? forward_tile<double>(precision(), s, mask, drop, x, Tk, qt, scratch.slot(), out, head_lse)
+                : forward_tile<float>(precision(), s, mask, drop, x, Tk, qt, scratch.slot(), out, head_lse);
+      });
   for (const AttentionTileCount& c : counts) {
     tiles_.computed += c.computed;
     tiles_.skipped += c.skipped;
   }
 }
 
-void CpuBackend::attention_backward(const double* dout, const double* q, const double* k, const double* v,
-                                    const double* out, const double* lse, const int32_t* document_ids,
-                                    bool document_masking, const AttentionDropout& dropout,
-                                    const AttentionShape& s, double* dq, double* dk, double* dv) {
-  const int64_t T = s.seq, D = s.head_dim, queries_per_group = s.num_heads / s.num_kv_heads;
+void CpuBackend::attention_block_backward(const double* dout, const double* q, const double* k,
+                                          const double* v, const double* out, const double* lse,
+                                          const AttentionBlock& block, bool document_masking,
+                                          const AttentionDropout& dropout, const AttentionShape& s,
+                                          double* dq, double* dk, double* dv) {
+  const int64_t Tq = s.seq, Tk = block.key_seq, D = s.head_dim,
+                queries_per_group = s.num_heads / s.num_kv_heads;
   const bool added = mask_form() == MaskForm::kAllowedAdded;
-  const TileDropout tile_dropout{dropout, dropout_kept_value(dropout.site.probability, rounding_), T};
+  const TileDropout tile_dropout{dropout, dropout_kept_value(dropout.site.probability, rounding_),
+                                 block.window_seq};
   const TileDropout* drop = dropout.active() ? &tile_dropout : nullptr;
   cpu::ThreadScratch scratch(attention_backward_scratch(s));
   const cpu::SingleThreadedBlas blas;
-  // A task's work: its group's heads, each T queries against T keys, D products each.
-  cpu::parallel_for(s.windows * s.num_kv_heads, queries_per_group * T * T * D, [&](int64_t task) {
+  // A task's work: its group's heads, each Tq queries against Tk keys, D products each.
+  cpu::parallel_for(s.windows * s.num_kv_heads, queries_per_group * Tq * Tk * D, [&](int64_t task) {
     const int64_t g = task % s.num_kv_heads, b = task / s.num_kv_heads;
-    const WindowMask mask(document_ids + b * T, document_masking, added, T);
-    double* dkg = dk + (b * s.num_kv_heads + g) * T * D;  // [T,D], summed over the group's heads
-    double* dvg = dv + (b * s.num_kv_heads + g) * T * D;
-    std::fill(dkg, dkg + T * D, 0.0);
-    std::fill(dvg, dvg + T * D, 0.0);
+    const WindowMask mask(block, Tq, b, document_masking, added);
+    double* dkg = dk + (b * s.num_kv_heads + g) * Tk * D;  // [Tk,D], summed over the group's heads
+    double* dvg = dv + (b * s.num_kv_heads + g) * Tk * D;
+    std::fill(dkg, dkg + Tk * D, 0.0);
+    std::fill(dvg, dvg + Tk * D, 0.0);
     for (int64_t h = g * queries_per_group; h < (g + 1) * queries_per_group; ++h) {
-      const HeadSlice x = head_slice(q, k, v, s, b, h);
-      double* dqh = dq + (b * s.num_heads + h) * T * D;
-      const double* head_lse = lse + (b * s.num_heads + h) * T;
+      const HeadSlice x = head_slice(q, k, v, s, Tk, b, h);
+      double* dqh = dq + (b * s.num_heads + h) * Tq * D;
+      const double* head_lse = lse + (b * s.num_heads + h) * Tq;
       if (precision() == Precision::kFp64) {
-        backward_head<double>(precision(), s, mask, drop, x, dout, out, head_lse, scratch.slot(), dqh, dkg,
-                              dvg);
+        backward_head<double>(precision(), s, mask, drop, x, Tk, dout, out, head_lse, scratch.slot(), dqh,
+                              dkg, dvg);
       } else {
-        backward_head<float>(precision(), s, mask, drop, x, dout, out, head_lse, scratch.slot(), dqh, dkg,
+        backward_head<float>(precision(), s, mask, drop, x, Tk, dout, out, head_lse, scratch.slot(), dqh, dkg,
                              dvg);
       }
-      round(TensorRole::kActivation, dqh, T * D);
+      round(TensorRole::kActivation, dqh, Tq * D);
     }
-    round(TensorRole::kActivation, dkg, T * D);
-    round(TensorRole::kActivation, dvg, T * D);
+    round(TensorRole::kActivation, dkg, Tk * D);
+    round(TensorRole::kActivation, dvg, Tk * D);
+  });
+}
+
+namespace {
+
+// One row of attention_merge: the block's (o_b, lse_b) into the running (o, lse), in compute type C.
+template <typename C>
+void merge_row(const cpu::Rounding& rounding, const double* block_out, double block_lse, int64_t D,
+               double* out, double* lse) {
+  const C a = static_cast<C>(*lse), b = static_cast<C>(block_lse);
+  if (b == -std::numeric_limits<C>::infinity()) return;  // the block adds nothing
+  if (a == -std::numeric_limits<C>::infinity()) {        // nothing before it: take the block's
+    std::copy_n(block_out, D, out);
+    *lse = block_lse;
+    return;
+  }
+  const C m = std::max(a, b), merged = m + std::log(std::exp(a - m) + std::exp(b - m));
+  const C wa = std::exp(a - merged), wb = std::exp(b - merged);
+  for (int64_t d = 0; d < D; ++d) {
+    out[d] = rounding.activation(
+        static_cast<double>(wa * static_cast<C>(out[d]) + wb * static_cast<C>(block_out[d])));
+  }
+  *lse = static_cast<double>(merged);
+}
+
+}  // namespace
+
+void CpuBackend::attention_merge(const double* block_out, const double* block_lse, const AttentionShape& s,
+                                 double* out, double* lse) {
+  const int64_t Tq = s.seq, D = s.head_dim, rows = s.windows * s.num_heads * Tq;
+  const cpu::Rounding rounding{precision()};
+  // Row (b, h, i) of lse[b,NH,Tq]; its output row is out[(b*Tq + i), h*D ...].
+  cpu::parallel_for(rows, D, [&](int64_t row) {
+    const int64_t i = row % Tq, h = row / Tq % s.num_heads, b = row / Tq / s.num_heads;
+    const int64_t o = (b * Tq + i) * s.num_heads * D + h * D;
+    if (precision() == Precision::kFp64) {
+      merge_row<double>(rounding, block_out + o, block_lse[row], D, out + o, lse + row);
+    } else {
+      merge_row<float>(rounding, block_out + o, block_lse[row], D, out + o, lse + row);
+    }
   });
 }
 

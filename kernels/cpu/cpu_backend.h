@@ -39,15 +39,17 @@ class CpuBackend : public Backend {
                        double* dfc1) override;
 
   // kernels/cpu/attention.cpp
-  void attention_forward(const double* q, const double* k, const double* v, const int32_t* document_ids,
-                         bool document_masking, const AttentionDropout& dropout, const AttentionShape& shape,
-                         double* out, double* lse) override;
-  void attention_backward(const double* dout, const double* q, const double* k, const double* v,
-                          const double* out, const double* lse, const int32_t* document_ids,
-                          bool document_masking, const AttentionDropout& dropout, const AttentionShape& shape,
-                          double* dq, double* dk, double* dv) override;
+  void attention_block_forward(const double* q, const double* k, const double* v, const AttentionBlock& block,
+                               bool document_masking, const AttentionDropout& dropout,
+                               const AttentionShape& shape, double* out, double* lse) override;
+  void attention_block_backward(const double* dout, const double* q, const double* k, const double* v,
+                                const double* out, const double* lse, const AttentionBlock& block,
+                                bool document_masking, const AttentionDropout& dropout,
+                                const AttentionShape& shape, double* dq, double* dk, double* dv) override;
+  void attention_merge(const double* block_out, const double* block_lse, const AttentionShape& shape,
+                       double* out, double* lse) override;
   AttentionTileCount attention_tiles() const override { return tiles_; }
-  // Doubles of scratch each kernel thread holds during attention_forward / attention_backward.
+  // Doubles of scratch each kernel thread holds during attention_block_forward / _backward.
   static int64_t attention_forward_scratch(const AttentionShape& shape);
   static int64_t attention_backward_scratch(const AttentionShape& shape);
 

@@ -50,14 +50,16 @@ class CudaBackend final : public Backend {
   void swiglu_backward(const double* dact, const double* fc1, int64_t rows, int64_t ffn,
                        double* dfc1) override;
 
-  // kernels/cuda/attention.cu
-  void attention_forward(const double* q, const double* k, const double* v, const int32_t* document_ids,
-                         bool document_masking, const AttentionDropout& dropout, const AttentionShape& shape,
-                         double* out, double* lse) override;
-  void attention_backward(const double* dout, const double* q, const double* k, const double* v,
-                          const double* out, const double* lse, const int32_t* document_ids,
-                          bool document_masking, const AttentionDropout& dropout, const AttentionShape& shape,
-                          double* dq, double* dk, double* dv) override;
+  // kernels/cuda/attention.cu (attention_merge: kernels/cuda/attention_merge.cu)
+  void attention_block_forward(const double* q, const double* k, const double* v, const AttentionBlock& block,
+                               bool document_masking, const AttentionDropout& dropout,
+                               const AttentionShape& shape, double* out, double* lse) override;
+  void attention_block_backward(const double* dout, const double* q, const double* k, const double* v,
+                                const double* out, const double* lse, const AttentionBlock& block,
+                                bool document_masking, const AttentionDropout& dropout,
+                                const AttentionShape& shape, double* dq, double* dk, double* dv) override;
+  void attention_merge(const double* block_out, const double* block_lse, const AttentionShape& shape,
+                       double* out, double* lse) override;
   AttentionTileCount attention_tiles() const override { return tiles_; }
 
   // kernels/cuda/dropout.cu
@@ -94,7 +96,7 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   cuda::Staging staging_{nullptr};
   cuda::GemmScratch gemm_scratch_;
-  AttentionTileCount tiles_;  // attention_forward's, summed over calls (counted on the host)
+  AttentionTileCount tiles_;  // attention_block_forward's, summed over calls (counted on the host)
 };
 
 }  // namespace touchstone

@@ -13,6 +13,7 @@
 #include "oracle/diff/hypotheses.h"
 #include "oracle/diff/layout_signatures.h"
 #include "oracle/golden/golden_writer.h"
+#include "parallel/context/load_balanced_split.h"
 
 namespace touchstone::diff {
 
@@ -83,6 +84,18 @@ std::vector<Verdict> token_count(const GoldenReader& golden, const DiffResult& r
   add(data.document_masking && difference == boundaries,
       "loss across document boundaries (the position whose input is EOS trained, " +
           std::to_string(boundaries) + " such positions)");
+  // CP loss scaling: the count of one context-parallel rank's rows (its two chunks of every window,
+  // LoadBalancedSplit), not all-reduced over the cp group.
+  for (int cp = 2; cp <= 64 && batch.seq % (2 * cp) == 0; cp *= 2) {
+    const LoadBalancedSplit split(batch.seq, cp);
+    for (int rank = 0; rank < cp; ++rank) {
+      int64_t mine = 0;
+      for (int32_t target : split.take(batch.targets.data(), rank, batch.windows)) mine += target != -100;
+      add(cand == mine,
+          "the loss tokens of cp rank " + std::to_string(rank) + " of cp = " + std::to_string(cp) +
+              " alone (a count not all-reduced over the context-parallel group: CP loss scaling)");
+    }
+  }
   return {{"token_count", "token count differs: the candidate has " + std::to_string(cand) +
                               " loss tokens, the golden batch " + std::to_string(gold) + " (" +
                               (difference > 0 ? "+" : "") + std::to_string(difference) +
@@ -138,9 +151,12 @@ std::vector<Verdict> gradient_scale(Judge& judge, const TensorMap& candidate, co
   auto whole = [](double x) { return std::round(x) >= 2 && std::fabs(x - std::round(x)) < 1e-6 * x; };
   if (whole(1 / factor)) {
     hint = " = 1/" + fmt("%.0f", 1 / factor) +
-           ": divided once more, e.g. by the data-parallel size or the number of micro-batches";
+           ": divided once more, e.g. by the data-parallel size, the context-parallel size or the number of "
+           "micro-batches";
   } else if (whole(factor)) {
-    hint = " = " + fmt("%.0f", factor) + ": a division missing, e.g. by the data-parallel size";
+    hint = " = " + fmt("%.0f", factor) +
+           ": a division missing, e.g. by the data-parallel size, or by the context-parallel size (CP loss "
+           "scaling: each cp rank's loss summed where the ranks' shares should have been averaged)";
   }
   return {{"gradient_scale",
            "all gradients scaled by one factor: candidate = " + fmt("%.6g", factor) + " x golden" + hint}};

@@ -21,7 +21,9 @@ PhaseHook phase_hook();
 struct ParallelContext {
   ProcessGroup& world;
   ProcessGroup& tp;
-  ProcessGroup& dp;
+  ProcessGroup& cp;         // context parallelism: the ranks holding the chunks of the same windows
+  ProcessGroup& dp;         // the replicas reading different micro-batches
+  ProcessGroup& dp_cp;      // dp x cp: the ranks whose gradients sum to the same tensors' (dp when cp = 1)
   ProcessGroup& pp;         // group rank == pipeline stage
   ProcessGroup& embedding;  // first and last stage (tied embeddings); one rank otherwise
   TraceContext* trace;      // updated with step / micro-batch / phase for trace records; may be null
@@ -29,8 +31,8 @@ struct ParallelContext {
   GridCoordinates coordinates;
 
   int stage() const { return pp.rank(); }
-  int global_rank_of(int tp_rank, int dp_rank, int stage) const {
-    return rank_of(layout, GridCoordinates{tp_rank, dp_rank, stage});
+  int global_rank_of(int tp_rank, int dp_rank, int stage, int cp_rank = 0) const {
+    return rank_of(layout, GridCoordinates{tp_rank, dp_rank, stage, cp_rank});
   }
   bool first_stage() const { return pp.rank() == 0; }
   bool last_stage() const { return pp.rank() == pp.size() - 1; }
@@ -43,17 +45,20 @@ struct ParallelContext {
 };
 
 inline ParallelContext context_of(Grid& grid) {
-  return ParallelContext{grid.world(),     grid.tp(),       grid.dp(),     grid.pp(),
-                         grid.embedding(), &grid.context(), grid.layout(), grid.coordinates()};
+  return ParallelContext{grid.world(), grid.tp(),        grid.cp(),       grid.dp(),     grid.dp_cp(),
+                         grid.pp(),    grid.embedding(), &grid.context(), grid.layout(), grid.coordinates()};
 }
 
-// Five one-rank groups: the whole model on this process.
+// Seven one-rank groups: the whole model on this process.
 class SingleProcessContext {
  public:
-  ParallelContext context() { return ParallelContext{world_, tp_, dp_, pp_, embedding_, nullptr, {}, {}}; }
+  ParallelContext context() {
+    return ParallelContext{world_, tp_, cp_, dp_, dp_cp_, pp_, embedding_, nullptr, {}, {}};
+  }
 
  private:
-  SingleRankGroup world_{"world"}, tp_{"tp"}, dp_{"dp"}, pp_{"pp"}, embedding_{"embedding"};
+  SingleRankGroup world_{"world"}, tp_{"tp"}, cp_{"cp"}, dp_{"dp"}, dp_cp_{"dp_cp"}, pp_{"pp"},
+      embedding_{"embedding"};
 };
 
 }  // namespace touchstone

@@ -1,13 +1,18 @@
-// The process grid: world = tp x dp x pp ranks, and the process groups of each parallelism.
+// The process grid: world = tp x cp x dp x pp ranks, and the process groups of each parallelism.
 //
-// Rank order (Megatron-LM's, without context or expert parallelism): tp fastest, then dp, then pp:
-//   rank = tp_rank + tp * (dp_rank + dp * pp_rank)
-// so the ranks of one tensor-parallel group are neighbours (on one node in a real cluster).
+// Rank order (Megatron-LM's, without expert parallelism): tp fastest, then cp, then dp, then pp:
+//   rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))
+// so the ranks of one tensor-parallel group are neighbours (on one node in a real cluster), and those
+// of one context-parallel group next closest.
 //
 // Groups, each made with MPI_Comm_split of MPI_COMM_WORLD:
-//   tp         same (dp_rank, pp_rank): shards each layer's weights
-//   dp         same (tp_rank, pp_rank): replicas that sum gradients
-//   pp         same (tp_rank, dp_rank): the stages one micro-batch flows through
+//   tp         same (cp_rank, dp_rank, pp_rank): shards each layer's weights
+//   cp         same (tp_rank, dp_rank, pp_rank): each holds two chunks of every window's positions
+//   dp         same (tp_rank, cp_rank, pp_rank): replicas that read different micro-batches
+//   dp_cp      same (tp_rank, pp_rank): every rank whose gradients are partial sums of the same
+//              tensors (Megatron-LM's data-parallel group with context parallelism); the dp group
+//              when cp == 1
+//   pp         same (tp_rank, cp_rank, dp_rank): the stages one micro-batch flows through
 //   embedding  the first and last pipeline stage of a pp group (tied embeddings sum their gradient
 //              there); a group of one rank on the other stages, and when pp == 1
 // Each group is an MpiProcessGroup, or with CommBackend::kNccl an NcclProcessGroup (which keeps the
@@ -23,12 +28,12 @@
 namespace touchstone {
 
 struct GridLayout {
-  int tp = 1, dp = 1, pp = 1;
-  int world_size() const { return tp * dp * pp; }
+  int tp = 1, dp = 1, pp = 1, cp = 1;
+  int world_size() const { return tp * cp * dp * pp; }
 };
 
 struct GridCoordinates {
-  int tp_rank = 0, dp_rank = 0, pp_rank = 0;
+  int tp_rank = 0, dp_rank = 0, pp_rank = 0, cp_rank = 0;
 };
 
 int rank_of(const GridLayout& layout, const GridCoordinates& coordinates);
@@ -52,10 +57,13 @@ class Grid {
 
   virtual ProcessGroup& world() = 0;
   virtual ProcessGroup& tp() = 0;
+  virtual ProcessGroup& cp() = 0;
   virtual ProcessGroup& dp() = 0;
+  virtual ProcessGroup& dp_cp() = 0;
   virtual ProcessGroup& pp() = 0;
   virtual ProcessGroup& embedding() = 0;
-  // The group called `name` ("world", "tp", "dp", "pp", "embedding"); std::invalid_argument otherwise.
+  // The group called `name` ("world", "tp", "cp", "dp", "dp_cp", "pp", "embedding");
+  // std::invalid_argument otherwise.
   ProcessGroup& group(const std::string& name);
 
   // What trace records say about the program (step, micro-batch, phase); set by the trainer.

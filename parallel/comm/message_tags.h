@@ -7,6 +7,9 @@
 //                                   chunk c of the receiving stage
 //   pp     2 (j v + c) + 1          a gradient into chunk c of the receiving  parallel/pipeline/executor.cpp
 //                                   stage (v: virtual stages; 1 without)
+//   cp     0                        K and V of one ring step (forward, and     parallel/context/context_attention.cpp
+//                                   again in the backward)
+//   cp     1                        dK and dV of one ring step's block         parallel/context/context_attention.cpp
 //   world  parameter id (< 2^20)    a parameter's shard to world rank 0       oracle/gather.cpp
 //   world  2^20                     token losses to world rank 0              oracle/train_step.cpp
 //   world  2^20 + 1, 2^20 + 2       a stage's timeline: length, events        oracle/run.cpp
@@ -34,6 +37,11 @@ constexpr int pipeline_activation(int64_t micro_batch, int chunk, int virtual_st
 constexpr int pipeline_gradient(int64_t micro_batch, int chunk, int virtual_stages) {
   return pipeline_tag(micro_batch, chunk, virtual_stages, 1);
 }
+
+// Ring attention (context parallelism): each step passes one block to the next cp rank; with equal tags
+// the blocks of successive steps arrive in send order.
+constexpr int kContextKeysValues = 0;
+constexpr int kContextKeyValueGradients = 1;
 
 // The world group's gathers to rank 0. Parameter tags are the parameter table's indices, so the fixed
 // tags start above any table size.

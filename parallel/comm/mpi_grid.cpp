@@ -1,5 +1,5 @@
-// The process grid over MPI: create_grid splits MPI_COMM_WORLD into the tp, dp, pp and embedding
-// groups documented in grid.h and makes each with a backend's group maker (Grid::create, in
+// The process grid over MPI: create_grid splits MPI_COMM_WORLD into the tp, cp, dp, dp_cp, pp and
+// embedding groups documented in grid.h and makes each with a backend's group maker (Grid::create, in
 // comm_backend.cpp, picks the maker).
 #include "parallel/comm/mpi_grid.h"
 
@@ -15,24 +15,30 @@
 namespace touchstone {
 
 int rank_of(const GridLayout& layout, const GridCoordinates& coordinates) {
-  return coordinates.tp_rank + layout.tp * (coordinates.dp_rank + layout.dp * coordinates.pp_rank);
+  return coordinates.tp_rank +
+         layout.tp *
+             (coordinates.cp_rank + layout.cp * (coordinates.dp_rank + layout.dp * coordinates.pp_rank));
 }
 
 GridCoordinates coordinates_of(const GridLayout& layout, int rank) {
   GridCoordinates coordinates;
   coordinates.tp_rank = rank % layout.tp;
-  coordinates.dp_rank = (rank / layout.tp) % layout.dp;
-  coordinates.pp_rank = rank / (layout.tp * layout.dp);
+  coordinates.cp_rank = (rank / layout.tp) % layout.cp;
+  coordinates.dp_rank = (rank / (layout.tp * layout.cp)) % layout.dp;
+  coordinates.pp_rank = rank / (layout.tp * layout.cp * layout.dp);
   return coordinates;
 }
 
 ProcessGroup& Grid::group(const std::string& name) {
   if (name == "world") return world();
   if (name == "tp") return tp();
+  if (name == "cp") return cp();
   if (name == "dp") return dp();
+  if (name == "dp_cp") return dp_cp();
   if (name == "pp") return pp();
   if (name == "embedding") return embedding();
-  throw std::invalid_argument("no process group called '" + name + "' (world, tp, dp, pp, embedding)");
+  throw std::invalid_argument("no process group called '" + name +
+                              "' (world, tp, cp, dp, dp_cp, pp, embedding)");
 }
 
 namespace {
@@ -42,18 +48,23 @@ class MpiGrid final : public Grid {
   MpiGrid(const GridLayout& layout, int rank, const GroupMaker& make_group) : Grid(layout, rank) {
     const GridCoordinates& c = coordinates();
     // Keying every split by world rank orders each group's ranks by their coordinate along it.
+    // Each color numbers the coordinates the group's ranks share.
     world_ = make("world", 0, make_group);
-    tp_ = make("tp", c.dp_rank + layout.dp * c.pp_rank, make_group);
-    dp_ = make("dp", c.tp_rank + layout.tp * c.pp_rank, make_group);
-    pp_ = make("pp", c.tp_rank + layout.tp * c.dp_rank, make_group);
+    tp_ = make("tp", c.cp_rank + layout.cp * (c.dp_rank + layout.dp * c.pp_rank), make_group);
+    cp_ = make("cp", c.tp_rank + layout.tp * (c.dp_rank + layout.dp * c.pp_rank), make_group);
+    dp_ = make("dp", c.tp_rank + layout.tp * (c.cp_rank + layout.cp * c.pp_rank), make_group);
+    dp_cp_ = make("dp_cp", c.tp_rank + layout.tp * c.pp_rank, make_group);
+    const int pipeline = c.tp_rank + layout.tp * (c.cp_rank + layout.cp * c.dp_rank);
+    pp_ = make("pp", pipeline, make_group);
     const bool embedding_stage = is_first_stage() || is_last_stage();
-    embedding_ =
-        make("embedding", embedding_stage ? c.tp_rank + layout.tp * c.dp_rank : MPI_UNDEFINED, make_group);
+    embedding_ = make("embedding", embedding_stage ? pipeline : MPI_UNDEFINED, make_group);
   }
 
   ProcessGroup& world() override { return *world_; }
   ProcessGroup& tp() override { return *tp_; }
+  ProcessGroup& cp() override { return *cp_; }
   ProcessGroup& dp() override { return *dp_; }
+  ProcessGroup& dp_cp() override { return *dp_cp_; }
   ProcessGroup& pp() override { return *pp_; }
   ProcessGroup& embedding() override { return *embedding_; }
 
@@ -84,7 +95,7 @@ class MpiGrid final : public Grid {
     return make_group(std::move(members));
   }
 
-  std::unique_ptr<ProcessGroup> world_, tp_, dp_, pp_, embedding_;
+  std::unique_ptr<ProcessGroup> world_, tp_, cp_, dp_, dp_cp_, pp_, embedding_;
 };
 
 }  // namespace
@@ -96,15 +107,15 @@ std::unique_ptr<ProcessGroup> make_mpi_group(GroupMembers members) {
 }
 
 std::unique_ptr<Grid> create_grid(const GridLayout& layout, const GroupMaker& make_group) {
-  if (layout.tp < 1 || layout.dp < 1 || layout.pp < 1) {
-    throw std::invalid_argument("grid layout tp, dp and pp must all be at least 1");
+  if (layout.tp < 1 || layout.cp < 1 || layout.dp < 1 || layout.pp < 1) {
+    throw std::invalid_argument("grid layout tp, cp, dp and pp must all be at least 1");
   }
   int world_size = 0;
   int rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world_size);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (world_size != layout.world_size()) {
-    throw std::invalid_argument("grid tp x dp x pp = " + std::to_string(layout.world_size()) +
+    throw std::invalid_argument("grid tp x cp x dp x pp = " + std::to_string(layout.world_size()) +
                                 " ranks, but MPI started " + std::to_string(world_size));
   }
   return std::make_unique<MpiGrid>(layout, rank, make_group);

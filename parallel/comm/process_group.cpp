@@ -18,6 +18,7 @@ int64_t TransferCounts::total_calls() const {
 }
 
 void ProcessGroup::report(TransferRecord record) {
+  if (record.site.empty()) record.site = site_;
   OpCount& count = counts_.by_op[record.op];
   count.calls += 1;
   count.bytes += record.bytes;

@@ -55,6 +55,7 @@ struct TransferRecord {
   Shape shape;        // logical shape of this rank's buffer
   int64_t bytes = 0;  // payload bytes of this rank's buffer (nccl-tests' "size")
   TraceContext context;
+  std::string site;  // what the transfer is for (ProcessGroup::set_site); empty where not named
 };
 
 // Receives every transfer of every group of this process (the trace printer, the byte counters).
@@ -114,6 +115,13 @@ class ProcessGroup {
   virtual void wait_sends() = 0;
   virtual void barrier() = 0;
 
+  // What the group's next transfers are for, in the words engineers know from Megatron-LM (the layer,
+  // the parameter, the operation: "decoder.layers.0.self_attention.linear_proj RowParallelLinear:
+  // all-reduce of partial sums"); every record carries it until it changes. TransferSite sets it for a
+  // scope.
+  void set_site(std::string site) { site_ = std::move(site); }
+  const std::string& site() const { return site_; }
+
   // Counted by every implementation through report(), whether or not an observer is set.
   const TransferCounts& counts() const { return counts_; }
   void reset_counts() { counts_ = TransferCounts(); }
@@ -136,8 +144,24 @@ class ProcessGroup {
   bool take_reduction_fault();
 
   TransferCounts counts_;
+  std::string site_;
   FaultKind fault_ = FaultKind::kNone;
   std::function<void(TransferRecord)> sink_;
+};
+
+// Names the transfers of `group` inside a scope (ProcessGroup::set_site), restoring the site before it.
+class TransferSite {
+ public:
+  TransferSite(ProcessGroup& group, std::string site) : group_(group), previous_(group.site()) {
+    group_.set_site(std::move(site));
+  }
+  ~TransferSite() { group_.set_site(std::move(previous_)); }
+  TransferSite(const TransferSite&) = delete;
+  TransferSite& operator=(const TransferSite&) = delete;
+
+ private:
+  ProcessGroup& group_;
+  std::string previous_;
 };
 
 }  // namespace touchstone

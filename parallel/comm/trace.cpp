@@ -8,8 +8,8 @@ namespace touchstone {
 
 std::string format_trace_line(int rank, const GridCoordinates& coordinates, const TransferRecord& record) {
   std::ostringstream line;
-  line << "[rank " << rank << " tp" << coordinates.tp_rank << " dp" << coordinates.dp_rank << " pp"
-       << coordinates.pp_rank << "] step " << record.context.step << " mb ";
+  line << "[rank " << rank << " tp" << coordinates.tp_rank << " cp" << coordinates.cp_rank << " dp"
+       << coordinates.dp_rank << " pp" << coordinates.pp_rank << "] step " << record.context.step << " mb ";
   if (record.context.micro_batch < 0) {
     line << '-';
   } else {
@@ -22,6 +22,7 @@ std::string format_trace_line(int rank, const GridCoordinates& coordinates, cons
   for (size_t i = 0; i < record.shape.size(); ++i) line << (i ? "," : "") << record.shape[i];
   line << "]  bytes=" << record.bytes;
   if (record.peer >= 0) line << "  peer=" << record.peer;
+  if (!record.site.empty()) line << "  site=" << record.site;
   return line.str();
 }
 

@@ -1,9 +1,12 @@
 // The --trace printer: one line per transfer on this rank, and a table of bytes per group and op.
 //
 // Line format (fields separated by two spaces; "mb -" outside a micro-batch, "-" for no phase):
-//   [rank 3 tp1 dp0 pp1] step 1 mb 2 forward   all_reduce      group=tp  shape=[2,16,32]  bytes=8192
-//   [rank 3 tp1 dp0 pp1] step 1 mb 2 forward   send            group=pp  shape=[2,16,32]  bytes=8192  peer=5
-// bytes follows comm.h's convention (nccl-tests' "size"); peer is a global rank.
+//   [rank 3 tp1 cp0 dp0 pp1] step 1 mb 2 forward   all_reduce      group=tp  shape=[2,16,32]  bytes=8192
+//       site=decoder.layers.1.self_attention.linear_proj RowParallelLinear: all-reduce of partial sums
+//   [rank 3 tp1 cp0 dp0 pp1] step 1 mb 2 forward   send            group=pp  shape=[2,16,32]  bytes=8192
+//       peer=5  site=...
+// (one line each); bytes follows comm.h's convention (nccl-tests' "size"); peer is a global rank; site
+// is what the transfer is for (ProcessGroup::set_site), where the caller named it.
 #pragma once
 
 #include <cstdint>

@@ -54,7 +54,11 @@ double DataParallelOptimizer::global_grad_norm(const ActivationBuffer& flat_grad
     for (int64_t i = lo; i < hi; ++i)
       partial += flat_grads[static_cast<size_t>(i)] * flat_grads[static_cast<size_t>(i)];
   }
-  context_.world.all_reduce_sum(&partial, 1, {1});
+  {
+    const TransferSite site(context_.world,
+                            "optimizer: all-reduce of the gradient norm's partial sums of squares");
+    context_.world.all_reduce_sum(&partial, 1, {1});
+  }
   return std::sqrt(partial);
 }
 
@@ -75,6 +79,8 @@ UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, Pa
     if (zero_stage_ == 2) {
       grad_shards = zero_shards(shards_);
       for (int id : plan_.held_ids()) {
+        const TransferSite site(context_.dp,
+                                "ZeRO-2: reduce-scatter of the " + plan_.table()[id].name + " gradient");
         shards_[static_cast<size_t>(id)].reduce_scatter_add(context_.dp, grads[id], grad_shards[id]);
         backend_.round(TensorRole::kState, grad_shards[id].data(),
                        static_cast<int64_t>(grad_shards[id].size()));
@@ -94,6 +100,7 @@ UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, Pa
   }
 
   if (zero_stage_ == 0) {
+    const TransferSite site(context_.dp, "finalize_model_grads: all-reduce of the gradient buffer");
     context_.dp.all_reduce_sum(flat.data(), flat_.padded_size(), {flat_.padded_size()});
     backend_.round(TensorRole::kState, flat.data(), flat_.padded_size());  // an FP32 reduction unless FP64
     scale_gradient(backend_, grad_scale, flat.data(), flat_.padded_size());
@@ -105,7 +112,10 @@ UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, Pa
   }
 
   ActivationBuffer grad_chunk(static_cast<size_t>(chunk));
-  context_.dp.reduce_scatter_sum(flat.data(), grad_chunk.data(), chunk, {flat_.padded_size()});
+  {
+    const TransferSite site(context_.dp, "DistributedOptimizer: reduce-scatter of the gradient buffer");
+    context_.dp.reduce_scatter_sum(flat.data(), grad_chunk.data(), chunk, {flat_.padded_size()});
+  }
   backend_.round(TensorRole::kState, grad_chunk.data(), chunk);
   scale_gradient(backend_, grad_scale, grad_chunk.data(), chunk);
   std::copy(grad_chunk.begin(), grad_chunk.end(), flat.begin() + begin);
@@ -129,11 +139,16 @@ UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, Pa
                            moments_held_ ? chunk_v_.data() + at : nullptr, hi - lo);
   }
   ActivationBuffer updated(static_cast<size_t>(flat_.padded_size()));
-  context_.dp.all_gather(param_flat.data() + begin, updated.data(), chunk, {chunk});
+  {
+    const TransferSite site(context_.dp, "DistributedOptimizer: all-gather of the updated parameters");
+    context_.dp.all_gather(param_flat.data() + begin, updated.data(), chunk, {chunk});
+  }
   flat_.unflatten(updated, params);
 
   if (want_full_grads) {  // only for outputs: the replicas' other chunks of the summed gradient
     ActivationBuffer full(static_cast<size_t>(flat_.padded_size()));
+    const TransferSite site(context_.dp,
+                            "DistributedOptimizer: all-gather of the reduced gradient (outputs)");
     context_.dp.all_gather(grad_chunk.data(), full.data(), chunk, {chunk});
     flat_.unflatten(full, grads);
   }
@@ -149,7 +164,11 @@ void DataParallelOptimizer::sharded_update(ParamTensors& grad_shards, ParamTenso
     if (!plan_.is_primary(id)) continue;
     for (double x : g) partial += x * x;
   }
-  context_.world.all_reduce_sum(&partial, 1, {1});
+  {
+    const TransferSite site(context_.world,
+                            "optimizer: all-reduce of the gradient norm's partial sums of squares");
+    context_.world.all_reduce_sum(&partial, 1, {1});
+  }
   result.grad_norm = std::sqrt(partial);
   result.clip_coefficient = clip_coefficient(result.grad_norm, optim_.clip_grad);
   // adamw_step counts updates in state_.step; without kept moments state_ has no tensors.
@@ -161,6 +180,7 @@ void DataParallelOptimizer::sharded_update(ParamTensors& grad_shards, ParamTenso
 ParamTensors DataParallelOptimizer::gather_shards(const ParamTensors& shards) const {
   ParamTensors full;  // each gathered tensor is the all-gather's own buffer
   full.tensors.resize(shards.tensors.size());
+  const TransferSite site(context_.dp, "ZeRO: all-gather of full tensors from their dim-0 shards (outputs)");
   for (int id : plan_.held_ids()) {
     shards_[static_cast<size_t>(id)].all_gather(context_.dp, shards[id], full[id]);
   }
@@ -185,6 +205,7 @@ AdamWState DataParallelOptimizer::moments() const {
   state.exp_avg_sq = shapes;
   const int64_t chunk = flat_.chunk_size();
   ActivationBuffer full(static_cast<size_t>(flat_.padded_size()));
+  const TransferSite site(context_.dp, "DistributedOptimizer: all-gather of the Adam moments (outputs)");
   context_.dp.all_gather(chunk_m_.data(), full.data(), chunk, {chunk});
   flat_.unflatten(full, state.exp_avg);
   context_.dp.all_gather(chunk_v_.data(), full.data(), chunk, {chunk});

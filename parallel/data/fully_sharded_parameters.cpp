@@ -48,8 +48,10 @@ std::vector<int> FullyShardedParameters::ids_of(const ParameterUnit& unit) const
 }
 
 void FullyShardedParameters::gather(const ParameterUnit& unit) {
-  for (int id : ids_of(unit))
+  for (int id : ids_of(unit)) {
+    const TransferSite site(dp_, "FSDP: all-gather of " + table_[id].name + " before its unit runs");
     shards_[static_cast<size_t>(id)].all_gather(dp_, (*compute_shards_)[id], params_[id]);
+  }
 }
 
 void FullyShardedParameters::free_params(const ParameterUnit& unit) {
@@ -93,6 +95,7 @@ void FullyShardedParameters::after_weight_gradients(const ParameterUnit& unit) {
 
 void FullyShardedParameters::reduce_scatter(int id) {
   std::vector<double>& shard = (*grad_shards_)[id];
+  const TransferSite site(dp_, "FSDP: reduce-scatter of the " + table_[id].name + " gradient");
   shards_[static_cast<size_t>(id)].reduce_scatter_add(dp_, grads_[id], shard);
   backend_.round(TensorRole::kState, shard.data(),
                  static_cast<int64_t>(shard.size()));  // FP32 main gradients

@@ -3,6 +3,7 @@
 #include "parallel/pipeline/executor.h"
 
 #include <stdexcept>
+#include <string>
 
 #include "parallel/comm/message_tags.h"
 #include "parallel/pipeline/schedule.h"
@@ -64,14 +65,17 @@ PipelineResult run_pipeline(PipelineSchedule schedule, const ModelChunks& chunks
     const int64_t rows = model.local_rows(batch.windows);
     const Shape shape{rows, H};
     const pipeline::TimelineRecorder::Scope event(recorder, action.kind, action.micro_batch, action.chunk);
-    const auto receive = [&](ActivationBuffer& buffer, int tag) {
+    const auto receive = [&](ActivationBuffer& buffer, int tag, const char* what) {
       buffer.resize(static_cast<size_t>(rows * H));
+      const TransferSite site(
+          context.pp, std::string("pipeline ") + what + " stage " + std::to_string(action.peer_stage));
       context.pp.recv(buffer.data(), rows * H, action.peer_stage, tag, shape);
     };
     switch (action.kind) {
       case ActionKind::kRecvActivation:
         context.set_phase(step, action.micro_batch, "forward", trace_chunk);
-        receive(inputs[k], message_tags::pipeline_activation(action.micro_batch, action.chunk, v));
+        receive(inputs[k], message_tags::pipeline_activation(action.micro_batch, action.chunk, v),
+                "recv_forward: the input activation from");
         break;
       case ActionKind::kForward:
         context.set_phase(step, action.micro_batch, "forward", trace_chunk);
@@ -89,13 +93,18 @@ PipelineResult run_pipeline(PipelineSchedule schedule, const ModelChunks& chunks
         break;
       case ActionKind::kSendActivation:
         context.set_phase(step, action.micro_batch, "forward", trace_chunk);
-        context.pp.send(acts[k].x_final.data(), rows * H, action.peer_stage,
-                        message_tags::pipeline_activation(action.micro_batch, action.peer_chunk, v), shape);
+        {
+          const TransferSite site(context.pp, "pipeline send_forward: the output activation to stage " +
+                                                  std::to_string(action.peer_stage));
+          context.pp.send(acts[k].x_final.data(), rows * H, action.peer_stage,
+                          message_tags::pipeline_activation(action.micro_batch, action.peer_chunk, v), shape);
+        }
         if (!with_gradients) acts[k] = {};  // the send copied what it needs
         break;
       case ActionKind::kRecvGradient:
         context.set_phase(step, action.micro_batch, "backward", trace_chunk);
-        receive(d_outputs[k], message_tags::pipeline_gradient(action.micro_batch, action.chunk, v));
+        receive(d_outputs[k], message_tags::pipeline_gradient(action.micro_batch, action.chunk, v),
+                "recv_backward: the output gradient from");
         break;
       case ActionKind::kBackward:
       case ActionKind::kBackwardInput:
@@ -114,8 +123,12 @@ PipelineResult run_pipeline(PipelineSchedule schedule, const ModelChunks& chunks
         break;
       case ActionKind::kSendGradient:
         context.set_phase(step, action.micro_batch, "backward", trace_chunk);
-        context.pp.send(d_inputs[k].data(), rows * H, action.peer_stage,
-                        message_tags::pipeline_gradient(action.micro_batch, action.peer_chunk, v), shape);
+        {
+          const TransferSite site(context.pp, "pipeline send_backward: the input gradient to stage " +
+                                                  std::to_string(action.peer_stage));
+          context.pp.send(d_inputs[k].data(), rows * H, action.peer_stage,
+                          message_tags::pipeline_gradient(action.micro_batch, action.peer_chunk, v), shape);
+        }
         break;
     }
   }

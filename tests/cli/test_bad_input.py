@@ -80,7 +80,7 @@ class BadInput(unittest.TestCase):
         self.assert_refused(["--set", "precision=fp16"], "precision must be")
 
     def test_layout_needs_more_processes(self):
-        self.assert_refused(["--set", "parallel.tp=2"], "tp x pp x dp = 2 but the run has 1 process")
+        self.assert_refused(["--set", "parallel.tp=2"], "tp x cp x pp x dp = 2 but the run has 1 process")
 
     # ---- data ----
     def test_token_id_outside_vocab(self):

@@ -47,34 +47,36 @@ class MpiTest : public ::testing::Test {
   }
 };
 
-// Every (tp, dp, pp) whose product is the world size.
+// Every (tp, cp, dp, pp) whose product is the world size.
 inline std::vector<GridLayout> layouts_of_world() {
   const int n = world_size();
   std::vector<GridLayout> layouts;
   for (int tp = 1; tp <= n; ++tp) {
-    for (int dp = 1; tp * dp <= n; ++dp) {
-      if (n % (tp * dp) == 0) layouts.push_back(GridLayout{tp, dp, n / (tp * dp)});
+    for (int cp = 1; tp * cp <= n; ++cp) {
+      for (int dp = 1; tp * cp * dp <= n; ++dp) {
+        if (n % (tp * cp * dp) == 0) layouts.push_back(GridLayout{tp, dp, n / (tp * cp * dp), cp});
+      }
     }
   }
   return layouts;
 }
 
 inline std::string describe(const GridLayout& layout) {
-  return "tp" + std::to_string(layout.tp) + " dp" + std::to_string(layout.dp) + " pp" +
-         std::to_string(layout.pp);
+  return "tp" + std::to_string(layout.tp) + " cp" + std::to_string(layout.cp) + " dp" +
+         std::to_string(layout.dp) + " pp" + std::to_string(layout.pp);
 }
 
 }  // namespace touchstone::testing
 
 namespace touchstone::testing {
 
-// Runs `check` on every group (world, tp, dp, pp, embedding) of every layout of this world, so
+// Runs `check` on every group (world, tp, cp, dp, dp_cp, pp, embedding) of every layout of this world, so
 // groups of one rank, groups of neighbours and strided groups are all exercised.
 template <typename Check>
 void for_every_group(Check check) {
   for (const GridLayout& layout : layouts_of_world()) {
     std::unique_ptr<Grid> grid = Grid::create(layout);
-    for (const char* name : {"world", "tp", "dp", "pp", "embedding"}) {
+    for (const char* name : {"world", "tp", "cp", "dp", "dp_cp", "pp", "embedding"}) {
       SCOPED_TRACE(describe(layout) + " group " + name);
       check(grid->group(name));
     }

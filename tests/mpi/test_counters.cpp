@@ -138,18 +138,42 @@ TEST_F(CountersTest, TraceLineFormat) {
   record.context = TraceContext{1, 2, "forward"};
   EXPECT_EQ(
       format_trace_line(3, GridCoordinates{1, 0, 1}, record),
-      "[rank 3 tp1 dp0 pp1] step 1 mb 2 forward   all_reduce      group=tp  shape=[2,16,32]  bytes=8192");
+      "[rank 3 tp1 cp0 dp0 pp1] step 1 mb 2 forward   all_reduce      group=tp  shape=[2,16,32]  bytes=8192");
   record.op = "send";
   record.group = "pp";
   record.peer = 5;
   record.context = TraceContext{};
   EXPECT_EQ(format_trace_line(3, GridCoordinates{1, 0, 1}, record),
-            "[rank 3 tp1 dp0 pp1] step 0 mb - -         send            group=pp  shape=[2,16,32]  "
+            "[rank 3 tp1 cp0 dp0 pp1] step 0 mb - -         send            group=pp  shape=[2,16,32]  "
             "bytes=8192  peer=5");
   record.context = TraceContext{2, 3, "backward", 1};  // interleaved 1F1B: the model chunk too
-  EXPECT_EQ(format_trace_line(3, GridCoordinates{1, 0, 1}, record),
-            "[rank 3 tp1 dp0 pp1] step 2 mb 3 chunk 1 backward  send            group=pp  shape=[2,16,32]  "
-            "bytes=8192  peer=5");
+  EXPECT_EQ(
+      format_trace_line(3, GridCoordinates{1, 0, 1}, record),
+      "[rank 3 tp1 cp0 dp0 pp1] step 2 mb 3 chunk 1 backward  send            group=pp  shape=[2,16,32]  "
+      "bytes=8192  peer=5");
+  // Context parallelism's coordinate, and the site a caller named.
+  record.site = "decoder.layers.0.self_attention.core_attention ring step 1: K/V of cp rank 0";
+  EXPECT_EQ(
+      format_trace_line(3, GridCoordinates{1, 0, 1, 1}, record),
+      "[rank 3 tp1 cp1 dp0 pp1] step 2 mb 3 chunk 1 backward  send            group=pp  shape=[2,16,32]  "
+      "bytes=8192  peer=5  site=decoder.layers.0.self_attention.core_attention ring step 1: K/V of cp rank "
+      "0");
+}
+
+TEST_F(CountersTest, ATransferSiteNamesTheTransfersOfItsScope) {
+  std::unique_ptr<Grid> grid = Grid::create(GridLayout{1, testing::world_size(), 1});
+  std::vector<TransferRecord> records;
+  grid->set_observer([&](const TransferRecord& r) { records.push_back(r); });
+  std::vector<double> data(4, 1.0);
+  {
+    const TransferSite site(grid->dp(), "finalize_model_grads: all-reduce of gradients over dp");
+    grid->dp().all_reduce_sum(data.data(), 4, Shape{4});
+  }
+  grid->dp().all_reduce_sum(data.data(), 4, Shape{4});
+  grid->set_observer(nullptr);
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[0].site, "finalize_model_grads: all-reduce of gradients over dp");
+  EXPECT_EQ(records[1].site, "") << "the site ends with its scope";
 }
 
 TEST_F(CountersTest, TracePrinterWritesOneLinePerTransferAndASummary) {
@@ -170,7 +194,7 @@ TEST_F(CountersTest, TracePrinterWritesOneLinePerTransferAndASummary) {
   std::vector<std::string> all;
   while (std::getline(lines, line)) all.push_back(line);
   ASSERT_EQ(all.size(), 3u);
-  const std::string prefix = "[rank " + std::to_string(testing::world_rank()) + " tp0 dp0 pp" +
+  const std::string prefix = "[rank " + std::to_string(testing::world_rank()) + " tp0 cp0 dp0 pp" +
                              std::to_string(testing::world_rank()) + "] step 1 mb 0 grads     ";
   EXPECT_EQ(all[0], prefix + "all_reduce      group=dp  shape=[8]  bytes=64");
   EXPECT_EQ(all[1], prefix + "all_reduce      group=embedding  shape=[4]  bytes=32");

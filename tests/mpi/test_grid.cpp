@@ -45,6 +45,20 @@ TEST(GridRankOrder, MatchesMegatronOrderOnTwoByTwoByTwo) {
   EXPECT_EQ(coordinates_of(deep, 5).pp_rank, 2);
 }
 
+TEST(GridRankOrder, ContextParallelRanksComeAfterTensorParallelOnes) {
+  // tp = 2, cp = 2, dp = 2, pp = 2: rank = tp + 2 * (cp + 2 * (dp + 2 * pp)), Megatron-LM's order.
+  const GridLayout layout{2, 2, 2, 2};
+  EXPECT_EQ(layout.world_size(), 16);
+  for (int rank = 0; rank < 16; ++rank) {
+    const GridCoordinates c = coordinates_of(layout, rank);
+    EXPECT_EQ(c.tp_rank, rank % 2) << rank;
+    EXPECT_EQ(c.cp_rank, rank / 2 % 2) << rank;
+    EXPECT_EQ(c.dp_rank, rank / 4 % 2) << rank;
+    EXPECT_EQ(c.pp_rank, rank / 8) << rank;
+    EXPECT_EQ(rank_of(layout, c), rank);
+  }
+}
+
 class GridTest : public MpiTest {};
 
 TEST_F(GridTest, CoordinatesAndGroupsForEveryLayout) {
@@ -59,16 +73,20 @@ TEST_F(GridTest, CoordinatesAndGroupsForEveryLayout) {
     EXPECT_EQ(grid->is_first_stage(), c.pp_rank == 0);
     EXPECT_EQ(grid->is_last_stage(), c.pp_rank == layout.pp - 1);
 
-    std::vector<int> world, tp, dp, pp;
+    std::vector<int> world, tp, cp, dp, dp_cp, pp;
     for (int r = 0; r < n; ++r) world.push_back(r);
-    for (int t = 0; t < layout.tp; ++t) tp.push_back(rank_of(layout, {t, c.dp_rank, c.pp_rank}));
-    for (int d = 0; d < layout.dp; ++d) dp.push_back(rank_of(layout, {c.tp_rank, d, c.pp_rank}));
-    for (int p = 0; p < layout.pp; ++p) pp.push_back(rank_of(layout, {c.tp_rank, c.dp_rank, p}));
+    for (int t = 0; t < layout.tp; ++t) tp.push_back(rank_of(layout, {t, c.dp_rank, c.pp_rank, c.cp_rank}));
+    for (int x = 0; x < layout.cp; ++x) cp.push_back(rank_of(layout, {c.tp_rank, c.dp_rank, c.pp_rank, x}));
+    for (int d = 0; d < layout.dp; ++d) dp.push_back(rank_of(layout, {c.tp_rank, d, c.pp_rank, c.cp_rank}));
+    for (int d = 0; d < layout.dp; ++d) {  // dp_cp: cp fastest, as in rank order
+      for (int x = 0; x < layout.cp; ++x) dp_cp.push_back(rank_of(layout, {c.tp_rank, d, c.pp_rank, x}));
+    }
+    for (int p = 0; p < layout.pp; ++p) pp.push_back(rank_of(layout, {c.tp_rank, c.dp_rank, p, c.cp_rank}));
     // Tied embeddings: the first and last stage of this pp group; everyone else is alone.
     std::vector<int> embedding{rank};
     if (layout.pp > 1 && (grid->is_first_stage() || grid->is_last_stage())) {
-      embedding = {rank_of(layout, {c.tp_rank, c.dp_rank, 0}),
-                   rank_of(layout, {c.tp_rank, c.dp_rank, layout.pp - 1})};
+      embedding = {rank_of(layout, {c.tp_rank, c.dp_rank, 0, c.cp_rank}),
+                   rank_of(layout, {c.tp_rank, c.dp_rank, layout.pp - 1, c.cp_rank})};
     }
     const struct {
       const char* name;
@@ -78,7 +96,9 @@ TEST_F(GridTest, CoordinatesAndGroupsForEveryLayout) {
     } cases[] = {
         {"world", grid->world(), world, rank},
         {"tp", grid->tp(), tp, c.tp_rank},
+        {"cp", grid->cp(), cp, c.cp_rank},
         {"dp", grid->dp(), dp, c.dp_rank},
+        {"dp_cp", grid->dp_cp(), dp_cp, c.dp_rank * layout.cp + c.cp_rank},
         {"pp", grid->pp(), pp, c.pp_rank},
         {"embedding", grid->embedding(), embedding, embedding.size() == 2 && grid->is_last_stage() ? 1 : 0},
     };
@@ -99,7 +119,7 @@ TEST_F(GridTest, RejectsALayoutThatDoesNotMatchTheWorld) {
   EXPECT_THROW(Grid::create(GridLayout{n + 1, 1, 1}), std::invalid_argument);
   EXPECT_THROW(Grid::create(GridLayout{0, n, 1}), std::invalid_argument);
   std::unique_ptr<Grid> grid = Grid::create(GridLayout{1, n, 1});
-  EXPECT_THROW(grid->group("cp"), std::invalid_argument);
+  EXPECT_THROW(grid->group("ep"), std::invalid_argument);
 }
 
 TEST_F(GridTest, RuntimeReportsTheWorld) {

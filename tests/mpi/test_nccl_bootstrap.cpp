@@ -23,7 +23,7 @@ using testing::MpiTest;
 using testing::world_rank;
 using testing::world_size;
 
-constexpr const char* kGroups[] = {"world", "tp", "dp", "pp", "embedding"};
+constexpr const char* kGroups[] = {"world", "tp", "cp", "dp", "dp_cp", "pp", "embedding"};
 
 NcclUniqueIdBytes fake_id(int generating_rank, const std::string& group) {
   NcclUniqueIdBytes id{};

@@ -23,7 +23,7 @@ sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 
-LAYOUTS = "dp2,dp4_zero3,tp2,tp4,tp2_sp,pp2_1f1b,pp4_uneven_1f1b,pp2_zb_h1,pp2_v2,tp2_pp2_dp2_sp_zero"
+LAYOUTS = "dp2,dp4_zero3,tp2,tp4,tp2_sp,pp2_1f1b,pp4_uneven_1f1b,pp2_zb_h1,pp2_v2,tp2_pp2_dp2_sp_zero,cp2,cp4_allgather,tp2_cp2_pp2_sp"
 DROPOUT = ["--set", "model.attention_dropout=0.1", "--set", "model.hidden_dropout=0.1"]
 # With dropout silently off both single-rank runs compute the same thing and agree bitwise. With it
 # on, the loss at initialisation changes little (measured 6e-6 to 3e-4 relative: the residual

@@ -89,15 +89,55 @@ class Trace(unittest.TestCase):
             self.assertRegex(line, r"step 1 mb \d chunk [01] (forward|backward) +(send|recv) ")
 
 
+class TraceSites(unittest.TestCase):
+    """Every transfer line of a step names its site: the module and the operation in Megatron-LM's words."""
+
+    def transfer_lines(self, ranks, *sets):
+        args = []
+        for s in sets:
+            args += ["--set", s]
+        with tempfile.TemporaryDirectory() as d:
+            result, _ = mpirun(ranks, "golden", *args, "--set", "train.steps=1", "--trace", "--out",
+                               os.path.join(d, "golden.h5"))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        lines = [l for l in result.stdout.splitlines() if re.match(r"\[rank \d+ tp", l)]
+        self.assertGreater(len(lines), 0)
+        return lines
+
+    def test_every_transfer_names_its_site(self):
+        layouts = [
+            (8, "parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.sequence_parallel=true",
+             "parallel.distributed_optimizer=true", "model.tie_embeddings=true"),
+            (4, "parallel.dp=2", "parallel.pp=2", "parallel.zero_stage=3", "parallel.schedule=zb_h1"),
+            (4, "parallel.tp=2", "parallel.cp=2", "parallel.sequence_parallel=true"),
+            (2, "parallel.cp=2", "parallel.cp_comm=allgather"),
+        ]
+        for ranks, *sets in layouts:
+            unnamed = [l for l in self.transfer_lines(ranks, *sets) if "  site=" not in l]
+            self.assertEqual(unnamed, [], sets)
+
+    def test_the_ring_names_each_step(self):
+        lines = self.transfer_lines(2, "parallel.cp=2", "model.num_layers=1")
+        rank0 = [l for l in lines if l.startswith("[rank 0 ") and "group=cp" in l and " forward " in l]
+        # Micro-batch 0: rank 0 passes its own block on, computes with it, and receives rank 1's.
+        self.assertIn("site=decoder.layers.0.self_attention.core_attention ring step 0: passing on the K/V of "
+                      "cp rank 0", rank0[0])
+        self.assertRegex(rank0[1], r"ring step 0: computed with the K/V of cp rank 0 \(\d+ of \d+ tile pairs "
+                                   r"skipped\); receiving the K/V of cp rank 1")
+
+
 class InvalidLayouts(unittest.TestCase):
     CASES = [
-        (4, ["--set", "parallel.tp=2"], "tp x pp x dp = 2 but the run has 4 process"),
+        (4, ["--set", "parallel.tp=2"], "tp x cp x pp x dp = 2 but the run has 4 process"),
         (2, ["--set", "parallel.tp=2", "--set", "model.num_heads=6", "--set", "model.hidden_size=48",
              "--set", "model.num_kv_heads=3"], "must divide model.num_heads and model.num_kv_heads"),
         (2, ["--set", "parallel.tp=2", "--set", "model.ffn_hidden_size=175"], "must divide model.ffn_hidden_size"),
         (2, ["--set", "parallel.tp=2", "--set", "model.vocab_size=255"], "must divide model.vocab_size"),
         (2, ["--set", "parallel.pp=2", "--set", "model.num_layers=3"], "parallel.pp (2) must divide model.num_layers (3)"),
         (2, ["--set", "parallel.pp=2", "--set", "parallel.stage_layers=[1,2]"], "parallel.stage_layers sums to 3"),
+        (2, ["--set", "parallel.cp=2", "--set", "model.seq_length=66"],
+         "parallel.cp (2) needs model.seq_length (66) divisible by 2 x parallel.cp"),
+        (2, ["--set", "parallel.cp_comm=ring"], 'parallel.cp_comm must be "p2p" or "allgather" (got "ring")'),
         (2, ["--set", "parallel.pp=2", "--set", "parallel.virtual_stages=2", "--set", "model.num_layers=4",
              "--set", "train.micro_batch_size=8"], "= 1) to be a multiple of parallel.pp (2)"),
         (2, ["--set", "parallel.dp=2", "--set", "train.micro_batch_size=3"], "must be divisible by parallel.dp x train.micro_batch_size"),

@@ -25,6 +25,8 @@ LAYOUTS = {  # name: (ranks, overrides)
     "dp4_zero3": (4, ["parallel.dp=4", "parallel.zero_stage=3"]),
     "tp1_pp4_dp2": (8, ["parallel.pp=4", "parallel.dp=2", "model.num_layers=4"]),
     "pp2_v2": (2, ["parallel.pp=2", "parallel.virtual_stages=2"]),  # interleaved 1F1B, a layer per chunk
+    "cp2_dp2": (4, ["parallel.cp=2", "parallel.dp=2"]),  # context parallel: each window over 2 ranks
+    "cp1_dp4": (4, ["parallel.dp=4"]),
     "single": (1, []),
 }
 MODEL = ["model.num_layers=4"]  # so that pp=4 has a layer per stage
@@ -120,6 +122,9 @@ class Resume(unittest.TestCase):
     def test_resume_at_pp2_virtual_stages_2(self):
         self.check_other_layout("pp2_v2")
 
+    def test_resume_at_cp2_dp2(self):
+        self.check_other_layout("cp2_dp2")
+
     def test_resume_without_a_checkpoint_starts_fresh(self):
         directory = os.path.join(self.tmp.name, "fresh")
         out = self.run_layout(self.saved_at, "--checkpoint-dir", directory, "--resume")
@@ -139,6 +144,15 @@ class ResumeFromInterleaved(Resume):
     """A stage of an interleaved pipeline holds non-adjacent layers (virtual stages s and s + pp); its
     checkpoint names every tensor by its global layer, so it resumes anywhere."""
     saved_at = "pp2_v2"
+
+
+class ResumeFromContextParallel(Resume):
+    """A context-parallel run's replicas over cp hold the same tensors (their gradients summed over dp x
+    cp); its checkpoint is written from cp rank 0 and resumes at a layout without context parallelism."""
+    saved_at = "cp2_dp2"
+
+    def test_resume_at_cp1_dp4(self):
+        self.check_other_layout("cp1_dp4")
 
 
 class ResumeWithDropout(Resume):

@@ -382,7 +382,8 @@ TEST(AttentionTiled, FirstKeyTileWithoutVisibleKey) {
   for (const bool dropout : {false, true}) {
     const Case c{dropout ? "first_tile_invisible_dropout" : "first_tile_invisible", shape(130, 4, 2),
                  two_windows({70, 60}), true, dropout};
-    const WindowMask mask(c.documents.data(), true, false, c.shape.seq);
+    const WholeWindowBlock whole(c.documents.data(), c.shape.windows, c.shape.seq);
+    const WindowMask mask(whole.block, c.shape.seq, 0, true, false);
     ASSERT_TRUE(mask.tile_needed(1, 0)) << "premise: the pair is computed";
     for (int64_t i = 70; i < 128; ++i) {
       for (int64_t j = 0; j < kAttentionTile; ++j)

@@ -80,6 +80,35 @@ TEST(Config, ImpossibleShapesAreRefused) {
   auto invalid = [](const std::string& assignment, int world_size = 1) {
     return error_of([&] { validate_config(resolve_config(nullptr, {assignment}, "c"), world_size); });
   };
+  // Context parallelism: two chunks per rank, and with sequence parallelism each rank's T / cp rows split
+  // over tp; a layout of four factors whose product would overflow is refused, not wrapped.
+  const auto invalid_all = [](const std::vector<std::string>& assignments, int world_size) {
+    return error_of([&] { validate_config(resolve_config(nullptr, assignments, "c"), world_size); });
+  };
+  EXPECT_EQ(
+      invalid_all({"parallel.cp=2", "model.seq_length=66"}, 2),
+      "config: parallel.cp (2) needs model.seq_length (66) divisible by 2 x parallel.cp: each cp rank holds "
+      "two chunks of every window");
+  EXPECT_EQ(
+      invalid_all({"parallel.cp=2", "model.seq_length=12", "parallel.tp=4", "model.num_kv_heads=4",
+                   "parallel.sequence_parallel=true"},
+                  8),
+      "config: parallel.sequence_parallel needs model.seq_length / parallel.cp divisible by parallel.tp");
+  EXPECT_EQ(invalid_all({"parallel.cp=2", "model.seq_length=12"}, 2), "");
+  EXPECT_EQ(invalid_all({"model.seq_length=17"}, 1), "")
+      << "an odd window is fine without context parallelism";
+  // Every factor 2^20, every other rule met (without reaching any allocation): 2^80 ranks.
+  EXPECT_EQ(
+      invalid_all({"parallel.cp=1048576", "parallel.tp=1048576", "parallel.pp=1048576", "parallel.dp=1048576",
+                   "model.seq_length=2097152", "model.num_layers=1048576", "model.hidden_size=2097152",
+                   "model.num_heads=1048576", "model.num_kv_heads=1048576", "model.ffn_hidden_size=1048576",
+                   "model.vocab_size=1048576", "train.global_batch_size=1048576", "train.micro_batch_size=1",
+                   "optim.decay_steps=10"},
+                  1),
+      "config: parallel tp x cp x pp x dp = more than 2^63 but the run has 1 process(es) (launch with mpirun "
+      "-np more than 2^63)");
+  EXPECT_EQ(invalid("parallel.cp_comm=ring"),
+            "config: parallel.cp_comm must be \"p2p\" or \"allgather\" (got \"ring\")");
   EXPECT_NE(
       invalid("model.num_heads=3").find("model.hidden_size (64) must be divisible by model.num_heads (3)"),
       std::string::npos);
@@ -117,7 +146,8 @@ TEST(Config, ImpossibleShapesAreRefused) {
       }),
       "config: optim.decay_steps must be > optim.warmup_steps under optim.schedule_convention \"megatron\" "
       "(Megatron-LM requires its lr-decay-iters > lr-warmup-iters)");
-  EXPECT_NE(invalid("parallel.tp=2").find("tp x pp x dp = 2 but the run has 1 process"), std::string::npos);
+  EXPECT_NE(invalid("parallel.tp=2").find("tp x cp x pp x dp = 2 but the run has 1 process"),
+            std::string::npos);
   EXPECT_NE(invalid("parallel.pp=3").find("parallel.pp (3) must divide model.num_layers (2)"),
             std::string::npos);
   EXPECT_NE(invalid("precision=fp16").find("precision must be"), std::string::npos);

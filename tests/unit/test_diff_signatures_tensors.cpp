@@ -15,6 +15,7 @@
 #include <string>
 
 #include "optim/optimizer.h"
+#include "parallel/context/load_balanced_split.h"
 #include "parallel/tensor/sharding.h"
 #include "test_diff_signature_fixture.h"
 
@@ -152,6 +153,21 @@ TEST_F(TensorSignatures, TokenCountAcrossDocumentBoundaries) {
   const std::string message = only_verdict(result).message;
   EXPECT_TRUE(contains(message, "loss across document boundaries")) << message;
   EXPECT_FALSE(contains(message, "padding") || contains(message, "eos_loss")) << message;
+}
+
+TEST_F(TensorSignatures, TokenCountOfOneContextParallelRank) {
+  // CP loss scaling: the count of cp rank 1's rows (chunks 1 and 2 of every window at cp = 2) alone.
+  const GlobalBatch& b = golden_->batch(1);
+  const LoadBalancedSplit split(b.seq, 2);
+  int64_t rank1 = 0, all = 0;
+  for (int32_t target : split.take(b.targets.data(), 1, b.windows)) rank1 += target != -100;
+  for (int32_t target : b.targets) all += target != -100;
+  const DiffResult result = count_off_by(*golden_, rank1 - all, "cp_rank_count");
+  expect_verdicts(result, {"token_count"});
+  EXPECT_TRUE(contains(only_verdict(result).message,
+                       "the loss tokens of cp rank 1 of cp = 2 alone (a count not all-reduced over the "
+                       "context-parallel group: CP loss scaling)"))
+      << describe(result);
 }
 
 TEST_F(TensorSignatures, QkvLayoutOfTheInitialParameters) {

@@ -93,25 +93,33 @@ class FormatCheckingBackend final : public Backend {
     inner_->rope(x, position_ids, windows, heads, seq, head_dim, theta, inverse);
     check(inverse ? "rope inverse x" : "rope x", Format::kBf16, x, windows * heads * seq * head_dim);
   }
-  void attention_forward(const double* q, const double* k, const double* v, const int32_t* document_ids,
-                         bool document_masking, const AttentionDropout& dropout, const AttentionShape& s,
-                         double* out, double* lse) override {
+  void attention_block_forward(const double* q, const double* k, const double* v, const AttentionBlock& block,
+                               bool document_masking, const AttentionDropout& dropout,
+                               const AttentionShape& s, double* out, double* lse) override {
     check("attention_forward q", Format::kBf16, q, s.windows * s.num_heads * s.seq * s.head_dim);
-    check("attention_forward k", Format::kBf16, k, s.windows * s.num_kv_heads * s.seq * s.head_dim);
-    inner_->attention_forward(q, k, v, document_ids, document_masking, dropout, s, out, lse);
+    check("attention_forward k", Format::kBf16, k, s.windows * s.num_kv_heads * block.key_seq * s.head_dim);
+    inner_->attention_block_forward(q, k, v, block, document_masking, dropout, s, out, lse);
     check("attention_forward out", Format::kBf16, out, s.windows * s.seq * s.num_heads * s.head_dim);
     check("attention_forward lse", Format::kFp32, lse, s.windows * s.num_heads * s.seq);
   }
-  void attention_backward(const double* dout, const double* q, const double* k, const double* v,
-                          const double* out, const double* lse, const int32_t* document_ids,
-                          bool document_masking, const AttentionDropout& dropout, const AttentionShape& s,
-                          double* dq, double* dk, double* dv) override {
+  void attention_block_backward(const double* dout, const double* q, const double* k, const double* v,
+                                const double* out, const double* lse, const AttentionBlock& block,
+                                bool document_masking, const AttentionDropout& dropout,
+                                const AttentionShape& s, double* dq, double* dk, double* dv) override {
     check("attention_backward dout", Format::kBf16, dout, s.windows * s.seq * s.num_heads * s.head_dim);
-    inner_->attention_backward(dout, q, k, v, out, lse, document_ids, document_masking, dropout, s, dq, dk,
-                               dv);
+    inner_->attention_block_backward(dout, q, k, v, out, lse, block, document_masking, dropout, s, dq, dk,
+                                     dv);
     check("attention_backward dq", Format::kBf16, dq, s.windows * s.num_heads * s.seq * s.head_dim);
-    check("attention_backward dk", Format::kBf16, dk, s.windows * s.num_kv_heads * s.seq * s.head_dim);
-    check("attention_backward dv", Format::kBf16, dv, s.windows * s.num_kv_heads * s.seq * s.head_dim);
+    check("attention_backward dk", Format::kBf16, dk,
+          s.windows * s.num_kv_heads * block.key_seq * s.head_dim);
+    check("attention_backward dv", Format::kBf16, dv,
+          s.windows * s.num_kv_heads * block.key_seq * s.head_dim);
+  }
+  void attention_merge(const double* block_out, const double* block_lse, const AttentionShape& s, double* out,
+                       double* lse) override {
+    inner_->attention_merge(block_out, block_lse, s, out, lse);
+    check("attention_merge out", Format::kBf16, out, s.windows * s.seq * s.num_heads * s.head_dim);
+    check("attention_merge lse", Format::kFp32, lse, s.windows * s.num_heads * s.seq);
   }
   AttentionTileCount attention_tiles() const override { return inner_->attention_tiles(); }
   void hidden_dropout_mask(const DropoutSite& site, int64_t first_row, int64_t rows, int64_t seq,

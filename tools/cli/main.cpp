@@ -83,7 +83,7 @@ int run(const ConfigOptions& config_options, const touchstone::RunFlags& run_fla
   }
   const touchstone::Config& c = prepared.config;
   const touchstone::GridLayout layout{static_cast<int>(c.parallel.tp), static_cast<int>(c.parallel.dp),
-                                      static_cast<int>(c.parallel.pp)};
+                                      static_cast<int>(c.parallel.pp), static_cast<int>(c.parallel.cp)};
   // NCCL groups refuse two ranks on one GPU; the user asked for them with --comm nccl.
   const auto create_grid = [&] { return touchstone::Grid::create(layout, comm); };
   auto grid = comm == touchstone::CommBackend::kNccl ? touchstone::naming_flag("--comm nccl", create_grid)
