@@ -292,6 +292,11 @@ void run_steps(PreparedRun& run, const Config& config, const RunOptions& options
     }
   }
   if (recorder) recorder->finish();
+  if (options.trace) {  // every rank: the attention tile pairs its forward passes computed and skipped
+    const AttentionTileCount tiles = backend->attention_tiles();
+    out << "[rank " << grid.global_rank() << "] attention tile pairs: computed " << tiles.computed
+        << ", skipped " << tiles.skipped << std::endl;
+  }
   if (writer_rank && !options.timeline_svg.empty()) {
     write_text_file_atomically(options.timeline_svg,
                                pipeline::render_timeline_svg(timeline, static_cast<int>(grid.layout().pp)));

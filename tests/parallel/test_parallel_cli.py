@@ -126,6 +126,28 @@ class TraceSites(unittest.TestCase):
                                    r"skipped\); receiving the K/V of cp rank 1")
 
 
+class ContextParallelTiles(unittest.TestCase):
+    def tiles(self, ranks, *sets):
+        args = []
+        for s in sets:
+            args += ["--set", s]
+        result, _ = mpirun(ranks, "train", "--set", "model.seq_length=256", "--set", "train.steps=1", *args,
+                           "--trace")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        found = re.findall(r"\[rank (\d+)\] attention tile pairs: computed (\d+), skipped (\d+)", result.stdout)
+        self.assertEqual(sorted(int(r) for r, _, _ in found), list(range(ranks)))
+        return [(int(c), int(s)) for _, c, s in found]
+
+    def test_chunks_on_tile_edges_compute_the_whole_windows_tile_pairs(self):
+        # T = 256 at cp = 2: chunks of 64 positions, one tile each. The ranks' blocks together compute and
+        # skip exactly the single-rank run's tile pairs (the split adds no work), each rank a share.
+        (single,) = self.tiles(1)
+        for comm in ("p2p", "allgather"):
+            ranks = self.tiles(2, "parallel.cp=2", f"parallel.cp_comm={comm}")
+            self.assertEqual((sum(c for c, _ in ranks), sum(s for _, s in ranks)), single, comm)
+            self.assertTrue(all(0 < c < single[0] for c, _ in ranks), ranks)
+
+
 class InvalidLayouts(unittest.TestCase):
     CASES = [
         (4, ["--set", "parallel.tp=2"], "tp x cp x pp x dp = 2 but the run has 4 process"),
