@@ -473,6 +473,12 @@ bool H5Reader::is_group(const std::string& path) const {
   return group.valid();
 }
 
+bool H5Reader::opens(const std::string& path) const {
+  if (!exists(path)) return false;
+  Handle object(H5Oopen(file_, path.c_str(), H5P_DEFAULT), H5Oclose);
+  return object.valid();
+}
+
 std::vector<std::string> H5Reader::children(const std::string& group_path) const {
   if (!exists(group_path)) throw InputError(path_ + ": no group " + group_path);
   Handle group(H5Gopen2(file_, group_path.c_str(), H5P_DEFAULT), H5Gclose);

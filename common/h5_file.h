@@ -73,6 +73,8 @@ class H5Reader {
   bool exists(const std::string& path) const;
   std::vector<int64_t> shape(const std::string& path) const;
   bool is_group(const std::string& path) const;
+  // Whether the object a path names can be opened (false for a dangling link or a damaged header).
+  bool opens(const std::string& path) const;
   std::vector<std::string> children(const std::string& group_path) const;  // sorted names
   // Every dataset below a group ("/steps/1"), depth first in sorted order, as paths without the
   // leading "/" ("steps/1/grads/output_layer.weight"); none when the group does not exist. An object

@@ -33,6 +33,10 @@ struct Budget {
       0;  // a dataset declaring more values than this is not read (the reader refuses it)
   int64_t objects_left = kMaxObjects;
   std::unordered_set<uint64_t> visited;  // object header addresses: each object is walked once
+  // A listing (of an object's attributes or a group's links) that HDF5 failed: what it did not list, the
+  // walk did not read, yet a reader can still open it by name (H5Aopen, H5Dopen find what H5Aiterate,
+  // H5Literate stop short of), so the walk cannot vouch for the file.
+  bool listing_failed = false;
 };
 
 template <typename F>
@@ -57,24 +61,36 @@ uint64_t declared_bytes(const std::vector<int64_t>& shape) {
 
 // Everything the reader can be asked about `path`, and everything below it.
 void walk(const H5Reader& reader, const std::string& path, int depth, Budget& budget) {
-  if (depth > kMaxDepth || --budget.objects_left < 0) return;
+  if (depth > kMaxDepth || --budget.objects_left < 0 || budget.listing_failed) return;
   bool first_visit = true;
   tolerating_input_errors([&] { first_visit = budget.visited.insert(reader.object_address(path)).second; });
   if (!first_visit) return;  // a hard link to an object already walked (a group linked into itself)
-  tolerating_input_errors([&] {
-    for (const std::string& name : reader.attribute_names(path)) {
-      tolerating_input_errors([&] { (void)reader.string_attribute(path, name); });
-      tolerating_input_errors([&] { (void)reader.int_attribute(path, name); });
-    }
-  });
+  // A link to nothing (dangling, or to a header HDF5 cannot read): no reader can open it by this name.
+  if (!reader.opens(path)) return;
+  std::vector<std::string> attributes;
+  try {
+    attributes = reader.attribute_names(path);
+  } catch (const InputError&) {
+    budget.listing_failed = true;
+    return;
+  }
+  for (const std::string& name : attributes) {
+    tolerating_input_errors([&] { (void)reader.string_attribute(path, name); });
+    tolerating_input_errors([&] { (void)reader.int_attribute(path, name); });
+  }
   // has_attribute walks every attribute message of the header, whatever name it looks for.
   tolerating_input_errors([&] { (void)reader.has_attribute(path, "touchstone walk: no such attribute"); });
   if (reader.is_group(path)) {
-    tolerating_input_errors([&] {
-      for (const std::string& child : reader.children(path)) {
-        walk(reader, path == "/" ? "/" + child : path + "/" + child, depth + 1, budget);
-      }
-    });
+    std::vector<std::string> children;
+    try {
+      children = reader.children(path);
+    } catch (const InputError&) {
+      budget.listing_failed = true;
+      return;
+    }
+    for (const std::string& child : children) {
+      walk(reader, path == "/" ? "/" + child : path + "/" + child, depth + 1, budget);
+    }
     return;
   }
   tolerating_input_errors([&] {
@@ -86,6 +102,9 @@ void walk(const H5Reader& reader, const std::string& path, int depth, Budget& bu
     tolerating_input_errors([&] { (void)reader.read_i32(path); });
   });
 }
+
+// The child's exit status when HDF5 failed to list an object's attributes or a group's links.
+constexpr int kListingFailed = 4;
 
 // The child: exit status 0 when the walk finished, whatever the reader reported along the way.
 [[noreturn]] void walk_and_exit(const std::string& path, uint64_t file_size) {
@@ -109,6 +128,7 @@ void walk(const H5Reader& reader, const std::string& path, int depth, Budget& bu
       const H5Reader reader(path, H5Reader::Walk::kNone);
       walk(reader, "/", 0, budget);
     });
+    if (budget.listing_failed) status = kListingFailed;
   } catch (...) {
     status = 3;  // anything but an InputError (std::bad_alloc, ...): the reader would not survive it either
   }
@@ -152,6 +172,11 @@ void walk_in_child_process(const std::string& path) {
   if (WIFSIGNALED(status)) {
     throw InputError(path + ": damaged HDF5 file (the HDF5 library crashed reading it: signal " +
                      std::to_string(WTERMSIG(status)) + ")");
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == kListingFailed) {
+    throw InputError(path +
+                     ": damaged HDF5 file (the HDF5 library cannot list the attributes or links of an "
+                     "object, which it could still open by name)");
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
     throw InputError(path + ": damaged HDF5 file (the HDF5 library failed reading it: status " +

@@ -9,8 +9,10 @@
 // raw bytes would mean re-implementing the library; instead a child process (fork) opens the file and
 // reads everything in it: every group, every attribute (strings included) and every dataset's values,
 // converted as the reader converts them. If the child dies, exits non-zero or does not finish in
-// time, the file is refused with one line naming it. A clean walk means the reader's own calls, a
-// subset of the walk's on the same bytes, cannot crash either.
+// time, the file is refused with one line naming it. HDF5 can stop listing an object's attributes or a
+// group's links at a damaged message yet still open a later one by name, so a listing that fails
+// refuses the file too: a clean walk then means the reader's own calls, a subset of the walk's on the
+// same bytes, cannot crash either.
 #pragma once
 
 #include <string>

@@ -492,5 +492,22 @@ TEST(H5FileDamaged, FilesTheHdf5LibraryOverflowsOnAreRefusedNotCrashedOn) {
   }
 }
 
+// HDF5 stops listing the attributes of "/" at a damaged message (a name shorter than its stored length),
+// yet still opens "format" by name, and reading it overflows a heap buffer inside H5Aread (found by
+// fuzz_h5_reader). The walk cannot read what HDF5 does not list, so a failed listing refuses the file.
+TEST(H5FileDamaged, AFileWhoseAttributesCannotBeListedIsRefused) {
+  const fs::path file = fs::path(TOUCHSTONE_SOURCE_DIR) / "fuzz" / "regressions" / "fuzz_h5_reader" /
+                        "attribute_listing_fails_named_read_overflows";
+  ASSERT_TRUE(fs::is_regular_file(file)) << file;
+  try {
+    const H5Reader reader(file.string());
+    FAIL() << "the reader opened a file whose attributes HDF5 cannot list";
+  } catch (const InputError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find(file.string()), std::string::npos) << message;
+    EXPECT_NE(message.find("cannot list the attributes or links"), std::string::npos) << message;
+  }
+}
+
 }  // namespace
 }  // namespace touchstone::h5
