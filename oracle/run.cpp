@@ -242,7 +242,7 @@ void run_steps(PreparedRun& run, const Config& config, const RunOptions& options
     step.record = trainer.step(batch, outputs);
     const double step_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
-    if (options.trace) timeline = gather_timeline(trainer, context);
+    if (options.trace || !options.timeline_svg.empty()) timeline = gather_timeline(trainer, context);
     if (outputs && context.world.size() == 1) {
       step.grads = &step.record.grads;
       step.params = &trainer.params();

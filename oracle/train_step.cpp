@@ -88,6 +88,7 @@ Trainer::Trainer(const Config& config, const ParamTensors& full_initial_params, 
       region_(context.tp, config.parallel.sequence_parallel, backend),
       params_(held_params(master_weights(plan_.shard(full_initial_params), backend))),
       timeline_(context.stage()) {
+  if (cp_attention_ != nullptr) cp_attention_->set_transfer_observer(&cp_transfers_);
   chunks_.reserve(plan_.chunk_ranges().size());  // chunk_pointers_ point into it: no reallocation
   for (const StageRange& range : plan_.chunk_ranges()) {
     chunks_.emplace_back(config.model, config.data.document_masking, config.train.seed, table_, backend,

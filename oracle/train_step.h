@@ -134,6 +134,25 @@ class Trainer {
   std::unique_ptr<FullyShardedParameters> fully_sharded_;  // zero stage 3: the model's parameter hooks
   std::unique_ptr<DataParallelOptimizer> optimizer_;
   pipeline::TimelineRecorder timeline_;
+  // Draws the attention's context-parallel transfers on timeline_, within the forward or backward they
+  // serve (pipeline::ActionKind::kContextTransfer).
+  class ContextTransfersOnTimeline final : public ContextTransferObserver {
+   public:
+    explicit ContextTransfersOnTimeline(pipeline::TimelineRecorder& timeline) : timeline_(timeline) {}
+    void transfer_begins() override {
+      within_ = timeline_.open();  // only inside a recorded forward or backward
+      if (within_) timeline_.begin_within(pipeline::ActionKind::kContextTransfer);
+    }
+    void transfer_ends() override {
+      if (within_) timeline_.end_within();
+      within_ = false;
+    }
+
+   private:
+    pipeline::TimelineRecorder& timeline_;
+    bool within_ = false;
+  };
+  ContextTransfersOnTimeline cp_transfers_{timeline_};
   std::unique_ptr<ActivationArena> arena_ = std::make_unique<ActivationArena>();
   int64_t steps_done_ = 0;
   bool drop_final_moments_ = false;

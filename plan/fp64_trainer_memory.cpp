@@ -5,6 +5,7 @@
 #include "plan/fp64_trainer_memory.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "optim/optimizer.h"
 #include "parallel/pipeline/schedule.h"
@@ -141,6 +142,8 @@ std::vector<int> StepReplay::pipeline(Fp64StepReplay* breakdown) {
       case ActionKind::kSendGradient:
         groups_.pp_sends.send(d_.Nl * d_.H, "gradient of " + micro_batch);
         break;
+      case ActionKind::kContextTransfer:  // recorded within attention, never scheduled
+        throw std::logic_error("memory replay: a schedule holds a context-parallel transfer");
     }
   }
   l_.context("");

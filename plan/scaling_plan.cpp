@@ -89,28 +89,46 @@ ScalingRun parse_row(const std::string& where, int64_t line, const std::vector<s
                      " comma-separated fields, found " + std::to_string(fields.size()));
   }
   const RowReader r(where, names, fields);
+  // The header is one of the two of scaling_plan.h: the columns by name.
+  auto column = [&](const char* name) {
+    return static_cast<size_t>(std::find(names.begin(), names.end(), name) - names.begin());
+  };
+  const bool with_cp = column("cp") < names.size();
   ScalingRun run;
   run.line = line;
-  // Upper bounds far past any cluster keep the checks below (tp x pp x dp, dp x micro_batch) inside
-  // int64: 2^20 per grid dimension gives products < 2^60, and 2^40 samples per batch < 2^60 with dp.
+  // Upper bounds far past any cluster keep the checks below inside int64: the grid's product stops
+  // growing once past 2^20 GPUs (each factor is at most 2^20, so no step passes 2^40), and 2^40 samples
+  // per batch stay < 2^60 with dp.
   constexpr int64_t kMaxGridSize = int64_t{1} << 20;
   constexpr int64_t kMaxCount = int64_t{1} << 40;
-  run.gpus = r.integer(0, 1, kMaxGridSize);
-  run.tp = r.integer(1, 1, kMaxGridSize);
-  run.pp = r.integer(2, 1, kMaxGridSize);
-  run.dp = r.integer(3, 1, kMaxGridSize);
-  run.global_batch = r.integer(4, 1, kMaxCount);
-  run.micro_batch = r.integer(5, 1, kMaxCount);
-  run.window_start_s = r.number(6);
-  run.window_end_s = r.number(7);
-  run.updates = r.integer(8, 1, kMaxCount);
-  run.tokens = r.number(9);
-  run.checkpoint_in_window = r.flag(10);
-  run.warmup_excluded = r.flag(11);
-  if (run.gpus != run.tp * run.pp * run.dp) {
-    throw InputError(where + ": gpus " + std::to_string(run.gpus) +
-                     " is not tp x pp x dp = " + std::to_string(run.tp) + " x " + std::to_string(run.pp) +
-                     " x " + std::to_string(run.dp) + " = " + std::to_string(run.tp * run.pp * run.dp));
+  run.gpus = r.integer(column("gpus"), 1, kMaxGridSize);
+  run.tp = r.integer(column("tp"), 1, kMaxGridSize);
+  if (with_cp) run.cp = r.integer(column("cp"), 1, kMaxGridSize);
+  run.pp = r.integer(column("pp"), 1, kMaxGridSize);
+  run.dp = r.integer(column("dp"), 1, kMaxGridSize);
+  run.global_batch = r.integer(column("global_batch"), 1, kMaxCount);
+  run.micro_batch = r.integer(column("micro_batch"), 1, kMaxCount);
+  run.window_start_s = r.number(column("window_start_s"));
+  run.window_end_s = r.number(column("window_end_s"));
+  run.updates = r.integer(column("updates"), 1, kMaxCount);
+  run.tokens = r.number(column("tokens"));
+  run.checkpoint_in_window = r.flag(column("checkpoint_in_window"));
+  run.warmup_excluded = r.flag(column("warmup_excluded"));
+  std::vector<int64_t> grid{run.tp, run.pp, run.dp};
+  std::string grid_names = "tp x pp x dp", grid_values;
+  if (with_cp) {
+    grid.insert(grid.begin() + 1, run.cp);
+    grid_names = "tp x cp x pp x dp";
+  }
+  int64_t product = 1;
+  for (const int64_t size : grid) {
+    grid_values += (grid_values.empty() ? "" : " x ") + std::to_string(size);
+    if (product <= kMaxGridSize) product *= size;
+  }
+  if (run.gpus != product) {
+    throw InputError(
+        where + ": gpus " + std::to_string(run.gpus) + " is not " + grid_names + " = " + grid_values + " = " +
+        (product > kMaxGridSize ? "more than " + std::to_string(kMaxGridSize) : std::to_string(product)));
   }
   if (run.global_batch % (run.dp * run.micro_batch) != 0) {
     throw InputError(where + ": global_batch " + std::to_string(run.global_batch) +
@@ -118,7 +136,8 @@ ScalingRun parse_row(const std::string& where, int64_t line, const std::vector<s
                      std::to_string(run.micro_batch) + " = " + std::to_string(run.dp * run.micro_batch));
   }
   if (run.window_end_s <= run.window_start_s) {
-    throw InputError(where + ": window_end_s " + fields[7] + " is not after window_start_s " + fields[6]);
+    throw InputError(where + ": window_end_s " + fields[column("window_end_s")] +
+                     " is not after window_start_s " + fields[column("window_start_s")]);
   }
   if (run.tokens <= 0) throw InputError(where + ": column tokens: must be > 0");
   return run;
@@ -132,14 +151,16 @@ std::vector<ScalingRun> parse_scaling_csv(const std::string& text, const std::st
   std::vector<std::string> names;
   std::vector<ScalingRun> runs;
   const std::vector<std::string> expected = split_fields(kScalingCsvHeader);
+  const std::vector<std::string> expected_with_cp = split_fields(kScalingCsvHeaderWithCp);
   for (int64_t number = 1; std::getline(stream, line); ++number) {
     const std::string where = origin + ":" + std::to_string(number);
     const size_t start = line.find_first_not_of(" \t\r");
     if (start == std::string::npos || line[start] == '#') continue;
     const std::vector<std::string> fields = split_fields(line);
     if (names.empty()) {
-      if (fields != expected) {
-        throw InputError(where + ": the header must be exactly " + std::string(kScalingCsvHeader));
+      if (fields != expected && fields != expected_with_cp) {
+        throw InputError(where + ": the header must be exactly " + std::string(kScalingCsvHeader) +
+                         " (or with cp after tp: " + kScalingCsvHeaderWithCp + ")");
       }
       names = fields;
       continue;
@@ -288,19 +309,28 @@ void print_scaling_table(const ScalingTable& table, std::ostream& out) {
       << "  ZB-H1  with equal F, I and W: (pp - 1) / (3m + pp - 1); - where m < pp\n\n";
   char line[512];
   const std::string interleaved = "v" + std::to_string(table.virtual_stages);
-  std::snprintf(line, sizeof line,
-                "%6s %3s %3s %4s %7s %3s %5s  %-17s %7s %15s %12s %8s %10s %7s %7s %7s %4s\n", "GPUs", "TP",
+  // A CP column when some run splits its sequences over context-parallel ranks.
+  const bool with_cp =
+      std::any_of(table.rows.begin(), table.rows.end(), [](const ScalingRow& row) { return row.run.cp > 1; });
+  std::snprintf(line, sizeof line, "%6s %3s", "GPUs", "TP");
+  out << line << (with_cp ? "  CP" : "");
+  std::snprintf(line, sizeof line, " %3s %4s %7s %3s %5s  %-17s %7s %15s %12s %8s %10s %7s %7s %7s %4s\n",
                 "PP", "DP", "batch", "mbs", "m", "window (s)", "updates", "tokens", "tokens/s", "speedup",
                 "efficiency", "1F1B", interleaved.c_str(), "ZB-H1", "ckpt");
   out << line;
   for (const ScalingRow& row : table.rows) {
     const ScalingRun& r = row.run;
     const std::string window = fixed(r.window_start_s, 1) + "-" + fixed(r.window_end_s, 1);
+    std::snprintf(line, sizeof line, "%6lld %3lld", static_cast<long long>(r.gpus),
+                  static_cast<long long>(r.tp));
+    out << line;
+    if (with_cp) {
+      std::snprintf(line, sizeof line, " %3lld", static_cast<long long>(r.cp));
+      out << line;
+    }
     std::snprintf(
-        line, sizeof line,
-        "%6lld %3lld %3lld %4lld %7lld %3lld %5lld  %-17s %7lld %15s %12s %8s %10s %7s %7s %7s %4s\n",
-        static_cast<long long>(r.gpus), static_cast<long long>(r.tp), static_cast<long long>(r.pp),
-        static_cast<long long>(r.dp), static_cast<long long>(r.global_batch),
+        line, sizeof line, " %3lld %4lld %7lld %3lld %5lld  %-17s %7lld %15s %12s %8s %10s %7s %7s %7s %4s\n",
+        static_cast<long long>(r.pp), static_cast<long long>(r.dp), static_cast<long long>(r.global_batch),
         static_cast<long long>(r.micro_batch), static_cast<long long>(row.micro_batches), window.c_str(),
         static_cast<long long>(r.updates), grouped(r.tokens).c_str(), grouped(row.tokens_per_s).c_str(),
         (fixed(row.speedup, 2) + "x").c_str(), percent(row.efficiency, 0).c_str(),

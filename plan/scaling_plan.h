@@ -12,14 +12,18 @@
 
 namespace touchstone::plan {
 
-// The CSV header, in this order.
+// The CSV header, in this order; a run with context parallelism adds the column cp after tp
+// (kScalingCsvHeaderWithCp). Without it every run has cp = 1.
 inline constexpr const char* kScalingCsvHeader =
     "gpus,tp,pp,dp,global_batch,micro_batch,window_start_s,window_end_s,updates,tokens,checkpoint_in_window,"
     "warmup_excluded";
+inline constexpr const char* kScalingCsvHeaderWithCp =
+    "gpus,tp,cp,pp,dp,global_batch,micro_batch,window_start_s,window_end_s,updates,tokens,"
+    "checkpoint_in_window,warmup_excluded";
 
 struct ScalingRun {
   int64_t line = 0;  // in the CSV, for messages
-  int64_t gpus = 0, tp = 0, pp = 0, dp = 0, global_batch = 0, micro_batch = 0;
+  int64_t gpus = 0, tp = 0, cp = 1, pp = 0, dp = 0, global_batch = 0, micro_batch = 0;
   double window_start_s = 0, window_end_s = 0;
   int64_t updates = 0;
   double tokens = 0;                  // non-padding tokens processed inside the window
@@ -29,7 +33,7 @@ struct ScalingRun {
 
 // Parses the CSV text; `origin` names the file in messages ("runs.csv:4: ..."). Blank lines and lines
 // starting with '#' are skipped. Throws InputError naming the line for a malformed row, a layout whose
-// gpus != tp x pp x dp, or a global batch DP x micro-batch does not divide.
+// gpus != tp x cp x pp x dp, or a global batch DP x micro-batch does not divide.
 std::vector<ScalingRun> parse_scaling_csv(const std::string& text, const std::string& origin);
 std::vector<ScalingRun> read_scaling_csv(const std::string& path);
 

@@ -40,6 +40,9 @@ struct Candidate {
   std::string format;              // the format that was read
   std::string generator;           // the candidate's `generator` attribute, when it has one
   std::vector<std::string> notes;  // what was left out while reading, and why
+  // Copies that must be equal and are not: the cp ranks' copies of a parameter or gradient shard
+  // (shards.h). The candidate fails with them, whatever its compared tensors do.
+  std::vector<std::string> replica_disagreements;
 };
 
 // Throws InputError naming the file for anything unreadable or inconsistent with the golden model.

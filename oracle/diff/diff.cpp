@@ -341,6 +341,15 @@ DiffResult run_analysis(const std::string& golden_path, const std::string& candi
     result.verdicts =
         find_signatures(golden, tolerances, candidate.tensors, judge, result, signature_options);
   }
+  result.replicas_disagree = candidate.replica_disagreements;
+  if (!result.replicas_disagree.empty()) {
+    result.verdicts.push_back(
+        {"cp_replicas_disagree",
+         "the context-parallel ranks' copies disagree (" + std::to_string(result.replicas_disagree.size()) +
+             " tensors, first " + result.replicas_disagree.front() +
+             "): parameters and gradients are the same on every cp rank once the gradients are reduced over "
+             "dp x cp; gradients not all-reduced over the cp group leave each rank its own rows' share"});
+  }
   result.recompute_seconds = judge.anchors().seconds();
   return result;
 }

@@ -84,10 +84,14 @@ struct DiffResult {
   // candidate fails unless allow_partial (exit status 1), since what it left out was never checked.
   std::vector<std::string> partial;
   bool allow_partial = false;
+  // Copies the candidate holds more than once that differ (Candidate::replica_disagreements): exit status 1.
+  std::vector<std::string> replicas_disagree;
 
   int count(Status status) const;
   bool refused_as_partial() const { return !partial.empty() && !allow_partial; }
-  int exit_status() const { return count(Status::kFail) > 0 || refused_as_partial() ? 1 : 0; }
+  int exit_status() const {
+    return count(Status::kFail) > 0 || refused_as_partial() || !replicas_disagree.empty() ? 1 : 0;
+  }
   double worst_tolerance_ratio(int64_t step, const std::string& group) const;  // 0 when none compared
 };
 

@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 
 #include "kernels/backend.h"
 #include "model/params.h"
 #include "model/transformer.h"
 #include "oracle/diff/added_mask.h"
+#include "oracle/diff/context_parallel_mistakes.h"
 #include "oracle/hf/hf_names.h"
 #include "oracle/train_step.h"
 #include "parallel/comm/single_rank_group.h"
@@ -37,6 +39,9 @@ struct Rule {
   // ZeRO-3 without the gather before each layer's backward: the input gradients through the linear layers
   // of decoder layers 0..L-2 computed with layer L-1's weights (the buffer the forward's last gather left).
   bool stale_backward_weights = false;
+  // A context-parallel mistake played on one rank (context_parallel_mistakes.h), at context_parallel ranks.
+  std::optional<ContextParallelMistake> context_parallel_mistake = std::nullopt;
+  int context_parallel = 0;
 };
 
 // The model's parameter hooks (model/transformer.h) playing that ZeRO-3 mistake: before the backward of
@@ -163,6 +168,34 @@ std::vector<Rule> rules_for(const Config& config) {
     not_regathered.stale_backward_weights = true;
     rules.push_back(not_regathered);
   }
+  // Context parallelism at cp = 2, 4, 8 wherever the window splits into 2cp chunks.
+  for (int cp = 2; cp <= 8 && config.model.seq_length % (2 * cp) == 0; cp *= 2) {
+    const std::string ranks = "cp = " + std::to_string(cp) + " ranks";
+    Rule merge{
+        "cp_attention_merge_without_lse",
+        "ring attention merged without the log-sum-exp weights: the candidate matches " + ranks +
+            " adding the attention outputs of each rank's K/V block as they are, each normalised over "
+            "its own keys; weight each block's output by exp(lse_block - lse) (flash attention's merge, "
+            "Megatron-LM's ring attention)",
+        masking, golden_norm};
+    merge.context_parallel_mistake = ContextParallelMistake::kMergeWithoutLse;
+    merge.context_parallel = cp;
+    rules.push_back(merge);
+    Rule unbalanced{
+        "cp_chunks_not_load_balanced",
+        "context-parallel chunks assigned without load balancing while the positions assume it: the "
+        "candidate matches " +
+            ranks +
+            " holding contiguous slices of each window (tokens, targets, document ids) with the "
+            "positions of the load-balanced split (rank r: chunks r and " +
+            std::to_string(2 * cp - 1) + "-r of the window cut in " + std::to_string(2 * cp) +
+            ") for RoPE and the causal mask; split tokens, targets and ids with the same load-balanced "
+            "assignment as the positions",
+        masking, golden_norm};
+    unbalanced.context_parallel_mistake = ContextParallelMistake::kChunksNotLoadBalanced;
+    unbalanced.context_parallel = cp;
+    rules.push_back(unbalanced);
+  }
   return rules;
 }
 
@@ -181,6 +214,16 @@ ObjectiveResult evaluate_rule(const Rule& rule, const Config& config, const Para
   if (rule.positions_from_zero) {
     for (size_t i = 0; i < b.position_ids.size(); ++i) {
       b.position_ids[i] = static_cast<int32_t>(static_cast<int64_t>(i) % b.seq);
+    }
+  }
+  if (rule.context_parallel_mistake == ContextParallelMistake::kChunksNotLoadBalanced) {
+    // The RoPE position ids of slot i are those of the load-balanced slot p(i).
+    const std::vector<int32_t> slot = load_balanced_slot_positions(b.seq, rule.context_parallel);
+    for (int64_t w = 0; w < b.windows; ++w) {
+      for (int64_t i = 0; i < b.seq; ++i) {
+        b.position_ids[static_cast<size_t>(w * b.seq + i)] =
+            batch.position_ids[static_cast<size_t>(w * b.seq + slot[static_cast<size_t>(i)])];
+      }
     }
   }
   ParamTensors p = params;
@@ -244,17 +287,23 @@ std::vector<Verdict> match_recomputed_rules(
     const bool named = std::any_of(verdicts.begin(), verdicts.end(),
                                    [&](const Verdict& v) { return v.signature == rule.signature; });
     if (named) continue;  // another variant of the rule matched already
-    const ObjectiveResult r =
-        rule.mask_added
-            ? evaluate_rule(rule, golden.config(), table, params, batch, added_mask, added_mask_region)
-            : evaluate_rule(rule, golden.config(), table, params, batch, *backend, region);
+    std::optional<ObjectiveResult> r;
+    if (rule.context_parallel_mistake) {
+      ContextParallelMistakeBackend mistaken(*rule.context_parallel_mistake, rule.context_parallel);
+      const TensorParallelRegion mistaken_region(group, false, mistaken);
+      r = evaluate_rule(rule, golden.config(), table, params, batch, mistaken, mistaken_region);
+    } else if (rule.mask_added) {
+      r = evaluate_rule(rule, golden.config(), table, params, batch, added_mask, added_mask_region);
+    } else {
+      r = evaluate_rule(rule, golden.config(), table, params, batch, *backend, region);
+    }
     const bool matches =
         compared.empty()
-            ? update_matches(r.grads)
+            ? update_matches(r->grads)
             : std::all_of(compared.begin(), compared.end(), [&](int id) {
                 const std::string path = id < 0 ? prefix + "loss" : prefix + "grads/" + table[id].name;
-                const Recorded expected = id < 0 ? Recorded{{}, {r.loss}, "float64"}
-                                                 : Recorded{table[id].shape, r.grads[id], "float64"};
+                const Recorded expected = id < 0 ? Recorded{{}, {r->loss}, "float64"}
+                                                 : Recorded{table[id].shape, r->grads[id], "float64"};
                 const Recorded& c = candidate.at(path);
                 const std::optional<Tolerance> tol = tolerance_of(path);
                 return tol && c.values.size() == expected.values.size() &&

@@ -69,7 +69,7 @@ std::string html_report(const DiffResult& r) {
   if (r.exit_status() == 0) {
     h.element("span", "all compared tensors pass", "pass");
   } else if (r.count(Status::kFail) == 0) {
-    h.element("span", "partial candidate", "fail");
+    h.element("span", r.replicas_disagree.empty() ? "partial candidate" : "replicas disagree", "fail");
   } else {
     h.element("span", std::to_string(r.count(Status::kFail)) + " tensors fail", "fail");
   }
@@ -93,6 +93,8 @@ std::string html_report(const DiffResult& r) {
   }
   for (const std::string& part : r.partial)
     h.element("div", "Partial candidate: " + part, "override").raw("\n");
+  for (const std::string& copy : r.replicas_disagree)
+    h.element("div", "Replicas disagree: " + copy, "override").raw("\n");
   int64_t focus = r.entries.empty() ? 0 : r.entries.back().step;
   if (r.first_failure >= 0) {
     const Entry& first = r.entries[static_cast<size_t>(r.first_failure)];

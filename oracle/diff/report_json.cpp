@@ -78,6 +78,7 @@ nlohmann::json to_json(const DiffResult& r) {
       {"recompute_seconds", r.recompute_seconds},
       {"partial", r.partial},
       {"allow_partial", r.allow_partial},
+      {"replicas_disagree", r.replicas_disagree},
       {"first_failure", r.first_failure >= 0
                             ? nlohmann::json(r.entries[static_cast<size_t>(r.first_failure)].path)
                             : nlohmann::json(nullptr)},

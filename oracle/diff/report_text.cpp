@@ -146,6 +146,9 @@ void print_table(const DiffResult& r, std::ostream& out, bool colour) {
   for (const std::string& part : r.partial) {
     out << (r.allow_partial ? c.yellow : c.red) << "partial candidate: " << part << c.reset << "\n";
   }
+  for (const std::string& copy : r.replicas_disagree) {
+    out << c.red << "replicas disagree: " << copy << c.reset << "\n";
+  }
   if (r.refused_as_partial()) {
     out << c.red
         << "the candidate holds only part of a group it records: exit status 1 (partial candidates not "

@@ -2,13 +2,19 @@
 // embedding copies combined.
 #include "oracle/diff/shards.h"
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 
 #include "common/errors.h"
+#include "parallel/context/load_balanced_split.h"
 #include "parallel/tensor/sharding.h"
 
 namespace touchstone::diff {
@@ -16,14 +22,13 @@ namespace touchstone::diff {
 namespace {
 
 struct Layout {
-  int tp = 1, pp = 1;
+  int tp = 1, pp = 1, cp = 1;
   std::vector<int64_t> boundaries;  // first layer of every stage, then num_layers
   bool summed_tied_grads = false;
 };
 
 int positive_int(const nlohmann::json& json, const char* key, const std::string& where) {
-  if (!json.contains(key) || !json[key].is_number_integer() || json[key].get<int64_t>() < 1 ||
-      json[key].get<int64_t>() > 4096) {
+  if (!json[key].is_number_integer() || json[key].get<int64_t>() < 1 || json[key].get<int64_t>() > 4096) {
     throw InputError(where + ": \"" + key + "\" must be an integer >= 1");
   }
   return static_cast<int>(json[key].get<int64_t>());
@@ -49,8 +54,12 @@ Layout read_layout(const std::string& directory, const GoldenReader& golden) {
     throw InputError(where + ": expected {\"format\": \"touchstone-shards\", \"format_version\": 1, ...}");
   }
   Layout layout;
+  for (const char* key : {"tp", "pp"}) {
+    if (!json.contains(key)) throw InputError(where + ": \"" + key + "\" must be an integer >= 1");
+  }
   layout.tp = positive_int(json, "tp", where);
   layout.pp = positive_int(json, "pp", where);
+  if (json.contains("cp")) layout.cp = positive_int(json, "cp", where);
   Config config = golden.config();
   if (json.contains("tie_embeddings") &&
       (!json["tie_embeddings"].is_boolean() ||
@@ -65,6 +74,7 @@ Layout read_layout(const std::string& directory, const GoldenReader& golden) {
   layout.summed_tied_grads = tied == "summed";
   config.parallel.tp = layout.tp;
   config.parallel.pp = layout.pp;
+  config.parallel.cp = layout.cp;
   // The candidate's stages are those shards.json describes, whatever layout produced the golden file:
   // equal stages unless it lists them, and one model chunk per stage (docs/diffing.md).
   config.parallel.virtual_stages = 1;
@@ -75,7 +85,7 @@ Layout read_layout(const std::string& directory, const GoldenReader& golden) {
     if (json.contains("stage_layers")) {
       config.parallel.stage_layers = json["stage_layers"].get<std::vector<int64_t>>();
     }
-    validate_config(config, layout.tp * layout.pp);
+    validate_config(config, layout.tp * layout.pp * layout.cp);
   } catch (const nlohmann::json::exception&) {
     throw InputError(where + ": stage_layers must be a list of integers");
   } catch (const InputError& e) {
@@ -122,54 +132,148 @@ std::pair<int, int> global_id(const std::string& local, int stage, const Layout&
   return {id, 0};
 }
 
-std::string rank_file(const std::string& directory, int t, int p) {
-  return directory + "/rank_tp" + std::to_string(t) + "_pp" + std::to_string(p) + ".h5";
+std::string rank_file(const std::string& directory, const Layout& layout, int t, int c, int p) {
+  return directory + "/rank_tp" + std::to_string(t) + (layout.cp > 1 ? "_cp" + std::to_string(c) : "") +
+         "_pp" + std::to_string(p) + ".h5";
 }
 
 // group -> {table id, copy} -> tp rank -> shard
-using ShardSet = std::map<std::string, std::map<std::pair<int, int>, std::map<int, Recorded>>>;
+using ShardKey = std::pair<int, int>;
+using ShardSet = std::map<std::string, std::map<ShardKey, std::map<int, Recorded>>>;
+using Held = std::set<std::pair<std::string, ShardKey>>;  // {group, key} of the tensors one rank holds
 
-// Reads every rank file: parameter shards into `shards`, everything else (scalars, token losses)
-// straight into the candidate.
+// The cp copy of a shard against cp rank 0's: bitwise equal, since parameters and gradients are
+// replicated over cp once the gradients are reduced over dp x cp (every rank ends an all-reduce with the
+// same bits). A difference is the candidate's (replica_disagreements), not bad input.
+void check_replica(const Recorded& copy, const Recorded& first, const std::string& tensor, int c, int t,
+                   int p, Candidate& candidate) {
+  if (copy.dtype == first.dtype &&
+      std::memcmp(copy.values.data(), first.values.data(), copy.values.size() * sizeof(double)) == 0) {
+    return;
+  }
+  double largest = 0;
+  for (size_t i = 0; i < copy.values.size(); ++i) {
+    const double d = std::fabs(copy.values[i] - first.values[i]);
+    if (std::isnan(d) || d > largest) largest = d;
+  }
+  std::ostringstream by;
+  by << std::setprecision(3) << largest;
+  candidate.replica_disagreements.push_back(
+      tensor + ": cp rank " + std::to_string(c) + "'s copy (tp rank " + std::to_string(t) + ", stage " +
+      std::to_string(p) + ") differs from cp rank 0's" +
+      (copy.dtype != first.dtype ? " in stored type (" + copy.dtype + " against " + first.dtype + ")"
+                                 : " by up to " + by.str()));
+}
+
+// Token losses of each cp rank's rows, [B, T/cp] in the rows' order (LoadBalancedSplit), put back at their
+// positions: [B, T]. A copy that already holds the whole window ([B, T]) is cp rank 0's as it is.
+void place_token_losses(const std::string& dataset, const std::vector<Recorded>& ranks, int64_t seq,
+                        Candidate& candidate) {
+  const int cp = static_cast<int>(ranks.size());
+  const Recorded& first = ranks.front();
+  if (first.shape.size() != 2 || first.shape[1] != seq / cp) {
+    candidate.tensors[dataset] = first;
+    return;
+  }
+  const LoadBalancedSplit split(seq, cp);
+  const int64_t windows = first.shape[0], local = split.local_seq();
+  Recorded whole{{windows, seq}, std::vector<double>(static_cast<size_t>(windows * seq)), first.dtype};
+  for (int c = 0; c < cp; ++c) {
+    const Recorded& part = ranks[static_cast<size_t>(c)];
+    if (part.shape != first.shape) {
+      throw InputError(dataset + ": cp rank " + std::to_string(c) + " holds shape " + shape_text(part.shape) +
+                       ", cp rank 0 " + shape_text(first.shape) + " (each cp rank's rows, [B, T/cp])");
+    }
+    const std::vector<int32_t> positions = split.positions(c);
+    for (int64_t w = 0; w < windows; ++w) {
+      for (int64_t j = 0; j < local; ++j) {
+        whole.values[static_cast<size_t>(w * seq + positions[static_cast<size_t>(j)])] =
+            part.values[static_cast<size_t>(w * local + j)];
+      }
+    }
+  }
+  candidate.tensors[dataset] = std::move(whole);
+}
+
+// Reads every rank file: parameter shards into `shards` (cp rank 0's; the other cp ranks' copies are
+// checked against them), everything else (scalars, token losses) straight into the candidate.
 ShardSet read_ranks(const std::string& directory, const Layout& layout, const GoldenReader& golden,
                     Candidate& candidate) {
   const ParamTable& table = golden.table();
   ShardSet shards;
+  std::map<std::string, std::vector<Recorded>> token_losses;  // dataset -> cp rank -> the rank's rows
+  std::map<std::pair<int, int>, Held> first_held;             // (stage, tp rank) -> cp rank 0's tensors
   for (int p = 0; p < layout.pp; ++p) {
-    for (int t = 0; t < layout.tp; ++t) {
-      const std::string path = rank_file(directory, t, p);
-      if (!std::filesystem::exists(path))
-        throw InputError(path + ": missing (shards.json lists tp x pp ranks)");
-      const h5::H5Reader file(path);
-      if (candidate.generator.empty() && file.has_attribute("/", "generator")) {
-        candidate.generator = file.string_attribute("/", "generator");
-      }
-      for (const std::string& dataset : file.datasets_below("/")) {
-        const size_t slash = dataset.rfind('/');
-        const std::string group = slash == std::string::npos ? "" : dataset.substr(0, slash);
-        const std::string name = dataset.substr(slash + 1);
-        if (!is_parameter_name(name)) {
-          // The last stage's tp rank 0 computes the loss; its copy wins over any other.
-          if (t == 0 && p == layout.pp - 1) {
-            candidate.tensors[dataset] = read_recorded(file, dataset);
-          } else {
-            candidate.tensors.emplace(dataset, read_recorded(file, dataset));
+    for (int c = 0; c < layout.cp; ++c) {
+      for (int t = 0; t < layout.tp; ++t) {
+        const std::string path = rank_file(directory, layout, t, c, p);
+        if (!std::filesystem::exists(path)) {
+          throw InputError(path + ": missing (shards.json lists tp x cp x pp ranks)");
+        }
+        const h5::H5Reader file(path);
+        if (candidate.generator.empty() && file.has_attribute("/", "generator")) {
+          candidate.generator = file.string_attribute("/", "generator");
+        }
+        Held held;  // the parameter tensors this rank holds
+        for (const std::string& dataset : file.datasets_below("/")) {
+          const size_t slash = dataset.rfind('/');
+          const std::string group = slash == std::string::npos ? "" : dataset.substr(0, slash);
+          const std::string name = dataset.substr(slash + 1);
+          const bool loss_rank = t == 0 && p == layout.pp - 1;
+          if (!is_parameter_name(name)) {
+            if (name == "token_losses" && loss_rank && layout.cp > 1) {
+              token_losses[dataset].push_back(read_recorded(file, dataset));
+            } else if (c > 0) {
+              continue;  // cp rank 0's scalars are the candidate's
+            } else if (loss_rank) {
+              // The last stage's tp rank 0 computes the loss; its copy wins over any other.
+              candidate.tensors[dataset] = read_recorded(file, dataset);
+            } else {
+              candidate.tensors.emplace(dataset, read_recorded(file, dataset));
+            }
+            continue;
           }
-          continue;
+          const auto key =
+              global_id(name, p, layout, table, golden.config().model.tie_embeddings, path + ": " + group);
+          const std::vector<int64_t> expected =
+              shard_shape(table[key.first].sharding, table[key.first].shape, layout.tp);
+          Recorded shard = read_recorded(file, dataset);
+          if (shard.shape != expected) {
+            throw InputError(path + ": " + dataset + " has shape " + shape_text(shard.shape) + ", a tp " +
+                             std::to_string(layout.tp) + " shard of " + table[key.first].name + " is " +
+                             shape_text(expected));
+          }
+          held.insert({group, key});
+          if (c == 0) {
+            shards[group][key][t] = std::move(shard);
+            continue;
+          }
+          if (!first_held[{p, t}].count({group, key})) {
+            throw InputError(path + ": " + dataset +
+                             " is not on cp rank 0 (parameters and gradients are "
+                             "replicated over cp: every cp rank holds the same tensors)");
+          }
+          check_replica(
+              shard, shards[group][key][t],
+              group + "/" + table[key.first].name + (key.second == 1 ? " (the last stage's tied copy)" : ""),
+              c, t, p, candidate);
         }
-        const auto key =
-            global_id(name, p, layout, table, golden.config().model.tie_embeddings, path + ": " + group);
-        const std::vector<int64_t> expected =
-            shard_shape(table[key.first].sharding, table[key.first].shape, layout.tp);
-        Recorded shard = read_recorded(file, dataset);
-        if (shard.shape != expected) {
-          throw InputError(path + ": " + dataset + " has shape " + shape_text(shard.shape) + ", a tp " +
-                           std::to_string(layout.tp) + " shard of " + table[key.first].name + " is " +
-                           shape_text(expected));
+        if (c == 0) first_held[{p, t}] = held;
+        for (const auto& [group, key] : c > 0 ? first_held[{p, t}] : Held{}) {
+          if (!held.count({group, key})) {
+            throw InputError(path + ": lacks " + group + "/" + table[key.first].name +
+                             ", which cp rank 0 holds (every cp rank holds the same tensors)");
+          }
         }
-        shards[group][key][t] = std::move(shard);
       }
     }
+  }
+  for (const auto& [dataset, ranks] : token_losses) {
+    if (static_cast<int>(ranks.size()) != layout.cp) {
+      throw InputError(directory + ": " + dataset + " is on " + std::to_string(ranks.size()) + " of the " +
+                       std::to_string(layout.cp) + " cp ranks of the last stage's tp rank 0");
+    }
+    place_token_losses(dataset, ranks, golden.config().model.seq_length, candidate);
   }
   return shards;
 }
@@ -206,7 +310,9 @@ Candidate load_shards(const std::string& directory, const GoldenReader& golden) 
   const Layout layout = read_layout(directory, golden);
   const ParamTable& table = golden.table();
   Candidate candidate;
-  candidate.format = "shards (tp " + std::to_string(layout.tp) + ", pp " + std::to_string(layout.pp) + ")";
+  candidate.format = "shards (tp " + std::to_string(layout.tp) +
+                     (layout.cp > 1 ? ", cp " + std::to_string(layout.cp) : "") + ", pp " +
+                     std::to_string(layout.pp) + ")";
   const bool split_tied_grads =
       golden.config().model.tie_embeddings && layout.pp > 1 && !layout.summed_tied_grads;
   for (const auto& [group, tensors] : read_ranks(directory, layout, golden, candidate)) {

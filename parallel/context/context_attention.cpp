@@ -12,6 +12,22 @@ namespace touchstone {
 
 namespace {
 
+// One transfer as the observer sees it: begins here, ends with the scope.
+class ObservedTransfer {
+ public:
+  explicit ObservedTransfer(ContextTransferObserver* observer) : observer_(observer) {
+    if (observer_ != nullptr) observer_->transfer_begins();
+  }
+  ~ObservedTransfer() {
+    if (observer_ != nullptr) observer_->transfer_ends();
+  }
+  ObservedTransfer(const ObservedTransfer&) = delete;
+  ObservedTransfer& operator=(const ObservedTransfer&) = delete;
+
+ private:
+  ContextTransferObserver* observer_;
+};
+
 // The rows of one rank in every window, as an attention block sees them.
 struct Rows {
   std::vector<int32_t> positions, documents;  // [b * rows]
@@ -90,6 +106,7 @@ void ContextParallelAttention::forward(const double* q, const double* k, const d
     std::copy_n(v, n_kv, kv.data() + n_kv);
     {
       const TransferSite named(cp_, step_site(cp_.site(), "all-gather of K and V"));
+      const ObservedTransfer observed(observer_);
       cp_.all_gather(kv.data(), gathered.data(), 2 * n_kv, kv_shape);
     }
     std::vector<double> k_all(static_cast<size_t>(n_kv * cp)), v_all(k_all.size());
@@ -134,10 +151,12 @@ void ContextParallelAttention::forward(const double* q, const double* k, const d
                                                   before.computed) +
                                    " tile pairs skipped); receiving the K/V of cp rank " +
                                    std::to_string((source + cp - 1) % cp)));
+      const ObservedTransfer observed(observer_);
       cp_.recv(arriving.data(), 2 * n_kv, previous, message_tags::kContextKeysValues, kv_shape);
       kv.swap(arriving);
     }
   }
+  const ObservedTransfer observed(observer_);
   cp_.wait_sends();
 }
 
@@ -163,6 +182,7 @@ void ContextParallelAttention::backward(const double* dout, const double* q, con
     const std::string site = cp_.site();
     {
       const TransferSite named(cp_, step_site(site, "all-gather of K and V again"));
+      const ObservedTransfer observed(observer_);
       cp_.all_gather(kv.data(), gathered.data(), 2 * n_kv, kv_shape);
     }
     std::vector<double> k_all(static_cast<size_t>(n_kv * cp)), v_all(k_all.size());
@@ -175,6 +195,7 @@ void ContextParallelAttention::backward(const double* dout, const double* q, con
     rearrange(gathered.data(), dk_all.data(), dv_all.data(), local, cp, true);
     {
       const TransferSite named(cp_, step_site(site, "reduce-scatter of dK and dV to their ranks"));
+      const ObservedTransfer observed(observer_);
       cp_.reduce_scatter_sum(gathered.data(), kv.data(), 2 * n_kv, kv_shape);
     }
     backend_.round(TensorRole::kActivation, kv.data(), 2 * n_kv);  // a BF16 sum in BF16 mode
@@ -205,6 +226,7 @@ void ContextParallelAttention::backward(const double* dout, const double* q, con
     if (cp > 1) {
       // The accumulator moves on with its block; after the last step it reaches the block's owner.
       cp_.send(dkv.data(), 2 * n_kv, next, message_tags::kContextKeyValueGradients, kv_shape);
+      const ObservedTransfer observed(observer_);
       if (more) {
         cp_.recv(arriving.data(), 2 * n_kv, previous, message_tags::kContextKeysValues, kv_shape);
         kv.swap(arriving);
@@ -212,7 +234,10 @@ void ContextParallelAttention::backward(const double* dout, const double* q, con
       cp_.recv(dkv.data(), 2 * n_kv, previous, message_tags::kContextKeyValueGradients, kv_shape);
     }
   }
-  cp_.wait_sends();
+  {
+    const ObservedTransfer observed(observer_);
+    cp_.wait_sends();
+  }
   std::copy_n(dkv.data(), n_kv, dk);
   std::copy_n(dkv.data() + n_kv, n_kv, dv);
 }

@@ -30,6 +30,16 @@
 
 namespace touchstone {
 
+// Told when each transfer of the attention starts and ends (the all-gather, the reduce-scatter, each ring
+// step's wait for the next block, the wait for the ring's sends), so that the trainer can draw them on
+// the step's timeline (kContextTransfer, parallel/pipeline/timeline.h); the attention keeps no clock.
+class ContextTransferObserver {
+ public:
+  virtual ~ContextTransferObserver() = default;
+  virtual void transfer_begins() = 0;
+  virtual void transfer_ends() = 0;
+};
+
 class ContextParallelAttention {
  public:
   ContextParallelAttention(ProcessGroup& cp, CpComm comm, Backend& backend)
@@ -40,6 +50,7 @@ class ContextParallelAttention {
   // The cp group: the caller names its transfers' site (ProcessGroup::set_site, the layer), to which
   // each ring step adds which rank's block it carries.
   ProcessGroup& group() const { return cp_; }
+  void set_transfer_observer(ContextTransferObserver* observer) { observer_ = observer; }
 
   // Shapes: `local` is this rank's, local.seq = T / cp rows per window, so
   //   q[b,NH,Tl,D], k[b,NKV,Tl,D], v[b,NKV,Tl,D], out[b*Tl, NH*D], lse[b,NH,Tl]
@@ -61,6 +72,7 @@ class ContextParallelAttention {
   ProcessGroup& cp_;
   CpComm comm_;
   Backend& backend_;
+  ContextTransferObserver* observer_ = nullptr;
 };
 
 }  // namespace touchstone

@@ -130,6 +130,8 @@ PipelineResult run_pipeline(PipelineSchedule schedule, const ModelChunks& chunks
                           message_tags::pipeline_gradient(action.micro_batch, action.peer_chunk, v), shape);
         }
         break;
+      case ActionKind::kContextTransfer:  // recorded within attention, never scheduled
+        throw std::logic_error("pipeline executor: a schedule holds a context-parallel transfer");
     }
   }
   context.pp.wait_sends();

@@ -44,6 +44,9 @@ std::string action_token(ActionKind kind, int micro_batch, int chunk) {
     case ActionKind::kBackwardWeight:
       prefix = "W";
       break;
+    case ActionKind::kContextTransfer:
+      prefix = "CP";
+      break;
   }
   return prefix + std::to_string(micro_batch) + (chunk != 0 ? ":" + std::to_string(chunk) : "");
 }
@@ -75,9 +78,26 @@ void TimelineRecorder::begin(ActionKind kind, int micro_batch, int chunk) {
 
 void TimelineRecorder::end() {
   if (!open_) throw std::logic_error("timeline: end without a matching begin");
+  if (within_open_) throw std::logic_error("timeline: end while a transfer within it is open");
   current_.end_seconds = now();
   events_.push_back(current_);
   open_ = false;
+}
+
+void TimelineRecorder::begin_within(ActionKind kind) {
+  if (!open_ || within_open_) {
+    throw std::logic_error(std::string("timeline: a transfer within ") +
+                           (open_ ? "a transfer" : "no open event"));
+  }
+  within_ = {stage_, kind, current_.micro_batch, now(), 0.0, current_.chunk};
+  within_open_ = true;
+}
+
+void TimelineRecorder::end_within() {
+  if (!within_open_) throw std::logic_error("timeline: end_within without a matching begin_within");
+  within_.end_seconds = now();
+  events_.push_back(within_);
+  within_open_ = false;
 }
 
 TimelineRecorder::Scope::Scope(TimelineRecorder* recorder, ActionKind kind, int micro_batch, int chunk)
@@ -100,7 +120,7 @@ std::vector<TimelineEvent> TimelineRecorder::take_events() { return std::exchang
 
 namespace {
 constexpr std::size_t kValuesPerEvent = 6;
-constexpr int kLastKind = static_cast<int>(ActionKind::kBackwardWeight);
+constexpr int kLastKind = static_cast<int>(ActionKind::kContextTransfer);
 }  // namespace
 
 std::vector<double> encode_events(const std::vector<TimelineEvent>& events) {

@@ -12,6 +12,7 @@
 //   RG3  receive its gradient            SG3  send its gradient (to the previous stage)
 //   I3   input-gradient half of B3       W3   weight-gradient half of B3 (zero-bubble schedules split
 //                                             the backward: I3 sends its gradient on at once, W3 can wait)
+//   CP3  a context-parallel transfer inside the attention of micro-batch 3's forward or backward
 // With virtual stages (interleaved schedules) a token of model chunk c > 0 ends in ":c", so "F3:1" is
 // the forward of micro-batch 3 through the stage's second chunk; chunk 0 keeps the plain token.
 // The peer of a transfer is implied by the direction: activations go to stage + 1, gradients to
@@ -38,6 +39,10 @@ enum class ActionKind {
   kRecvGradient,
   kBackwardInput,   // the input-gradient half of a backward ("B" of the zero-bubble paper)
   kBackwardWeight,  // the weight-gradient half ("W"), which needs the activations kBackwardInput kept
+  // A context-parallel transfer inside attention ("CP"): a ring step's wait for the next K/V block (or
+  // dK/dV accumulator), the all-gather of K and V, the reduce-scatter of dK and dV, or the wait for the
+  // ring's sends. Recorded within the forward or backward it serves (TimelineRecorder::begin_within).
+  kContextTransfer,
 };
 
 bool is_computation(ActionKind kind);  // forward, backward or one of its halves
@@ -69,6 +74,12 @@ class TimelineRecorder {
   // because a nested or unterminated event would make the drawn timeline lie.
   void begin(ActionKind kind, int micro_batch, int chunk = 0);
   void end();
+  bool open() const { return open_; }
+
+  // A transfer inside the open event (kContextTransfer): it takes that event's micro-batch and chunk and
+  // is recorded when it ends. Throws std::logic_error when no event is open or a transfer is open.
+  void begin_within(ActionKind kind);
+  void end_within();
 
   // Begins an event and ends it when it goes out of scope, also when the computation throws. A null
   // recorder records nothing, so that an executor can be run with recording switched off:
@@ -95,8 +106,8 @@ class TimelineRecorder {
   int stage_;
   Clock clock_;
   double origin_ = 0.0;
-  bool open_ = false;
-  TimelineEvent current_;
+  bool open_ = false, within_open_ = false;
+  TimelineEvent current_, within_;
   std::vector<TimelineEvent> events_;
 };
 

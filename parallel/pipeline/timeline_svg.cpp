@@ -26,6 +26,7 @@ constexpr const char* kForwardFill = "#4c78a8";
 constexpr const char* kBackwardFill = "#f58518";  // a whole backward, or its input-gradient half
 constexpr const char* kWeightFill = "#54a24b";    // the deferred weight-gradient half of a backward
 constexpr const char* kTransferFill = "#9d9d9d";
+constexpr const char* kContextTransferFill = "#b279a2";  // a context-parallel transfer inside attention
 constexpr const char* kAxisColour = "#333333";
 
 }  // namespace
@@ -80,6 +81,15 @@ std::string render_timeline_svg(const std::vector<TimelineEvent>& events, int nu
       {kForwardFill, "forward"}, {kBackwardFill, split_backward ? "backward, input gradients" : "backward"}};
   if (split_backward) legend.emplace_back(kWeightFill, "backward, weight gradients");
   if (options.include_communication) legend.emplace_back(kTransferFill, "transfer (receive: waiting)");
+  // Context-parallel transfers happen inside attention, so they are drawn as strips along the foot of the
+  // forward or backward they belong to, whether or not the pipeline's transfers are drawn.
+  std::vector<const TimelineEvent*> context_transfers;
+  for (const TimelineEvent& event : events) {
+    if (event.kind == ActionKind::kContextTransfer) context_transfers.push_back(&event);
+  }
+  if (!context_transfers.empty()) {
+    legend.emplace_back(kContextTransferFill, "context-parallel transfer (within attention)");
+  }
   if (last_chunk > 0) legend.emplace_back(kForwardFill, "lighter: later model chunks");
   double legend_x = kLeft;
   for (const auto& [fill, label] : legend) {
@@ -115,6 +125,7 @@ std::string render_timeline_svg(const std::vector<TimelineEvent>& events, int nu
     svg.text({{"x", kLeft - 10.0}, {"y", top + kRowHeight / 2.0 + 4.0}, {"text-anchor", "end"}},
              "stage " + std::to_string(stage));
     for (const TimelineEvent& event : rows[stage]) {
+      if (event.kind == ActionKind::kContextTransfer) continue;  // drawn below, over the computations
       const bool computation = is_computation(event.kind);
       const bool forward = event.kind == ActionKind::kForward;
       const char* fill = !computation                                ? kTransferFill
@@ -154,6 +165,20 @@ std::string render_timeline_svg(const std::vector<TimelineEvent>& events, int nu
                  number);
       }
     }
+  }
+  for (const TimelineEvent* event : context_transfers) {
+    const double x = x_of(event->start_seconds);
+    const double w = std::max(x_of(event->end_seconds) - x, 1.0);
+    svg.rect({{"class", "context-transfer"},
+              {"x", x},
+              {"y", row_top(static_cast<std::size_t>(event->stage)) + box_height - kTransferHeight},
+              {"width", w},
+              {"height", kTransferHeight},
+              {"fill", kContextTransferFill}},
+             action_token(event->kind, event->micro_batch, event->chunk) + " on stage " +
+                 std::to_string(event->stage) + ": context-parallel transfer within attention, " +
+                 markup::significant(event->start_seconds * scale, 6) + " to " +
+                 markup::significant(event->end_seconds * scale, 6) + " " + unit);
   }
   return svg.str();
 }

@@ -1,6 +1,8 @@
 """Per-rank shards (the "shards" candidate format): round trips of every sharded tensor kind at TP 1, 2
-and 4 and PP 1 and 2 (uneven stages both ways, tied embeddings), from shards written here in Megatron-
-LM's layout (megatron_layout.py); a corrupted shard named as one; inconsistent shard sets refused.
+and 4 and PP 1 and 2 (uneven stages both ways, tied embeddings) and CP 2 and 4 (the copies checked, the
+token losses of each cp rank's rows put back in place), from shards written here in Megatron-LM's
+layout (megatron_layout.py); a corrupted shard named as one; a cp copy that differs named; inconsistent
+shard sets refused.
 
 Usage: test_diff_shards.py PATH_TO_TOUCHSTONE PATH_TO_SOURCE_TREE
 """
@@ -19,15 +21,25 @@ GROUPS = ("params/init", "steps/1/grads", "steps/1/params")
 SCALARS = ("steps/1/loss", "steps/1/num_loss_tokens", "steps/1/grad_norm", "steps/1/lr")
 
 
+def load_balanced_positions(T, cp, rank):
+    """The window positions of cp rank `rank`'s rows: chunks rank and 2cp-1-rank of the window cut in 2cp."""
+    chunk = T // (2 * cp)
+    return [p for c in (rank, 2 * cp - 1 - rank) for p in range(c * chunk, (c + 1) * chunk)]
+
+
 def write_shards(golden, directory, tp, stage_layers, tied=False, tied_grads="partial", layout_extra=None,
-                 change=None):
-    """Writes shards.json and rank_tp{t}_pp{p}.h5 from the golden tensors. `change(group, stage, rank,
-    local_name, array) -> array or None` may alter or drop (None) a shard."""
+                 change=None, cp=1, copy_change=None):
+    """Writes shards.json and rank_tp{t}_pp{p}.h5 (rank_tp{t}_cp{c}_pp{p}.h5 with cp > 1) from the golden
+    tensors. `change(group, stage, rank, local_name, array) -> array or None` may alter or drop (None) a
+    shard; `copy_change(cp_rank, group, stage, rank, local_name, array)` does the same to the copies of cp
+    ranks > 0. With cp > 1 every cp rank holds the same shards and the token losses of its own rows."""
     pp = len(stage_layers)
     os.makedirs(directory, exist_ok=True)
     rng = np.random.default_rng(7)
-    files = {(t, p): h5py.File(os.path.join(directory, f"rank_tp{t}_pp{p}.h5"), "w")
-             for t in range(tp) for p in range(pp)}
+    name = lambda t, c, p: f"rank_tp{t}_cp{c}_pp{p}.h5" if cp > 1 else f"rank_tp{t}_pp{p}.h5"
+    all_files = {(t, c, p): h5py.File(os.path.join(directory, name(t, c, p)), "w")
+                 for t in range(tp) for c in range(cp) for p in range(pp)}
+    files = {(t, p): all_files[(t, 0, p)] for t in range(tp) for p in range(pp)}
     with h5py.File(golden, "r") as g:
         for group in GROUPS:
             for name, dataset in g[group].items():
@@ -44,14 +56,26 @@ def write_shards(golden, directory, tp, stage_layers, tied=False, tied_grads="pa
                         array = megatron_layout.shard(name, part, tp, t)
                         if change is not None:
                             array = change(group, stage, t, local, array)
-                        if array is not None:
-                            files[(t, stage)].create_dataset(f"{group}/{local}", data=array)
+                        if array is None:
+                            continue
+                        files[(t, stage)].create_dataset(f"{group}/{local}", data=array)
+                        for c in range(1, cp):
+                            copy = array if copy_change is None else copy_change(c, group, stage, t, local, array)
+                            if copy is not None:
+                                all_files[(t, c, stage)].create_dataset(f"{group}/{local}", data=copy)
         for path in SCALARS:
             files[(0, pp - 1)].create_dataset(path, data=g[path][()])
-    for f in files.values():
+        if cp > 1:
+            token_losses = g["steps/1/token_losses"][()]
+            for c in range(cp):
+                rows = token_losses[:, load_balanced_positions(token_losses.shape[1], cp, c)]
+                all_files[(0, c, pp - 1)].create_dataset("steps/1/token_losses", data=rows)
+    for f in all_files.values():
         f.close()
     layout = {"format": "touchstone-shards", "format_version": 1, "tp": tp, "pp": pp, "stage_layers": stage_layers,
               "tied_embedding_grads": tied_grads}
+    if cp > 1:
+        layout["cp"] = cp
     layout.update(layout_extra or {})
     with open(os.path.join(directory, "shards.json"), "w") as f:
         json.dump(layout, f)
@@ -129,6 +153,62 @@ class ShardReassembly(common.ShardableGoldens):
         status, output, _ = common.diff(self.golden, directory)
         self.assertEqual(status, 2, output)
         self.assertIn("rank_tp1_pp1.h5", output)
+
+    def test_context_parallel_copies_and_token_losses(self):
+        # Each cp rank holds the same shards and its own rows' token losses ([B, T/cp], load-balanced
+        # rows): the copies agree, the token losses go back to their positions, everything equals the golden.
+        for tp, cp in ((1, 2), (2, 2), (2, 4)):
+            with self.subTest(tp=tp, cp=cp):
+                directory = write_shards(self.golden, self.directory(f"cp{cp}_tp{tp}"), tp, [1, 2], cp=cp)
+                status, output, report = common.diff(self.golden, directory)
+                self.assertEqual(status, 0, output)
+                self.assertIn(f"cp {cp}", report["candidate"]["format"], output)
+                token_losses = [t for t in report["tensors"] if t["path"] == "steps/1/token_losses"]
+                self.assertEqual([t["status"] for t in token_losses], ["pass"], output)
+                self.assertEqual(token_losses[0]["metrics"]["relative_l2"], 0.0, output)
+                self.assertEqual(report["replicas_disagree"], [], output)
+
+    def test_context_parallel_copy_that_differs_is_named(self):
+        # cp rank 1's gradient of one tensor is its own rows' share (half, say): not all-reduced over cp.
+        # Rank 0's copy is the golden one, so every compared tensor passes; the disagreement fails the run.
+        target = "decoder.layers.0.mlp.linear_fc1.weight"
+        halve = lambda c, group, stage, t, local, a: (a * 0.5 if group == "steps/1/grads" and stage == 0
+                                                      and local == target else a)
+        directory = write_shards(self.golden, self.directory("cp_disagree"), 2, [1, 2], cp=2, copy_change=halve)
+        status, output, report = common.diff(self.golden, directory)
+        self.assertEqual(status, 1, output)
+        self.assertEqual(report["summary"]["failed"], 0, output)
+        self.assertEqual(len(report["replicas_disagree"]), 2, output)  # both tp ranks' shards
+        self.assertTrue(all(f"steps/1/grads/{target}: cp rank 1's copy" in d for d in report["replicas_disagree"]),
+                        output)
+        self.assertIn("cp_replicas_disagree", common.signatures(report), output)
+        # Without the difference the same candidate passes (the test can tell the two apart).
+        same = write_shards(self.golden, self.directory("cp_agree"), 2, [1, 2], cp=2)
+        self.assertEqual(common.diff(self.golden, same)[0], 0)
+
+    def test_inconsistent_context_parallel_shards_are_bad_input(self):
+        drop = lambda c, group, stage, t, local, a: None if local.endswith("fc2.weight") else a
+        directory = write_shards(self.golden, self.directory("cp_missing_copy"), 1, [3], cp=2, copy_change=drop)
+        status, output, _ = common.diff(self.golden, directory)
+        self.assertEqual(status, 2, output)
+        self.assertIn("which cp rank 0 holds", output)
+        directory = write_shards(self.golden, self.directory("cp_missing_file"), 1, [3], cp=2)
+        os.remove(os.path.join(directory, "rank_tp0_cp1_pp0.h5"))
+        status, output, _ = common.diff(self.golden, directory)
+        self.assertEqual((status, len(output.strip().splitlines())), (2, 1), output)
+        self.assertIn("rank_tp0_cp1_pp0.h5", output)
+        directory = write_shards(self.golden, self.directory("cp_token_losses"), 1, [3], cp=2)
+        with h5py.File(os.path.join(directory, "rank_tp0_cp1_pp0.h5"), "a") as f:
+            rows = f["steps/1/token_losses"][()]
+            del f["steps/1/token_losses"]
+            f["steps/1/token_losses"] = rows[:, :-1]
+        status, output, _ = common.diff(self.golden, directory)
+        self.assertEqual(status, 2, output)
+        self.assertIn("cp rank 1 holds shape", output)
+        directory = write_shards(self.golden, self.directory("cp_not_dividing"), 1, [3], layout_extra={"cp": 3})
+        status, output, _ = common.diff(self.golden, directory)
+        self.assertEqual(status, 2, output)
+        self.assertIn("parallel.cp", output)
 
     def test_layer_number_outside_its_stage_is_bad_input(self):
         rename = lambda g, s, t, local, a: a

@@ -71,10 +71,15 @@ SIGNATURE = {
     "step_before_last_w": "weight_gradients_before_last_w",
     "zero3_not_regathered": "parameters_not_regathered_for_backward",
     "tied_embedding_reduced_twice": "tied_embedding_reduced_twice",
+    "cp2_token_count_not_reduced": "token_count",
+    "cp2_merge_without_lse": "cp_attention_merge_without_lse",
+    "cp2_chunks_not_load_balanced": "cp_chunks_not_load_balanced",
 }
 
 # Text the verdict's message must hold, where the signature alone does not say it.
-MESSAGE = {"padding_in_loss": "padding", "padding_in_loss_strict": "padding"}
+MESSAGE = {"padding_in_loss": "padding", "padding_in_loss_strict": "padding",
+           "cp2_token_count_not_reduced": "the loss tokens of cp rank 0 of cp = 2 alone",
+           "cp2_merge_without_lse": "cp = 2 ranks", "cp2_chunks_not_load_balanced": "cp = 2 ranks"}
 
 
 @dataclasses.dataclass

@@ -1,6 +1,7 @@
 """Parallel runs seen from the command line: the teaching trace of a PP2 step (1F1B, ZB-H1, interleaved)
-lists the expected forward/backward order per stage and every transfer; every invalid layout ends all ranks with a
-non-zero status within seconds, the message printed once.
+lists the expected forward/backward order per stage and every transfer; the timeline of a CP2 step draws
+every context-parallel transfer; every invalid layout ends all ranks with a non-zero status within
+seconds, the message printed once.
 
 Usage: test_parallel_cli.py PATH_TO_TOUCHSTONE   (standard library only)
 """
@@ -40,6 +41,7 @@ class Trace(unittest.TestCase):
                 text = f.read()
             self.assertTrue(text.startswith("<svg") or text.startswith("<?xml"))
             self.assertEqual(text.count('class="event'), 16)
+            self.assertNotIn("context-transfer", text)  # no context parallelism, nothing of it drawn
         # Every point-to-point transfer: 4 activations forward, 4 gradients back, [2 windows x 64, 64].
         sends = [l for l in out.splitlines() if re.search(r"\bsend\b", l) and "group=pp" in l]
         recvs = [l for l in out.splitlines() if re.search(r"\brecv\b", l) and "group=pp" in l]
@@ -124,6 +126,27 @@ class TraceSites(unittest.TestCase):
                       "cp rank 0", rank0[0])
         self.assertRegex(rank0[1], r"ring step 0: computed with the K/V of cp rank 0 \(\d+ of \d+ tile pairs "
                                    r"skipped\); receiving the K/V of cp rank 1")
+
+
+class ContextParallelTimeline(unittest.TestCase):
+    def test_the_timeline_draws_every_cp_transfer_within_attention(self):
+        # --timeline alone (no --trace) records the step. cp 2, 2 layers, 4 micro-batches: per layer and
+        # micro-batch the ring waits for the next K/V block (cp - 1 times) and for its sends in the forward,
+        # and in the backward waits at each of the cp steps (the next block, and the dK/dV accumulator,
+        # which comes home after the last) and for its sends: 2 + 3 strips. The all-gather scheme gathers
+        # in the forward, gathers and reduce-scatters in the backward: 3 strips. Stage 0 is drawn from cp
+        # rank 0.
+        for comm, per_layer in (("p2p", 5), ("allgather", 3)):
+            with self.subTest(cp_comm=comm), tempfile.TemporaryDirectory() as d:
+                svg = os.path.join(d, "timeline.svg")
+                result, _ = mpirun(2, "train", "--set", "parallel.cp=2", "--set", f"parallel.cp_comm={comm}",
+                                   "--set", "model.num_layers=2", "--set", "train.steps=1", "--timeline", svg)
+                self.assertEqual(result.returncode, 0, result.stderr)
+                with open(svg) as f:
+                    text = f.read()
+                self.assertEqual(text.count('class="event'), 8)
+                self.assertEqual(text.count('class="context-transfer"'), per_layer * 2 * 4)
+                self.assertIn("context-parallel transfer (within attention)", text)
 
 
 class ContextParallelTiles(unittest.TestCase):

@@ -85,6 +85,21 @@ bug), so an optimizer bug leaves the gradients right and only the parameters wro
                           and 2) divides its token-loss sum by its own loss-token count (clamped at
                           1) and the number of micro-batches, the gradients averaged over the 2
                           ranks (forward_step_calc_loss, megatron/core/pipeline_parallel/schedules.py)
+    cp2_token_count_not_reduced
+                          (global_token_mean only) a run at context parallelism 2 whose loss-token
+                          count is not all-reduced over the cp group: each CP rank (chunks as above)
+                          divides its token-loss sum by its own count over the global batch, the
+                          gradients summed over the ranks; the recorded count is CP rank 0's
+    cp2_merge_without_lse ring attention at cp = 2 adding each K/V block's output as it is: every
+                          query's output is the sum, over the 2 ranks' key blocks (chunks 0 and 3,
+                          1 and 2), of softmax attention normalised over that block's keys alone
+                          (0 where the block holds no key it may see), without the log-sum-exp weights
+    cp2_chunks_not_load_balanced
+                          cp = 2 ranks holding contiguous halves of each window (tokens, targets,
+                          document ids) while the positions are the load-balanced split's: slot i
+                          of the window gets the RoPE position id and the causal-mask position of
+                          the load-balanced row at the same slot of the same rank (rank 0: chunks
+                          0 and 3, rank 1: chunks 1 and 2)
     schedule_megatron, schedule_touchstone
                           the learning rates of the named optim.schedule_convention, which must be
                           the other one than the golden file's: schedule_megatron is a Megatron-LM
@@ -119,7 +134,8 @@ BUGS = ("per_microbatch_mean", "global_token_mean", "grad_half", "qkv_wrong_grou
         "no_document_mask",
         "padding_in_loss", "padding_in_loss_strict", "fp32_sites", "no_bias_correction", "wd_on_norms",
         "clip_after_moments", "schedule_megatron", "schedule_touchstone", "cp2_default_normalization",
-        "step_before_last_w", "zero3_not_regathered", "tied_embedding_reduced_twice")
+        "step_before_last_w", "zero3_not_regathered", "tied_embedding_reduced_twice",
+        "cp2_token_count_not_reduced", "cp2_merge_without_lse", "cp2_chunks_not_load_balanced")
 GENERATOR = "independent_candidate.py"
 
 
@@ -314,8 +330,10 @@ def split_qkv(qkv, NH, NKV, D, wrong_grouping):
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
 
-def forward(ar, params, m, tokens, positions, allowed, qkv_wrong_grouping, not_regathered=False):
-    """Logits [b, T, V] in the mode's activation type."""
+def forward(ar, params, m, tokens, positions, allowed, qkv_wrong_grouping, not_regathered=False,
+            key_blocks=None):
+    """Logits [b, T, V] in the mode's activation type. key_blocks (cp2_merge_without_lse): one [T] bool
+    mask of keys per context-parallel rank, each block's attention normalised alone and the outputs added."""
     H, NH, NKV, F = m["hidden_size"], m["num_heads"], m["num_kv_heads"], m["ffn_hidden_size"]
     D, G, eps = H // NH, m["num_heads"] // m["num_kv_heads"], float(m["norm_eps"])
     b, T = tokens.shape
@@ -339,8 +357,16 @@ def forward(ar, params, m, tokens, positions, allowed, qkv_wrong_grouping, not_r
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         k, v = k.repeat_interleave(G, dim=1), v.repeat_interleave(G, dim=1)
-        probs = ar.softmax(ar.matmul(q, k.transpose(-1, -2), 1.0 / math.sqrt(D)), mask)
-        a = ar.matmul(probs, v).transpose(1, 2).reshape(b, T, NH * D)
+        scores = ar.matmul(q, k.transpose(-1, -2), 1.0 / math.sqrt(D))
+        if key_blocks is None:
+            a = ar.matmul(ar.softmax(scores, mask), v)
+        else:
+            a = 0
+            for keys in key_blocks:
+                block = mask & keys
+                sees = block.any(dim=-1, keepdim=True)       # a row with no key in the block adds 0
+                a = a + ar.matmul(ar.softmax(scores, block | ~sees) * sees, v)
+        a = a.transpose(1, 2).reshape(b, T, NH * D)
         x = x + linear(a, "self_attention.linear_proj.weight")
         h = ar.rms_norm(x, p("pre_mlp_layernorm.weight"), eps)
         f = linear(h, "mlp.linear_fc1.weight")
@@ -363,9 +389,11 @@ def token_cross_entropy(logits, targets):
 # Data rules (docs/data.md) and the buggy variants
 # ---------------------------------------------------------------------------------------------------
 
-def attention_allowed(document_ids, masking):
+def attention_allowed(document_ids, masking, window_positions=None):
+    """[b, T, T]: key j <= query i in the window (or by window_positions [T]), and in its document."""
     b, T = document_ids.shape
-    allowed = torch.ones(T, T, dtype=torch.bool).tril().expand(b, T, T)
+    p = torch.arange(T) if window_positions is None else window_positions
+    allowed = (p[None, :] <= p[:, None]).expand(b, T, T)
     if masking:
         allowed = allowed & (document_ids[:, :, None] == document_ids[:, None, :])
     return allowed
@@ -478,6 +506,9 @@ class Trainer:
                                  "schedule convention; inject the other one")
         if "tied_embedding_reduced_twice" in self.bugs and not self.m["tie_embeddings"]:
             raise SystemExit("independent_candidate.py: tied_embedding_reduced_twice needs tied embeddings")
+        if ("cp2_token_count_not_reduced" in self.bugs
+                and self.config["train"]["loss_normalization"] != "global_token_mean"):
+            raise SystemExit("independent_candidate.py: cp2_token_count_not_reduced needs global_token_mean")
         shapes = parameter_shapes(self.m)
         if set(shapes) != set(init):
             raise SystemExit("independent_candidate.py: /params/init holds "
@@ -510,15 +541,27 @@ class Trainer:
         mbs = int(train["micro_batch_size"])
         num_micro = B // mbs
         total = int((targets != IGNORE).sum())
-        allowed = attention_allowed(batch["document_ids"], masking)
+        positions = batch["position_ids"]
+        window_positions = key_blocks = None
+        if "cp2_chunks_not_load_balanced" in bugs:
+            window_positions = cp2_slot_positions(T)
+            positions = positions[:, window_positions]
+        if "cp2_merge_without_lse" in bugs:
+            key_blocks = [cp2_ranks(T) == r for r in (0, 1)]
+        allowed = attention_allowed(batch["document_ids"], masking, window_positions)
+        if "cp2_token_count_not_reduced" in bugs:
+            # Each rank's count over the global batch (summed over micro-batches and dp, not over cp).
+            labelled = targets != IGNORE
+            rank_counts = [int(labelled[:, cp2_ranks(T) == r].sum()) for r in (0, 1)]
+            total = rank_counts[0]
 
         leaves = {n: p.detach().clone().requires_grad_(True) for n, p in self.params.items()}
         loss, token_losses = 0.0, []
         for j in range(num_micro):  # gradient accumulation over consecutive micro-batches
             rows = slice(j * mbs, (j + 1) * mbs)
-            logits = forward(ar, leaves, m, batch["tokens"][rows], batch["position_ids"][rows], allowed[rows],
+            logits = forward(ar, leaves, m, batch["tokens"][rows], positions[rows], allowed[rows],
                              "qkv_wrong_grouping" in bugs or "qkv_split_in_conversion" in bugs,
-                             "zero3_not_regathered" in bugs)
+                             "zero3_not_regathered" in bugs, key_blocks)
             losses = token_cross_entropy(ar.logits_for_loss(logits), targets[rows])
             if normalization == "global_token_mean":
                 weight = 1.0 / max(total, 1)
@@ -526,6 +569,9 @@ class Trainer:
                 weight = 1.0 / (num_micro * max(int((targets[rows] != IGNORE).sum()), 1))
             if "cp2_default_normalization" in bugs:
                 micro_loss = (losses * cp2_rank_weights(targets[rows], num_micro).to(losses.dtype)).sum()
+            elif "cp2_token_count_not_reduced" in bugs:
+                weights = torch.tensor([1.0 / max(c, 1) for c in rank_counts], dtype=FP64)[cp2_ranks(T)]
+                micro_loss = (losses * weights.to(losses.dtype)).sum()
             else:
                 micro_loss = losses.sum() * weight
             # step_before_last_w: the last micro-batch's weight-gradient pass never reaches the step.
@@ -574,6 +620,21 @@ class Trainer:
                 "params": {n: self.params[n].clone() for n in self.names},
                 "exp_avg": {n: self.state[n][0].clone() for n in self.names},
                 "exp_avg_sq": {n: self.state[n][1].clone() for n in self.names}}
+
+
+def cp2_ranks(T):
+    """[T]: the cp rank of each window position at cp = 2 (chunks 0 and 3 on rank 0, 1 and 2 on rank 1)."""
+    if T % 4:
+        raise SystemExit("independent_candidate.py: the cp2 bugs need seq_length divisible by 4")
+    chunk = torch.arange(T) // (T // 4)
+    return torch.where((chunk == 0) | (chunk == 3), 0, 1)
+
+
+def cp2_slot_positions(T):
+    """[T]: slot i of contiguous halves (rank 0: slots 0..T/2-1) -> the load-balanced position of the
+    same slot of the same rank (rank 0's rows are chunks 0 and 3, rank 1's chunks 1 and 2)."""
+    positions = torch.arange(T)
+    return torch.cat([positions[cp2_ranks(T) == 0], positions[cp2_ranks(T) == 1]])
 
 
 def cp2_rank_weights(targets, num_micro):

@@ -296,7 +296,7 @@ TEST(TimelineEncoding, RoundTripsAndRejectsGarbage) {
   EXPECT_EQ(back[2].chunk, 3);
   EXPECT_THROW(decode_events({1.0, 2.0}), std::invalid_argument);                 // not whole events
   EXPECT_THROW(decode_events({0.0, 0.0, 0.0, 0.0, 1.0}), std::invalid_argument);  // 5 values: old encoding
-  EXPECT_THROW(decode_events({0.0, 8.0, 0.0, 0.0, 1.0, 0.0}), std::invalid_argument);    // no such kind
+  EXPECT_THROW(decode_events({0.0, 9.0, 0.0, 0.0, 1.0, 0.0}), std::invalid_argument);    // no such kind
   EXPECT_THROW(decode_events({0.0, 0.0, 0.0, 0.0, 1.0, -1.0}), std::invalid_argument);   // negative chunk
   EXPECT_THROW(decode_events({0.0, 0.0, 0.5, 0.0, 1.0, 0.0}), std::invalid_argument);    // half micro-batch
   EXPECT_THROW(decode_events({1e300, 0.0, 0.0, 0.0, 1.0, 0.0}), std::invalid_argument);  // stage beyond int

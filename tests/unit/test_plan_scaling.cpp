@@ -199,6 +199,38 @@ TEST(PlanScaling, RefusesSizesWhoseProductsWouldOverflow) {
             "runs.csv:2: column updates: 9223372036854775807 must be <= 1099511627776");
 }
 
+// The cp column (after tp): the layout's GPUs include the context-parallel ranks, which split every
+// sequence and so leave m (micro-batches per replica) and the bubbles as they are; the table gains a CP
+// column.
+TEST(PlanScaling, ContextParallelColumn) {
+  const std::string header = std::string(kScalingCsvHeaderWithCp) + "\n";
+  const ScalingTable table =
+      scaling_table(parse_scaling_csv(header + "1024,8,2,8,8,1920,1,1800.0,3512.0,20,308160000,0,1\n"
+                                               "2048,8,2,8,16,1920,1,1500.0,2463.0,20,308160000,0,1\n",
+                                      "runs.csv"));
+  ASSERT_EQ(table.rows.size(), 2u);
+  EXPECT_EQ(table.rows[0].run.cp, 2);
+  EXPECT_EQ(table.rows[1].micro_batches, 120);
+  EXPECT_DOUBLE_EQ(table.rows[1].bubble, 7.0 / 127.0);
+  EXPECT_EQ(percent(table.rows[1].efficiency, 0), "89%");
+  std::ostringstream out;
+  print_scaling_table(table, out);
+  EXPECT_NE(out.str().find("  GPUs  TP  CP  PP   DP"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("  2048   8   2   8   16"), std::string::npos) << out.str();
+  // Without the column every run has cp 1 and the table no CP column.
+  std::ostringstream plain;
+  print_scaling_table(scaling_table(parse_scaling_csv(kAcceptance, "runs.csv")), plain);
+  EXPECT_EQ(plain.str().find(" CP "), std::string::npos) << plain.str();
+  EXPECT_EQ(error_of(header + "1000,8,2,8,8,1920,1,1800,3512,20,308160000,0,1\n"),
+            "runs.csv:2: gpus 1000 is not tp x cp x pp x dp = 8 x 2 x 8 x 8 = 1024");
+  // Four factors of 2^20 would pass int64: the product stops once past 2^20.
+  EXPECT_EQ(error_of(header + "1,1048576,1048576,1048576,1048576,1920,1,1800,3512,20,308160000,0,1\n"),
+            "runs.csv:2: gpus 1 is not tp x cp x pp x dp = 1048576 x 1048576 x 1048576 x 1048576 = more than "
+            "1048576");
+  EXPECT_EQ(error_of(header + "1024,8,0,8,8,1920,1,1800,3512,20,308160000,0,1\n"),
+            "runs.csv:2: column cp: 0 must be >= 1");
+}
+
 TEST(PlanFormat, RoundsHalfAwayFromZeroAndPrintsCompactly) {
   EXPECT_EQ(fixed(140.625, 2), "140.63");  // printf's round-half-even would print 140.62
   EXPECT_EQ(fixed(58.59375, 2), "58.59");
