@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_set>
@@ -59,6 +60,17 @@ uint64_t declared_bytes(const std::vector<int64_t>& shape) {
   return count * 8;
 }
 
+// The names a listing gives, or none when HDF5 fails it (the walk then cannot vouch for the file).
+template <typename F>
+std::optional<std::vector<std::string>> listed(Budget& budget, F&& list) {
+  try {
+    return list();
+  } catch (const InputError&) {
+    budget.listing_failed = true;
+    return std::nullopt;
+  }
+}
+
 // Everything the reader can be asked about `path`, and everything below it.
 void walk(const H5Reader& reader, const std::string& path, int depth, Budget& budget) {
   if (depth > kMaxDepth || --budget.objects_left < 0 || budget.listing_failed) return;
@@ -67,28 +79,20 @@ void walk(const H5Reader& reader, const std::string& path, int depth, Budget& bu
   if (!first_visit) return;  // a hard link to an object already walked (a group linked into itself)
   // A link to nothing (dangling, or to a header HDF5 cannot read): no reader can open it by this name.
   if (!reader.opens(path)) return;
-  std::vector<std::string> attributes;
-  try {
-    attributes = reader.attribute_names(path);
-  } catch (const InputError&) {
-    budget.listing_failed = true;
-    return;
-  }
-  for (const std::string& name : attributes) {
+  const std::optional<std::vector<std::string>> attributes =
+      listed(budget, [&] { return reader.attribute_names(path); });
+  if (!attributes) return;
+  for (const std::string& name : *attributes) {
     tolerating_input_errors([&] { (void)reader.string_attribute(path, name); });
     tolerating_input_errors([&] { (void)reader.int_attribute(path, name); });
   }
   // has_attribute walks every attribute message of the header, whatever name it looks for.
   tolerating_input_errors([&] { (void)reader.has_attribute(path, "touchstone walk: no such attribute"); });
   if (reader.is_group(path)) {
-    std::vector<std::string> children;
-    try {
-      children = reader.children(path);
-    } catch (const InputError&) {
-      budget.listing_failed = true;
-      return;
-    }
-    for (const std::string& child : children) {
+    const std::optional<std::vector<std::string>> children =
+        listed(budget, [&] { return reader.children(path); });
+    if (!children) return;
+    for (const std::string& child : *children) {
       walk(reader, path == "/" ? "/" + child : path + "/" + child, depth + 1, budget);
     }
     return;

@@ -112,24 +112,24 @@ void ContextParallelMistakeBackend::attention_block_forward(
     const double* q, const double* k, const double* v, const AttentionBlock& block, bool document_masking,
     const AttentionDropout& dropout, const AttentionShape& shape, double* out, double* lse) {
   expect_whole_window(block, shape);
-  const LoadBalancedSplit split(shape.seq, cp_);
   if (mistake_ == ContextParallelMistake::kChunksNotLoadBalanced) {
     SlotPositions moved(block, shape, cp_);
     CpuBackend::attention_block_forward(q, k, v, moved.block, document_masking, dropout, shape, out, lse);
     return;
   }
-  // out = the plain sum of the blocks' outputs; lse = their correct merge (only this backward reads it).
+  // out = the plain sum of the blocks' outputs. No single softmax gives it, so lse has no meaning here:
+  // it is left at -inf, and this backend's backward recomputes each block's own out and lse instead.
+  const LoadBalancedSplit split(shape.seq, cp_);
   const size_t out_size = static_cast<size_t>(shape.windows * shape.seq * shape.num_heads * shape.head_dim);
-  const size_t lse_size = static_cast<size_t>(shape.windows * shape.num_heads * shape.seq);
-  std::vector<double> block_out(out_size), block_lse(lse_size), merged(out_size, 0.0);
+  std::vector<double> block_out(out_size),
+      block_lse(static_cast<size_t>(shape.windows * shape.num_heads * shape.seq));
   std::fill(out, out + out_size, 0.0);
-  std::fill(lse, lse + lse_size, -std::numeric_limits<double>::infinity());
+  std::fill(lse, lse + block_lse.size(), -std::numeric_limits<double>::infinity());
   for (int rank = 0; rank < cp_; ++rank) {
     const KeyBlock keys = key_block(split, rank, k, v, block, shape);
     CpuBackend::attention_block_forward(q, keys.k.data(), keys.v.data(), placed(block, keys),
                                         document_masking, dropout, shape, block_out.data(), block_lse.data());
     for (size_t i = 0; i < out_size; ++i) out[i] += block_out[i];
-    attention_merge(block_out.data(), block_lse.data(), shape, merged.data(), lse);
   }
 }
 
@@ -138,7 +138,6 @@ void ContextParallelMistakeBackend::attention_block_backward(
     const double* lse, const AttentionBlock& block, bool document_masking, const AttentionDropout& dropout,
     const AttentionShape& shape, double* dq, double* dk, double* dv) {
   expect_whole_window(block, shape);
-  const LoadBalancedSplit split(shape.seq, cp_);
   if (mistake_ == ContextParallelMistake::kChunksNotLoadBalanced) {
     SlotPositions moved(block, shape, cp_);
     CpuBackend::attention_block_backward(dout, q, k, v, out, lse, moved.block, document_masking, dropout,
@@ -146,6 +145,7 @@ void ContextParallelMistakeBackend::attention_block_backward(
     return;
   }
   // Each block's own attention again (its out_s and lse_s), then its softmax backward with d out_s = d out.
+  const LoadBalancedSplit split(shape.seq, cp_);
   const int64_t D = shape.head_dim, kv_heads = shape.windows * shape.num_kv_heads;
   const size_t q_size = static_cast<size_t>(shape.windows * shape.num_heads * shape.seq * D);
   const size_t kv_size = static_cast<size_t>(kv_heads * shape.seq * D);

@@ -287,23 +287,23 @@ std::vector<Verdict> match_recomputed_rules(
     const bool named = std::any_of(verdicts.begin(), verdicts.end(),
                                    [&](const Verdict& v) { return v.signature == rule.signature; });
     if (named) continue;  // another variant of the rule matched already
-    std::optional<ObjectiveResult> r;
-    if (rule.context_parallel_mistake) {
-      ContextParallelMistakeBackend mistaken(*rule.context_parallel_mistake, rule.context_parallel);
-      const TensorParallelRegion mistaken_region(group, false, mistaken);
-      r = evaluate_rule(rule, golden.config(), table, params, batch, mistaken, mistaken_region);
-    } else if (rule.mask_added) {
-      r = evaluate_rule(rule, golden.config(), table, params, batch, added_mask, added_mask_region);
-    } else {
-      r = evaluate_rule(rule, golden.config(), table, params, batch, *backend, region);
-    }
+    auto evaluate = [&](Backend& with, const TensorParallelRegion& in) {
+      return evaluate_rule(rule, golden.config(), table, params, batch, with, in);
+    };
+    auto mistaken = [&] {
+      ContextParallelMistakeBackend cp_backend(*rule.context_parallel_mistake, rule.context_parallel);
+      return evaluate(cp_backend, TensorParallelRegion(group, false, cp_backend));
+    };
+    const ObjectiveResult r = rule.context_parallel_mistake ? mistaken()
+                              : rule.mask_added             ? evaluate(added_mask, added_mask_region)
+                                                            : evaluate(*backend, region);
     const bool matches =
         compared.empty()
-            ? update_matches(r->grads)
+            ? update_matches(r.grads)
             : std::all_of(compared.begin(), compared.end(), [&](int id) {
                 const std::string path = id < 0 ? prefix + "loss" : prefix + "grads/" + table[id].name;
-                const Recorded expected = id < 0 ? Recorded{{}, {r->loss}, "float64"}
-                                                 : Recorded{table[id].shape, r->grads[id], "float64"};
+                const Recorded expected = id < 0 ? Recorded{{}, {r.loss}, "float64"}
+                                                 : Recorded{table[id].shape, r.grads[id], "float64"};
                 const Recorded& c = candidate.at(path);
                 const std::optional<Tolerance> tol = tolerance_of(path);
                 return tol && c.values.size() == expected.values.size() &&

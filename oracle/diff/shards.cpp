@@ -258,8 +258,11 @@ ShardSet read_ranks(const std::string& directory, const Layout& layout, const Go
               group + "/" + table[key.first].name + (key.second == 1 ? " (the last stage's tied copy)" : ""),
               c, t, p, candidate);
         }
-        if (c == 0) first_held[{p, t}] = held;
-        for (const auto& [group, key] : c > 0 ? first_held[{p, t}] : Held{}) {
+        if (c == 0) {
+          first_held[{p, t}] = held;
+          continue;
+        }
+        for (const auto& [group, key] : first_held[{p, t}]) {
           if (!held.count({group, key})) {
             throw InputError(path + ": lacks " + group + "/" + table[key.first].name +
                              ", which cp rank 0 holds (every cp rank holds the same tensors)");

@@ -633,19 +633,15 @@ def cp2_ranks(T):
 def cp2_slot_positions(T):
     """[T]: slot i of contiguous halves (rank 0: slots 0..T/2-1) -> the load-balanced position of the
     same slot of the same rank (rank 0's rows are chunks 0 and 3, rank 1's chunks 1 and 2)."""
-    positions = torch.arange(T)
-    return torch.cat([positions[cp2_ranks(T) == 0], positions[cp2_ranks(T) == 1]])
+    positions, rank = torch.arange(T), cp2_ranks(T)
+    return torch.cat([positions[rank == 0], positions[rank == 1]])
 
 
 def cp2_rank_weights(targets, num_micro):
     """[mbs, T] weights of Megatron-LM's default normalisation under cp = 2: the window in 4 chunks,
     CP rank 0 holding chunks 0 and 3 and rank 1 chunks 1 and 2 (load balancing); each position
     weighted by 1 / (micro-batches x 2 ranks x its rank's loss tokens in the micro-batch, >= 1)."""
-    T = targets.shape[1]
-    if T % 4:
-        raise SystemExit("independent_candidate.py: cp2_default_normalization needs seq_length divisible by 4")
-    chunk = torch.arange(T) // (T // 4)
-    rank = torch.where((chunk == 0) | (chunk == 3), 0, 1)
+    rank = cp2_ranks(targets.shape[1])
     labelled = targets != IGNORE
     weights = torch.zeros(targets.shape, dtype=FP64)
     for r in (0, 1):
