@@ -11,14 +11,16 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "model/transformer.h"
+#include "plan/context_attention_replay.h"
 
 namespace touchstone::plan {
 
 Dims dims_of(const Fp64Rank& r) {
   const auto t = static_cast<double>(r.tp);
   const ModelShape& m = r.shape;
-  const double N = static_cast<double>(r.micro_batch * m.seq);
-  const AttentionShape attention{r.micro_batch, m.seq, m.heads / r.tp, m.kv_heads / r.tp, m.head_dim()};
+  const int64_t seq = m.seq / r.cp;  // this rank's positions of each window
+  const double N = static_cast<double>(r.micro_batch * seq);
+  const AttentionShape attention{r.micro_batch, seq, m.heads / r.tp, m.kv_heads / r.tp, m.head_dim()};
   return Dims{N,
               r.sequence_parallel ? N / t : N,
               static_cast<double>(m.hidden),
@@ -28,7 +30,8 @@ Dims dims_of(const Fp64Rank& r) {
               static_cast<double>(m.ffn) / t,
               static_cast<double>(m.vocab) / t,
               static_cast<double>(r.micro_batch),
-              static_cast<double>(m.seq),
+              static_cast<double>(seq),
+              static_cast<double>(r.cp),
               r.sequence_parallel,
               static_cast<double>(CpuBackend::attention_forward_scratch(attention)),
               static_cast<double>(CpuBackend::attention_backward_scratch(attention))};
@@ -101,8 +104,12 @@ LayerStored PassReplay::attention_forward(Keeper k) {
   l_.release(qkv);
   s.lse = k.keep(d_.windows * d_.heads * d_.T, "lse");
   s.attn = k.keep(d_.N * d_.heads * d_.D, "attn");
-  l_.release(
-      l_.alloc_outside_arena(threads_ * d_.attention_forward_scratch, "attention tiles (per kernel thread)"));
+  if (r_.cp > 1) {
+    replay_context_attention_forward(l_, d_, r_.cp_comm, threads_, {cp_, cp_sends_});
+  } else {
+    l_.release(l_.alloc_outside_arena(threads_ * d_.attention_forward_scratch,
+                                      "attention tiles (per kernel thread)"));
+  }
   const int proj_partial = l_.alloc(d_.N * d_.H, "proj_partial");
   const int proj = reduce(proj_partial, "proj");
   if (r_.hidden_dropout) s.attn_keep = k.keep(d_.Nl * d_.H, "hidden_attn_keep (dropout mask)");
@@ -250,8 +257,12 @@ void PassReplay::attention_backward(LayerStored& s) {
   if (!keep_for_weights(dproj, d_.N * d_.heads * d_.D, "attn")) l_.release(dproj);
   const int dq = l_.alloc(d_.N * d_.heads * d_.D, "dq"), dk = l_.alloc(d_.N * d_.kv_heads * d_.D, "dk"),
             dv = l_.alloc(d_.N * d_.kv_heads * d_.D, "dv");
-  l_.release(l_.alloc_outside_arena(threads_ * d_.attention_backward_scratch,
-                                    "attention tiles (per kernel thread)"));
+  if (r_.cp > 1) {
+    replay_context_attention_backward(l_, d_, r_.cp_comm, threads_, {cp_, cp_sends_});
+  } else {
+    l_.release(l_.alloc_outside_arena(threads_ * d_.attention_backward_scratch,
+                                      "attention tiles (per kernel thread)"));
+  }
   l_.release({dattn, s.q, s.k, s.v, s.attn, s.lse});
   const int dqkv = l_.alloc(d_.N * (d_.heads + 2 * d_.kv_heads) * d_.D, "dqkv");
   l_.release({dq, dk, dv});

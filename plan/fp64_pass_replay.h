@@ -12,10 +12,11 @@
 
 namespace touchstone::plan {
 
-// Shapes on a rank: N = b*T rows, Nl = N/tp with sequence parallelism (else N), and this rank's heads,
-// KV heads, ffn columns and vocabulary rows (each / tp).
+// Shapes on a rank: T = this rank's positions of a window (seq / cp), N = b*T rows, Nl = N/tp with
+// sequence parallelism (else N), and this rank's heads, KV heads, ffn columns and vocabulary rows
+// (each / tp).
 struct Dims {
-  double N, Nl, H, D, heads, kv_heads, ffn, vocab, windows, T;
+  double N, Nl, H, D, heads, kv_heads, ffn, vocab, windows, T, cp;
   bool sp;
   // Doubles of attention scratch per kernel thread, forward and backward (CpuBackend).
   double attention_forward_scratch, attention_backward_scratch;
@@ -42,18 +43,29 @@ struct DeferredReplay {
 };
 
 // Dim0Shard::reduce_scatter_add (parallel/data/dim0_shard.cpp) of tensor t: the gradient copied into a
-// buffer of dp shards, this rank's reduced chunk, and the group's exchange scratch.
+// buffer of dp x cp shards, this rank's reduced chunk, and the group's exchange scratch.
 void replay_reduce_scatter_add(BufferTally& tally, GroupScratch& dp, const Fp64Rank& rank,
                                const HeldTensor& t);
 
+// The communication buffers a pass uses: the reduction scratch of the tp group and of the group that
+// reduces gradients (dp x cp, for zero stage 3's units), and the cp group's scratch and sends.
+struct PassGroups {
+  GroupScratch& tp;
+  GroupScratch& dp_cp;
+  GroupScratch& cp;
+  SendCopies& cp_sends;
+};
+
 class PassReplay {
  public:
-  PassReplay(BufferTally& tally, const Fp64Rank& rank, GroupScratch& tp_scratch, GroupScratch& dp_scratch)
+  PassReplay(BufferTally& tally, const Fp64Rank& rank, PassGroups groups)
       : l_(tally),
         d_(dims_of(rank)),
         r_(rank),
-        tp_(tp_scratch),
-        dp_(dp_scratch),
+        tp_(groups.tp),
+        dp_(groups.dp_cp),
+        cp_(groups.cp),
+        cp_sends_(groups.cp_sends),
         threads_(static_cast<double>(rank.kernel_threads)) {}
 
   // One micro-batch's forward through one of the stage's model chunks; returns the handles of what its
@@ -110,6 +122,8 @@ class PassReplay {
   const Fp64Rank& r_;
   GroupScratch& tp_;
   GroupScratch& dp_;
+  GroupScratch& cp_;
+  SendCopies& cp_sends_;
   double threads_;
   DeferredReplay* deferred_ = nullptr;                    // during a split backward's first half
   std::map<const HeldTensor*, UnitGradient> unit_grads_;  // zero stage 3: full gradients held now

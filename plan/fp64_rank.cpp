@@ -24,7 +24,7 @@ double Fp64Rank::shards() const {
 }
 
 double Fp64Rank::flat_size() const {
-  const auto d = static_cast<double>(dp);
+  const auto d = static_cast<double>(dp_cp());
   return std::ceil(params() / d) * d;
 }
 
@@ -51,7 +51,7 @@ Config config_for(const MemoryPlanInput& in) {
 }  // namespace
 
 Fp64Rank fp64_rank(const MemoryPlanInput& in, int64_t dp, int64_t micro_batches, int64_t stage,
-                   int64_t tp_rank, int64_t dp_rank) {
+                   int64_t tp_rank, int64_t dp_rank, int64_t cp_rank) {
   Fp64Rank rank;
   rank.shape = in.shape;
   rank.micro_batch = in.micro_batch;
@@ -59,6 +59,9 @@ Fp64Rank fp64_rank(const MemoryPlanInput& in, int64_t dp, int64_t micro_batches,
   rank.tp = in.tp;
   rank.pp = in.pp;
   rank.dp = dp;
+  rank.cp = in.cp;
+  rank.cp_rank = cp_rank;
+  rank.cp_comm = in.cp_comm;
   rank.tp_rank = tp_rank;
   rank.dp_rank = dp_rank;
   rank.stage = stage;
@@ -86,11 +89,6 @@ Fp64Rank fp64_rank(const MemoryPlanInput& in, int64_t dp, int64_t micro_batches,
 }
 
 MemoryPlanInput plan_input_from_config(const Config& c) {
-  // The replay follows the trainer's buffers without context parallelism (docs/planning.md).
-  if (c.parallel.cp > 1) {
-    throw InputError("config: parallel.cp = " + std::to_string(c.parallel.cp) +
-                     ": the memory planner does not model context parallelism yet (parallel.cp must be 1)");
-  }
   MemoryPlanInput in;
   const ModelConfig& m = c.model;
   in.shape = ModelShape{m.num_layers,      m.hidden_size, m.num_heads,  m.num_kv_heads,
@@ -100,6 +98,8 @@ MemoryPlanInput plan_input_from_config(const Config& c) {
   in.zero_stage = c.parallel.zero();
   in.tp = c.parallel.tp;
   in.pp = c.parallel.pp;
+  in.cp = c.parallel.cp;
+  in.cp_comm = c.parallel.cp_comm;
   in.virtual_stages = c.parallel.virtual_stages;
   in.dps = {c.parallel.dp};
   in.stage_layers = c.parallel.stage_layers;
@@ -117,7 +117,7 @@ MemoryPlanInput plan_input_from_config(const Config& c) {
 
 StepPeakPrediction predict_single_process_step(const Config& config) {
   MemoryPlanInput in = plan_input_from_config(config);
-  in.tp = in.pp = in.virtual_stages = 1;
+  in.tp = in.pp = in.cp = in.virtual_stages = 1;
   in.dps = {1};
   in.stage_layers.clear();
   validate(in);

@@ -19,16 +19,18 @@ namespace {
 using pipeline::ActionKind;
 
 // The communication buffers of each of the rank's groups (parallel/comm/grid.h: the embedding group joins
-// the first and the last stage).
+// the first and the last stage; gradients are reduced over dp_cp, which is the dp group when cp = 1).
 struct Groups {
-  GroupScratch tp, dp, world, embedding;
-  SendCopies pp_sends, world_sends;
+  GroupScratch tp, dp, cp, world, embedding;
+  SendCopies pp_sends, cp_sends, world_sends;
   Groups(BufferTally& l, const Fp64Rank& r)
       : tp(l, "tp", r.tp),
-        dp(l, "dp", r.dp),
-        world(l, "world", r.tp * r.dp * r.pp),
+        dp(l, r.cp > 1 ? "dp_cp" : "dp", r.dp_cp()),
+        cp(l, "cp", r.cp),
+        world(l, "world", r.tp * r.cp * r.dp * r.pp),
         embedding(l, "embedding", r.pp > 1 && (r.stage == 0 || r.stage == r.pp - 1) ? 2 : 1),
         pp_sends(l, "pp", r.send_completion),
+        cp_sends(l, "cp", r.send_completion),
         world_sends(l, "world", r.send_completion) {}
 };
 
@@ -89,7 +91,7 @@ class StepReplay {
 // pipeline's last chunk copies each micro-batch's token losses into the result, which lives until the
 // step ends. Buffers are per (chunk, micro-batch), as the executor's. Returns those token-loss records.
 std::vector<int> StepReplay::pipeline(Fp64StepReplay* breakdown) {
-  PassReplay pass(l_, r_, groups_.tp, groups_.dp);
+  PassReplay pass(l_, r_, {groups_.tp, groups_.dp, groups_.cp, groups_.cp_sends});
   const auto m = static_cast<size_t>(r_.micro_batches), n = r_.chunks.size() * m;
   std::vector<PassStored> acts(n);
   std::vector<int> inputs(n, -1), d_outputs(n, -1), d_inputs(n, -1), token_records;
@@ -156,7 +158,8 @@ std::vector<int> StepReplay::pipeline(Fp64StepReplay* breakdown) {
 }
 
 // Trainer::gather_token_losses: every last-stage rank concatenates its token losses; its tp rank 0 sends
-// them to world rank 0, which assembles the global batch, receiving one dp rank's losses at a time.
+// them to world rank 0, which assembles the global batch, receiving the losses of one (dp, cp) rank at a
+// time.
 // Returns the handle of the assembled losses (the step's record keeps them), or -1.
 int StepReplay::gather_token_losses() {
   l_.at("token-loss gather");
@@ -178,10 +181,10 @@ int StepReplay::gather_token_losses() {
   }
   int all = -1;
   if (r_.world_rank_zero()) {
-    all = l_.alloc_outside_arena(token_losses_per_rank() * static_cast<double>(r_.dp),
+    all = l_.alloc_outside_arena(token_losses_per_rank() * static_cast<double>(r_.dp_cp()),
                                  "token losses of the global batch");
-    for (int64_t from = 0; from < r_.dp; ++from) {
-      l_.release(l_.alloc_outside_arena(token_losses_per_rank(), "token losses of one dp rank"));
+    for (int64_t from = 0; from < r_.dp_cp(); ++from) {
+      l_.release(l_.alloc_outside_arena(token_losses_per_rank(), "token losses of one dp (and cp) rank"));
     }
   }
   if (mine >= 0) l_.release(mine);
@@ -228,7 +231,7 @@ void StepReplay::optimizer_update() {
     groups_.dp.reduce_scatter_sum(chunk);
     groups_.world.all_reduce_sum(1);
     update.push_back(l_.alloc(flat, "flat parameters"));
-    const double begin = chunk * static_cast<double>(r_.dp_rank), end = begin + chunk;
+    const double begin = chunk * static_cast<double>(r_.dp_cp_rank()), end = begin + chunk;
     double offset = 0;
     for (const HeldTensor& t : r_.held) {
       const double part = std::min(end, offset + t.numel) - std::max(begin, offset);
@@ -292,6 +295,11 @@ void StepReplay::sharded_update(std::vector<int>& grads) {
 // Trainer::step. In FP64 the passes read the weights themselves (only BF16 makes a copy); the
 // loss-token count is an integer all-reduce, which goes to MPI without scratch.
 void StepReplay::step(Fp64StepReplay* breakdown) {
+  // Context parallelism: this rank's rows of every micro-batch (GlobalBatch::context_micro_batch), five
+  // int32 lists of its N positions, half a double each.
+  const int rows = r_.cp > 1 ? l_.alloc_outside_arena(static_cast<double>(r_.micro_batches) * 5 * d_.N / 2,
+                                                      "this rank's rows of the micro-batches (int32)")
+                             : -1;
   std::vector<int> grads = step_gradients();
   l_.begin_arena_step();  // Trainer::step's ActivationArena::Step, from the passes to the update
   const std::vector<int> token_records = pipeline(breakdown);
@@ -309,6 +317,7 @@ void StepReplay::step(Fp64StepReplay* breakdown) {
   if (all >= 0) l_.release(all);
   l_.release(token_records);
   l_.release(grads);  // the step's record, dropped by the caller
+  if (rows >= 0) l_.release(rows);
 }
 
 }  // namespace

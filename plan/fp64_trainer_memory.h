@@ -38,14 +38,16 @@ struct Fp64Chunk {
   bool first = false, last = false;
 };
 
-// One rank of the grid: tensor-parallel rank tp_rank and data-parallel rank dp_rank of pipeline stage
-// `stage`.
+// One rank of the grid: tensor-parallel rank tp_rank, context-parallel rank cp_rank and data-parallel
+// rank dp_rank of pipeline stage `stage`.
 struct Fp64Rank {
   ModelShape shape;
   int64_t micro_batch = 1;    // b windows of shape.seq tokens
   int64_t micro_batches = 1;  // per replica per update
-  int64_t tp = 1, pp = 1, dp = 1;
-  int64_t tp_rank = 0, dp_rank = 0, stage = 0;
+  int64_t tp = 1, pp = 1, dp = 1, cp = 1;
+  int64_t tp_rank = 0, dp_rank = 0, stage = 0, cp_rank = 0;
+  // How the context-parallel attention moves keys and values (parallel/context/context_attention.h).
+  CpComm cp_comm = CpComm::kP2p;
   std::vector<Fp64Chunk> chunks;                                         // [virtual_stages]
   PipelineSchedule schedule = PipelineSchedule::kOneForwardOneBackward;  // parallel/pipeline/schedule.h
   bool sequence_parallel = false, distributed_optimizer = false;
@@ -63,24 +65,28 @@ struct Fp64Rank {
   std::vector<HeldTensor> held;
 
   double params() const;
-  // The optimizer's flat buffer (this rank's parameters padded to a multiple of dp) and each dp rank's
-  // chunk of it (parallel/data/flat_buffer.h).
+  // The group that reduces the gradients and shards the optimizer: dp x cp ranks (Megatron-LM's dp_cp
+  // group, parallel/comm/grid.h), the dp group without context parallelism; this rank's place in it.
+  int64_t dp_cp() const { return dp * cp; }
+  int64_t dp_cp_rank() const { return cp_rank + cp * dp_rank; }
+  // The optimizer's flat buffer (this rank's parameters padded to a multiple of dp x cp) and each dp_cp
+  // rank's chunk of it (parallel/data/flat_buffer.h).
   double flat_size() const;
-  double chunk() const { return flat_size() / static_cast<double>(dp); }
-  // Zero stages 2 and 3 (parallel/data/dim0_shard.h): a tensor's dim-0 shard, ceil(rows / dp) rows, and
-  // the all-gather's buffer of dp shards that a gathered tensor keeps as its capacity.
+  double chunk() const { return flat_size() / static_cast<double>(dp_cp()); }
+  // Zero stages 2 and 3 (parallel/data/dim0_shard.h): a tensor's dim-0 shard, ceil(rows / (dp x cp))
+  // rows, and the all-gather's buffer of dp x cp shards that a gathered tensor keeps as its capacity.
   double shard(const HeldTensor& t) const {
-    return std::ceil(t.rows / static_cast<double>(dp)) * (t.numel / t.rows);
+    return std::ceil(t.rows / static_cast<double>(dp_cp())) * (t.numel / t.rows);
   }
-  double gathered(const HeldTensor& t) const { return shard(t) * static_cast<double>(dp); }
+  double gathered(const HeldTensor& t) const { return shard(t) * static_cast<double>(dp_cp()); }
   double shards() const;  // the sum of this rank's shards
-  bool world_rank_zero() const { return tp_rank == 0 && dp_rank == 0 && stage == 0; }
+  bool world_rank_zero() const { return tp_rank == 0 && cp_rank == 0 && dp_rank == 0 && stage == 0; }
 };
 
-// The rank at grid coordinates (tp_rank, dp_rank, stage) of a layout with `micro_batches` per replica;
-// its tensors come from a ShardPlan of the parameter table.
+// The rank at grid coordinates (tp_rank, cp_rank, dp_rank, stage) of a layout with `micro_batches` per
+// replica and input.cp context-parallel ranks; its tensors come from a ShardPlan of the parameter table.
 Fp64Rank fp64_rank(const MemoryPlanInput& input, int64_t dp, int64_t micro_batches, int64_t stage,
-                   int64_t tp_rank, int64_t dp_rank);
+                   int64_t tp_rank, int64_t dp_rank, int64_t cp_rank = 0);
 
 struct Fp64StepReplay {
   double stored_per_micro_batch = 0;  // bytes one micro-batch keeps in the stage's first chunk from its

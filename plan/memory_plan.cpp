@@ -63,9 +63,16 @@ void validate_activations(const MemoryPlanInput& in) {
   const bool fp64 = in.activations == ActivationModel::kTouchstoneFp64;
   if (in.activations != ActivationModel::kNone) {
     require(m.seq >= 1, "the sequence length must be >= 1 to compute activations");
-    require(!in.sequence_parallel || (m.seq * in.micro_batch) % in.tp == 0,
+    require(m.seq % (2 * in.cp) == 0, "context parallelism: 2 x the context-parallel size (" +
+                                          str(2 * in.cp) + ") must divide the sequence length (" +
+                                          str(m.seq) + "), which is cut into 2 x cp chunks");
+    require(in.cp == 1 || in.flash_attention || fp64,
+            "context parallelism: the megatron-16bit model needs flash attention with a context-parallel "
+            "size above 1 (Megatron-LM runs context-parallel attention through fused kernels only)");
+    require(!in.sequence_parallel || (m.seq / in.cp * in.micro_batch) % in.tp == 0,
             "sequence parallelism: the tensor-parallel size (" + str(in.tp) +
-                ") must divide the micro-batch's tokens (" + str(m.seq * in.micro_batch) + ")");
+                ") must divide the micro-batch's tokens on a rank (" + str(m.seq / in.cp * in.micro_batch) +
+                ")");
   }
   require(!in.flash_attention || in.activations == ActivationModel::kMegatron16Bit,
           "flash attention applies to the megatron-16bit activation model only (Touchstone's trainer stores "
@@ -89,6 +96,7 @@ void validate_activations(const MemoryPlanInput& in) {
 
 void validate(const MemoryPlanInput& in) {
   require(in.tp >= 1, "the tensor-parallel size must be >= 1, got " + str(in.tp));
+  require(in.cp >= 1, "the context-parallel size must be >= 1, got " + str(in.cp));
   require(in.pp >= 1, "the pipeline-parallel size must be >= 1, got " + str(in.pp));
   require(in.virtual_stages >= 1, "the virtual stages must be >= 1, got " + str(in.virtual_stages));
   require(!in.dps.empty(), "no data-parallel size given");
@@ -155,9 +163,23 @@ void add_interleaved_megatron_activations(const MemoryPlanInput& in, int64_t mic
   }
 }
 
+// Context parallelism's K/V buffers while one layer's attention runs, 16-bit: the ring holds the block
+// it computes with and the one arriving (K and V of its T / cp positions each); the all-gather holds K
+// and V of the whole window.
+double megatron_context_kv_bytes(const MemoryPlanInput& in) {
+  if (in.cp == 1) return 0;
+  const ModelShape& m = in.shape;
+  const double kv_per_position = 2.0 * static_cast<double>(m.kv_heads / in.tp * m.head_dim()) * 2.0;
+  const double positions = static_cast<double>(in.micro_batch * m.seq);
+  return in.cp_comm == CpComm::kAllGather ? kv_per_position * positions
+                                          : 2.0 * kv_per_position * positions / static_cast<double>(in.cp);
+}
+
 void add_megatron_activations(const MemoryPlanInput& in, int64_t micro_batches,
                               const std::vector<int64_t>& chunk_layers, StageMemory& s) {
-  const ModelShape& m = in.shape;
+  // Each rank stores the activations of its T / cp positions.
+  ModelShape m = in.shape;
+  m.seq /= in.cp;
   const int64_t vocab = padded_vocab(m.vocab, in.vocab_multiple, in.tp);
   const double layer = megatron_layer_activation_bytes(m, in.micro_batch, in.tp, in.sequence_parallel,
                                                        in.recompute, in.flash_attention);
@@ -178,10 +200,12 @@ void add_megatron_activations(const MemoryPlanInput& in, int64_t micro_batches,
   }
   const double working = megatron_recompute_working_bytes(m, in.micro_batch, in.tp, in.sequence_parallel,
                                                           in.recompute, in.flash_attention);
-  s.peak = {working > 0 ? "backward, recomputing one layer"
-                        : "all in-flight micro-batches stored (" +
-                              std::string(in.virtual_stages > 1 ? "interleaved 1F1B" : "1F1B") + ")",
-            s.activations + working};
+  const double context_kv = megatron_context_kv_bytes(in);
+  s.peak = {(working > 0 ? "backward, recomputing one layer"
+                         : "all in-flight micro-batches stored (" +
+                               std::string(in.virtual_stages > 1 ? "interleaved 1F1B" : "1F1B") + ")") +
+                std::string(context_kv > 0 ? ", with the context-parallel K/V buffers of one layer" : ""),
+            s.activations + working + context_kv};
 }
 
 void add_fp64_activations(const MemoryPlanInput& in, int64_t dp, int64_t micro_batches, StageMemory& s) {
@@ -227,8 +251,9 @@ LayoutPlan plan_layout(const MemoryPlanInput& in, int64_t dp) {
       if (s.first) params += embedding_params_per_rank(in.shape, in.tp, vocab);
       if (s.last) params += head_params_per_rank(in.shape, in.tp, vocab, s.first);
     }
+    // The optimizer shards over dp x cp (the gradients are reduced over both).
     s.state = model_state(params, in.recipe,
-                          std::max<int64_t>(in.zero_stage, in.distributed_optimizer ? 1 : 0), dp);
+                          std::max<int64_t>(in.zero_stage, in.distributed_optimizer ? 1 : 0), dp * in.cp);
     if (in.moments_dropped) s.state.moments = 0;
     s.in_flight = in_flight_micro_batches(stage, in.pp, plan.micro_batches);
     if (in.activations == ActivationModel::kMegatron16Bit)

@@ -31,6 +31,11 @@ struct MemoryPlanInput {
   int64_t zero_stage = 0;
   int64_t tp = 1, pp = 1;
   std::vector<int64_t> dps{1};
+  // Context parallelism (docs/parallelism.md): every window's positions split over cp ranks, so each
+  // holds the activations of T / cp of them; the gradients are reduced and ZeRO shards the optimizer
+  // over dp x cp. cp_comm: how the attention gathers the other ranks' keys and values.
+  int64_t cp = 1;
+  CpComm cp_comm = CpComm::kP2p;
   // Interleaved 1F1B (parallel.virtual_stages): each stage holds v model chunks, chunk c of stage s being
   // virtual stage c x pp + s (Megatron-LM's assignment).
   int64_t virtual_stages = 1;

@@ -124,7 +124,7 @@ void print_memory_plan(const MemoryPlanInput& in, std::ostream& out) {
   for (int64_t dp : in.dps) plans.push_back(plan_layout(in, dp));
   const double params = in.total_params > 0 ? in.total_params : total_params(in.shape);
   out << "Memory plan: " << count(params) << " parameters" << (in.total_params > 0 ? " (given)" : "")
-      << ", TP " << in.tp << " x PP " << in.pp
+      << ", TP " << in.tp << (in.cp > 1 ? " x CP " + std::to_string(in.cp) : "") << " x PP " << in.pp
       << (in.virtual_stages > 1
               ? " (" + std::to_string(in.virtual_stages) + " virtual stages each, interleaved 1F1B)"
               : "")
@@ -132,6 +132,11 @@ void print_memory_plan(const MemoryPlanInput& in, std::ostream& out) {
       << (in.distributed_optimizer ? "on" : "off");
   if (in.zero_stage >= 2) out << ", ZeRO stage " << in.zero_stage;
   out << "\n";
+  if (in.cp > 1) {
+    out << "  context parallel: each GPU holds T / " << in.cp << " positions of every sequence ("
+        << option_name(in.cp_comm) << " attention); the optimizer shards over DP x CP (" << in.cp
+        << " x each DP below)\n";
+  }
   out << "  recipe " << in.recipe.name << ": " << in.recipe.description << "\n";
   out << "  bytes per parameter: " << bytes_per_param_formula(in.recipe, in.distributed_optimizer);
   if (in.zero_stage >= 2) {

@@ -17,11 +17,11 @@ std::vector<RankMemory> predict_rank_memory(const Config& config) {
   const int64_t dp = config.parallel.dp;
   const int64_t micro_batches = config.train.global_batch_size / (dp * config.train.micro_batch_size);
   const GridLayout layout{static_cast<int>(config.parallel.tp), static_cast<int>(dp),
-                          static_cast<int>(config.parallel.pp)};
+                          static_cast<int>(config.parallel.pp), static_cast<int>(config.parallel.cp)};
   std::vector<RankMemory> ranks;
   for (int world_rank = 0; world_rank < layout.world_size(); ++world_rank) {
     const GridCoordinates c = coordinates_of(layout, world_rank);
-    Fp64Rank rank = fp64_rank(in, dp, micro_batches, c.pp_rank, c.tp_rank, c.dp_rank);
+    Fp64Rank rank = fp64_rank(in, dp, micro_batches, c.pp_rank, c.tp_rank, c.dp_rank, c.cp_rank);
     const Fp64StepReplay replay = replay_fp64_step(rank);
     rank.send_completion = SendCompletion::kAtWaitSends;
     const double peak_sends_held = replay_fp64_step(rank).peak.at.bytes;
@@ -29,9 +29,11 @@ std::vector<RankMemory> predict_rank_memory(const Config& config) {
     r.world_rank = world_rank;
     r.tp_rank = c.tp_rank;
     r.dp_rank = c.dp_rank;
+    r.cp_rank = c.cp_rank;
     r.stage = c.pp_rank;
     r.state = model_state(rank.params(), in.recipe, 0, 1);
-    // The distributed optimizer keeps moments for its chunk of the padded flat buffer, not params / dp.
+    // The distributed optimizer keeps moments for its chunk of the padded flat buffer, not params / dp
+    // (dp x cp with context parallelism).
     if (rank.zero_stage == 1) r.state.moments = in.recipe.moments * rank.chunk();
     // Zero stages 2 and 3: moments of each tensor's padded dim-0 shard. The step's gradients are in the
     // replay (full until reduce-scattered at stage 2, shards at stage 3). Stage 2's weights come back
@@ -56,19 +58,19 @@ std::vector<RankMemory> predict_rank_memory(const Config& config) {
 void print_rank_memory(const std::vector<RankMemory>& ranks, std::ostream& out) {
   out << "\nPer rank, bytes (the run's peak: its second step, once the communication scratch has grown):\n";
   char line[512];
-  std::snprintf(line, sizeof line, "%5s %3s %3s %5s %11s %7s %30s %11s %11s %11s %11s  %s\n", "rank", "tp",
-                "dp", "stage", "state", "flight", "activations (k stored)", "transient", "arena free",
-                "staging", "total", "peak at");
+  std::snprintf(line, sizeof line, "%5s %3s %3s %3s %5s %11s %7s %30s %11s %11s %11s %11s  %s\n", "rank",
+                "tp", "cp", "dp", "stage", "state", "flight", "activations (k stored)", "transient",
+                "arena free", "staging", "total", "peak at");
   out << line;
   for (const RankMemory& r : ranks) {
     const std::string activations =
         std::to_string(r.peak.stored_micro_batches) + ": " + grouped(r.activations());
-    std::snprintf(line, sizeof line, "%5d %3lld %3lld %5lld %11s %7lld %30s %11s %11s %11s %11s  %s\n",
-                  r.world_rank, static_cast<long long>(r.tp_rank), static_cast<long long>(r.dp_rank),
-                  static_cast<long long>(r.stage), grouped(r.state.total()).c_str(),
-                  static_cast<long long>(r.in_flight), activations.c_str(), grouped(r.transient()).c_str(),
-                  grouped(r.arena_free()).c_str(), grouped(r.peak.staging).c_str(),
-                  grouped(r.total()).c_str(), r.peak.at.name.c_str());
+    std::snprintf(line, sizeof line, "%5d %3lld %3lld %3lld %5lld %11s %7lld %30s %11s %11s %11s %11s  %s\n",
+                  r.world_rank, static_cast<long long>(r.tp_rank), static_cast<long long>(r.cp_rank),
+                  static_cast<long long>(r.dp_rank), static_cast<long long>(r.stage),
+                  grouped(r.state.total()).c_str(), static_cast<long long>(r.in_flight), activations.c_str(),
+                  grouped(r.transient()).c_str(), grouped(r.arena_free()).c_str(),
+                  grouped(r.peak.staging).c_str(), grouped(r.total()).c_str(), r.peak.at.name.c_str());
     out << line;
   }
   out << "Staging buffers live at each rank's peak:\n";

@@ -1,4 +1,4 @@
-// The predicted peak of every rank of a Touchstone run's layout (all tp ranks, dp ranks and pipeline
+// The predicted peak of every rank of a Touchstone run's layout (all tp, cp and dp ranks and pipeline
 // stages), as a sum a reader can check term by term:
 //
 //   total = model state                  weights + grads (8 + 8 bytes per parameter the rank's ShardPlan
@@ -36,7 +36,7 @@ namespace touchstone::plan {
 
 struct RankMemory {
   int world_rank = 0;
-  int64_t tp_rank = 0, dp_rank = 0, stage = 0;
+  int64_t tp_rank = 0, cp_rank = 0, dp_rank = 0, stage = 0;
   ModelState state;
   int64_t in_flight = 0;  // most micro-batches the stage stores at once under its schedule
   double stored_per_micro_batch = 0;

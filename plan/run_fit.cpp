@@ -117,11 +117,6 @@ double lower_bound_bytes(const Config& c, const RunOutputs& outputs) {
 double planned_bytes(const Config& config, const RunOutputs& outputs) {
   Config fp64 = config;  // the trainer's buffers are FP64 at every precision; the planner's recipe is
   fp64.precision = Precision::kFp64;
-  // The replay does not model context parallelism yet: a cp rank is planned as the same layout without
-  // it, which holds every activation for all T positions instead of T / cp. That bounds it from above:
-  // the ring's K/V blocks (or the all-gather's whole-window K and V) of one layer are smaller than the
-  // activations that one layer stores for the T - T/cp positions the plan adds (docs/planning.md).
-  fp64.parallel.cp = 1;
   const std::vector<RankMemory> ranks = predict_rank_memory(fp64);
   double largest = 0.0;
   for (const RankMemory& rank : ranks) {

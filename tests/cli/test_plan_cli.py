@@ -126,13 +126,39 @@ class PlanCli(unittest.TestCase):
         per_rank = out[out.index("Per rank, bytes"):]
         rows = [line.split() for line in per_rank.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
         self.assertEqual([r[0] for r in rows], [str(rank) for rank in range(8)])
-        self.assertEqual({(r[1], r[2], r[3]) for r in rows},
-                         {(tp, dp, stage) for tp in "01" for dp in "01" for stage in "01"})
+        self.assertEqual({(r[1], r[2], r[3], r[4]) for r in rows},
+                         {(tp, "0", dp, stage) for tp in "01" for dp in "01" for stage in "01"})
         self.assertIn("dp all-reduce padded copy", out)
         self.assertIn("pp send copy: activation of micro-batch", out)
         self.assert_refused(["memory", "--ranks", "--layers", "4"], "--ranks needs a Touchstone config")
         self.assert_refused(["memory", "--set", "parallel.tp=2", "--ranks", "--tp", "4"],
                             "instead of --tp, use --set")
+
+    def test_memory_context_parallel(self):
+        # Every rank of a cp = 2 x dp = 2 layout, its cp rank in the third column; the cp group's buffers
+        # and the dp_cp group's, by name.
+        out = self.ok("memory", "--set", "parallel.cp=2", "--set", "parallel.dp=2", "--ranks")
+        self.assertIn("TP 1 x CP 2 x PP 1", out)
+        self.assertIn("the optimizer shards over DP x CP", out)
+        per_rank = out[out.index("Per rank, bytes"):]
+        rows = [line.split() for line in per_rank.splitlines() if line.split()[:1] and line.split()[0].isdigit()]
+        self.assertEqual([(r[0], r[2], r[3]) for r in rows],
+                         [("0", "0", "0"), ("1", "1", "0"), ("2", "0", "1"), ("3", "1", "1")])
+        self.assertIn("cp send copy: K/V block", out)
+        self.assertIn("dp_cp all-reduce padded copy", out)
+        # Without a config: the flags, and the 16-bit model over cp ranks with its K/V buffers.
+        shape = ["--layers", "4", "--hidden", "64", "--heads", "4", "--ffn", "176", "--vocab", "256",
+                 "--seq-length", "64", "--global-batch", "8"]
+        out = self.ok("memory", *shape, "--cp", "2", "--cp-comm", "allgather", "--flash-attention")
+        self.assertIn("context-parallel K/V buffers of one layer", out)
+        self.assert_refused(["memory", *shape, "--cp", "0"], "--cp: must be >= 1, got 0")
+        self.assert_refused(["memory", *shape, "--cp", "2", "--cp-comm", "ring", "--flash-attention"],
+                            '--cp-comm: unknown value "ring" ("p2p" or "allgather")')
+        self.assert_refused(["memory", *shape, "--cp", "3", "--flash-attention"],
+                            "2 x the context-parallel size (6) must divide the sequence length (64)")
+        self.assert_refused(["memory", *shape, "--cp", "2"], "the megatron-16bit model needs flash attention")
+        self.assert_refused(["memory", "--set", "parallel.cp=2", "--ranks", "--cp", "4"],
+                            "instead of --cp, use --set")
 
     def test_memory_errors(self):
         shape = ["--layers", "4", "--hidden", "64", "--heads", "4", "--ffn", "176", "--vocab", "256",

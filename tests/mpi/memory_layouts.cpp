@@ -72,6 +72,24 @@ const std::vector<MemoryLayout>& memory_layouts() {
        "all three, sequence parallel, distributed optimizer",
        {"parallel.tp=2", "parallel.pp=2", "parallel.dp=2", "parallel.sequence_parallel=true",
         "parallel.distributed_optimizer=true"}},
+      {"cp2", 2, "context parallel, ring attention", {"parallel.cp=2"}},
+      {"cp2_allgather",
+       2,
+       "context parallel, all-gather attention",
+       {"parallel.cp=2", "parallel.cp_comm=allgather"}},
+      {"cp4", 4, "context parallel, ring of four", {"parallel.cp=4"}},
+      {"tp2_sp_cp2",
+       4,
+       "tensor + sequence + context parallel",
+       {"parallel.tp=2", "parallel.sequence_parallel=true", "parallel.cp=2"}},
+      {"cp2_dp2_zero3",
+       4,
+       "context + data parallel, ZeRO-3 over dp x cp, all-gather attention",
+       {"parallel.cp=2", "parallel.dp=2", "parallel.zero_stage=3", "parallel.cp_comm=allgather"}},
+      {"cp2_pp2_zero1",
+       4,
+       "context parallel, pipeline (1F1B), ZeRO-1 over dp x cp",
+       {"parallel.cp=2", "parallel.pp=2", "parallel.zero_stage=1"}},
       {"tp2_sp_pp2_dropout",
        4,
        "tensor + sequence + pipeline parallel, attention and hidden dropout",
@@ -108,13 +126,15 @@ int LayoutComparison::failures() const {
 // send), so a rank measures less only if the trainer stopped allocating a buffer the replay still counts.
 // Above, two things the prediction leaves out:
 //   - send copies whose peer has not received them yet: how many depends on timing; at most every copy
-//     lives until the stage's wait_sends, and the replay computes that bound (total_sends_held). On
-//     these layouts it is 0 to 5 more copies of Nl h (65,536 bytes each), up to 5.7% of a rank's peak.
+//     lives until the group's wait_sends, and the replay computes that bound (total_sends_held). On
+//     these layouts it is 0 to 5 more copies of Nl h (65,536 bytes each) of the pipeline, up to 5.7% of a
+//     rank's peak, and up to 3 more K/V blocks of the context-parallel ring (32,768 bytes each).
 //   - bookkeeping: std::vector headers of the per-tensor and per-micro-batch lists, the parameter names
 //     of the Trainer's table, the schedule's action list, the timeline recorder's events (which grow by
-//     one per action each step), the transfer counters: measured 13-22 kB on these layouts, 0.06-0.35%
-//     of a rank's peak.
-// kBookkeeping is test_plan_memory's 1%: three times the largest bookkeeping measured here.
+//     one per action each step), the transfer counters and site names, context parallelism's index
+//     lists: measured 33-78 kB on these layouts, 0.17-0.80% of a rank's bound (the most on tp2, whose
+//     peak is among the smallest; docs/BENCHMARKS.md).
+// kBookkeeping is test_plan_memory's 1%.
 constexpr double kBookkeeping = 0.01;
 
 LayoutComparison compare_layout(const MemoryLayout& layout, const Config& config,
@@ -180,12 +200,12 @@ void print_comparison(const LayoutComparison& c, bool markdown, std::ostream& ou
       << " ranks; bytes; measured: the largest step peak above the live bytes before the Trainer\n";
   char line[768];
   if (markdown) {
-    out << "\n| rank | tp | dp | stage | predicted | measured | difference | bound with every send copy held "
-           "| "
-           "staging at the peak | peak at |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+    out << "\n| rank | tp | cp | dp | stage | predicted | measured | difference | bound with every send copy "
+           "held | staging at the peak | peak at "
+           "|\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
   } else {
-    std::snprintf(line, sizeof line, "%4s %3s %3s %5s %12s %12s %20s %12s %12s  %s\n", "rank", "tp", "dp",
-                  "stage", "predicted", "measured", "difference", "sends held", "staging",
+    std::snprintf(line, sizeof line, "%4s %3s %3s %3s %5s %12s %12s %20s %12s %12s  %s\n", "rank", "tp", "cp",
+                  "dp", "stage", "predicted", "measured", "difference", "sends held", "staging",
                   "measured per step");
     out << line;
   }
@@ -193,17 +213,18 @@ void print_comparison(const LayoutComparison& c, bool markdown, std::ostream& ou
     const plan::RankMemory& p = r.predicted;
     const std::string difference = signed_bytes(r.difference(), p.total());
     if (markdown) {
-      out << "| " << p.world_rank << " | " << p.tp_rank << " | " << p.dp_rank << " | " << p.stage << " | "
-          << grouped(p.total()) << " | " << grouped(r.measured) << " | " << difference << " | "
-          << grouped(p.total_sends_held) << " | " << grouped(p.peak.staging) << " | " << p.peak.at.name
-          << " |\n";
+      out << "| " << p.world_rank << " | " << p.tp_rank << " | " << p.cp_rank << " | " << p.dp_rank << " | "
+          << p.stage << " | " << grouped(p.total()) << " | " << grouped(r.measured) << " | " << difference
+          << " | " << grouped(p.total_sends_held) << " | " << grouped(p.peak.staging) << " | "
+          << p.peak.at.name << " |\n";
       continue;
     }
-    std::snprintf(line, sizeof line, "%4d %3lld %3lld %5lld %12s %12s %20s %12s %12s  %s%s\n", p.world_rank,
-                  static_cast<long long>(p.tp_rank), static_cast<long long>(p.dp_rank),
-                  static_cast<long long>(p.stage), grouped(p.total()).c_str(), grouped(r.measured).c_str(),
-                  difference.c_str(), grouped(p.total_sends_held).c_str(), grouped(p.peak.staging).c_str(),
-                  steps_of(r).c_str(), r.within() ? "" : "  OUTSIDE THE MARGIN");
+    std::snprintf(line, sizeof line, "%4d %3lld %3lld %3lld %5lld %12s %12s %20s %12s %12s  %s%s\n",
+                  p.world_rank, static_cast<long long>(p.tp_rank), static_cast<long long>(p.cp_rank),
+                  static_cast<long long>(p.dp_rank), static_cast<long long>(p.stage),
+                  grouped(p.total()).c_str(), grouped(r.measured).c_str(), difference.c_str(),
+                  grouped(p.total_sends_held).c_str(), grouped(p.peak.staging).c_str(), steps_of(r).c_str(),
+                  r.within() ? "" : "  OUTSIDE THE MARGIN");
     out << line;
   }
   if (!markdown) {

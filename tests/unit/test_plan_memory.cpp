@@ -145,6 +145,29 @@ TEST(PlanMemory, FirstAndLastStagesHoldEmbeddingAndOutputLayer) {
                    2 * 256 * 64 + 64 + 2 * (8 * 16 * 64 + 64 * 64 + 2 * 176 * 64 + 64 * 176 + 2 * 64));
 }
 
+// Context parallelism in the 16-bit model: each rank stores the activations of s / cp positions, and
+// while a layer's attention runs it holds K and V blocks besides: the ring the one it computes with and
+// the one arriving (2 x 2 b (s / cp) (kv heads / t) d x 2 bytes), the all-gather K and V of the whole
+// sequence (2 b s (kv heads / t) d x 2 bytes).
+TEST(PlanMemory, KorthikantiActivationsOverContextParallelRanks) {
+  MemoryPlanInput in = shaped_input();  // s = 64, h = 64, 2 KV heads of d = 16, t = 2, b = 1
+  in.flash_attention = true;
+  const StageMemory whole = plan_layout(in, 2).stages[0];
+  in.cp = 2;
+  const StageMemory ring = plan_layout(in, 2).stages[0];
+  in.cp_comm = CpComm::kAllGather;
+  const StageMemory gathered = plan_layout(in, 2).stages[0];
+  const double kv_per_position = 2.0 * (2 / 2) * 16 * 2;
+  EXPECT_DOUBLE_EQ(ring.activations, whole.activations / 2);
+  EXPECT_DOUBLE_EQ(ring.peak.bytes, ring.activations + 2 * kv_per_position * 64 / 2);
+  EXPECT_DOUBLE_EQ(gathered.peak.bytes, ring.activations + kv_per_position * 64);
+  EXPECT_NE(ring.peak.name.find("context-parallel K/V buffers"), std::string::npos);
+  // The optimizer shards over dp x cp: at dp 2 and cp 2 the distributed optimizer's state is dp 4's.
+  in.distributed_optimizer = true;
+  EXPECT_DOUBLE_EQ(plan_layout(in, 2).stages[0].state.total(),
+                   model_state(plan_layout(in, 2).stages[0].state.params, in.recipe, 1, 4).total());
+}
+
 std::string error_of(const MemoryPlanInput& in) {
   try {
     validate(in);
@@ -233,6 +256,19 @@ TEST(PlanMemory, InvalidLayoutsAreInputErrors) {
   in = shaped_input();
   in.tp = 0;
   EXPECT_EQ(error_of(in), "the tensor-parallel size must be >= 1, got 0");
+  in = shaped_input();
+  in.cp = 0;
+  EXPECT_EQ(error_of(in), "the context-parallel size must be >= 1, got 0");
+  in.cp = 3;  // 64 positions are not 6 chunks
+  EXPECT_EQ(error_of(in),
+            "context parallelism: 2 x the context-parallel size (6) must divide the sequence length (64), "
+            "which is cut into 2 x cp chunks");
+  in.cp = 2;
+  EXPECT_EQ(error_of(in),
+            "context parallelism: the megatron-16bit model needs flash attention with a context-parallel "
+            "size above 1 (Megatron-LM runs context-parallel attention through fused kernels only)");
+  in.flash_attention = true;
+  EXPECT_EQ(error_of(in), "");
 }
 
 // ---- the FP64 trainer: prediction against the measured peak --------------------------------------------
@@ -410,6 +446,47 @@ TEST(PlanMemory, RankPredictionTermsAddUpOnEveryRank) {
     // The per-stage plan is tp rank 0, dp rank 0 of the stage; here every tp and dp rank holds the same.
     EXPECT_DOUBLE_EQ(r.total(), stages.stages[static_cast<size_t>(r.stage)].total());
     EXPECT_DOUBLE_EQ(r.state.params, stages.stages[static_cast<size_t>(r.stage)].state.params);
+  }
+}
+
+// Context parallelism: a cp rank holds T / cp positions of every window, and every tensor the layers and
+// the head store is linear in its positions (rows N = b T / cp, the log-sum-exp [b, heads, T / cp]). So
+// one micro-batch's stored bytes are D / cp + A, with A the arena's per-buffer headers (the same buffers
+// at every cp): going from cp 1 to 2 saves D / 2, from 2 to 4 D / 4. The optimizer shards over dp x cp.
+TEST(PlanMemory, ContextParallelismDividesTheStoredActivations) {
+  const auto stored = [](const std::vector<std::string>& layout) {
+    return predict_rank_memory(layout_config(layout)).front().stored_per_micro_batch;
+  };
+  for (const char* comm : {"parallel.cp_comm=p2p", "parallel.cp_comm=allgather"}) {
+    SCOPED_TRACE(comm);
+    const double one = stored({}), two = stored({"parallel.cp=2", comm}),
+                 four = stored({"parallel.cp=4", comm});
+    EXPECT_DOUBLE_EQ(one - two, 2 * (two - four));
+    const double headers = one - 2 * (one - two);  // A = s1 - D
+    EXPECT_GT(headers, 0);
+    EXPECT_LT(headers, 0.01 * one);
+  }
+  // ZeRO-1 at cp = 2: AdamW's moments of one half of the 310,080 parameters (8 bytes each, two moments).
+  for (const RankMemory& r : predict_rank_memory(layout_config({"parallel.cp=2", "parallel.zero_stage=1"}))) {
+    EXPECT_DOUBLE_EQ(r.state.moments, 16 * 310080 / 2.0);
+  }
+}
+
+// The cp group's own buffers against hand arithmetic. Per rank N = b T / cp = 2 x 64 / 2 = 64 rows, and
+// one of K or V is n_kv = N x 4 KV heads x 8 = 2,048 doubles: the ring's send copy is K and V of one
+// block (2 n_kv); the all-gather's backward reduce-scatters 2 n_kv per rank through an exchange buffer
+// of cp x 2 n_kv. Gradients are reduced over dp x cp (the dp_cp group) through its padded copy and its
+// exchange of the whole flat gradient.
+TEST(PlanMemory, ContextParallelBuffersHaveTheirClosedForm) {
+  const double n_kv = 64 * 4 * 8, flat = 310080 * 8.0;
+  for (const RankMemory& r : predict_rank_memory(layout_config({"parallel.cp=2"}))) {
+    EXPECT_DOUBLE_EQ(staging_named(r, "cp send copy: K/V block"), 2 * n_kv * 8);
+    EXPECT_DOUBLE_EQ(staging_named(r, "dp_cp all-reduce padded copy"), flat);
+  }
+  for (const RankMemory& r :
+       predict_rank_memory(layout_config({"parallel.cp=2", "parallel.cp_comm=allgather"}))) {
+    EXPECT_DOUBLE_EQ(staging_named(r, "cp reduce-scatter exchange"), 2 * 2 * n_kv * 8);
+    EXPECT_DOUBLE_EQ(staging_named(r, "cp send copy: K/V block"), 0);
   }
 }
 

@@ -95,6 +95,21 @@ TEST(RunFit, TheLowerBoundIsBelowThePlanAndGrowsWithEveryCount) {
   EXPECT_GT(plan::lower_bound_bytes(base, {true, true, true}), lower);  // moments, envelope steps
 }
 
+// Context parallelism is planned rank by rank as the trainer holds it (plan/rank_memory.h): a cp rank
+// stores the activations of T / cp positions, so the plan of cp = 2 is below that of one rank holding the
+// whole window (a plan of the same layout without context parallelism would equal it), and stays above
+// the lower bound.
+TEST(RunFit, AContextParallelRankIsPlannedWithItsShareOfTheWindow) {
+  Config whole;
+  whole.model.seq_length = 1024;
+  Config split = whole;
+  split.parallel.cp = 2;
+  const plan::RunOutputs golden{true, false, false};
+  const double one = plan::planned_bytes(whole, golden), two = plan::planned_bytes(split, golden);
+  EXPECT_LT(two, one);
+  EXPECT_GE(two, plan::lower_bound_bytes(split, golden));
+}
+
 // What a run holds beside the trainer (oracle/run.cpp): one process writes its trainer's own tensors
 // (no gathered copies), the initial weights are released before the first step unless an envelope run
 // needs them again, and a one-step run holds AdamW's moments only when it saves them.

@@ -6,10 +6,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <ostream>
 
 #include "common/config.h"
 #include "common/errors.h"
+#include "common/options.h"
 #include "common/text_output.h"
 #include "plan/calendar_plan.h"
 #include "plan/format.h"
@@ -25,13 +27,13 @@ namespace touchstone::plan {
 namespace {
 
 struct MemoryOptions {
-  std::string config_path, params, recipe = "bf16", activations = "auto", recompute = "none";
+  std::string config_path, params, recipe = "bf16", activations = "auto", recompute = "none", cp_comm = "p2p";
   std::vector<std::string> overrides;
   int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, ffn = 0, vocab = 0, seq = 0;
   int64_t zero_stage = 0;
   bool tied = false, distributed_optimizer = false, sequence_parallel = false, flash_attention = false;
   bool breakdown = false, ranks = false;
-  int64_t tp = 1, pp = 1, virtual_stages = 1, micro_batch = 1, global_batch = 0, vocab_multiple = 1;
+  int64_t tp = 1, pp = 1, cp = 1, virtual_stages = 1, micro_batch = 1, global_batch = 0, vocab_multiple = 1;
   std::vector<int64_t> dps{1}, stage_layers;
   double gpu_memory_gb = 0;
 };
@@ -94,6 +96,12 @@ Recompute parse_recompute(const std::string& name) {
   throw InputError("--recompute: unknown value \"" + name + "\" (none, selective or full)");
 }
 
+// --cp-comm: how context-parallel attention moves the keys and values.
+CpComm parse_cp_comm(const std::string& name) {
+  if (const std::optional<CpComm> comm = find_option<CpComm>(name)) return *comm;
+  throw InputError("--cp-comm: unknown value \"" + name + "\" (" + option_choices<CpComm>() + ")");
+}
+
 // --activations, but "auto" (resolved from the recipe and the shape by the caller).
 ActivationModel parse_activation_model(const std::string& name) {
   if (name == "none") return ActivationModel::kNone;
@@ -111,6 +119,7 @@ void check_memory_flags(const MemoryPlanInput& in) {
   };
   at_least_one("--tp", in.tp);
   at_least_one("--pp", in.pp);
+  at_least_one("--cp", in.cp);
   at_least_one("--virtual-stages", in.virtual_stages);
   if (in.dps.empty()) throw InputError("--dp: give at least one data-parallel size");
   for (int64_t dp : in.dps) at_least_one("--dp", dp);
@@ -216,6 +225,12 @@ void PlanCommandImpl::add_memory_options() {
   c->add_flag("--tied-embeddings", m_.tied, "The output layer is the embedding");
   c->add_option("--tp", m_.tp, "Tensor-parallel size")->capture_default_str();
   c->add_option("--pp", m_.pp, "Pipeline-parallel size")->capture_default_str();
+  c->add_option("--cp", m_.cp,
+                "Context-parallel size: each sequence split over cp GPUs, the optimizer sharded over DP x CP")
+      ->capture_default_str();
+  c->add_option("--cp-comm", m_.cp_comm,
+                "How context-parallel attention moves keys and values: p2p (a ring) or allgather")
+      ->capture_default_str();
   c->add_option("--dp", m_.dps, "Data-parallel size, or several: --dp 1,8,80")
       ->delimiter(',')
       ->allow_extra_args(false)
@@ -258,7 +273,8 @@ void PlanCommandImpl::add_memory_options() {
 
 Config PlanCommandImpl::config() const {
   Config config = resolve_config_flags(m_.config_path, m_.overrides);
-  validate_config(config, static_cast<int>(config.parallel.tp * config.parallel.pp * config.parallel.dp));
+  validate_config(config, static_cast<int>(config.parallel.tp * config.parallel.cp * config.parallel.pp *
+                                           config.parallel.dp));
   return config;
 }
 
@@ -288,6 +304,8 @@ MemoryPlanInput PlanCommandImpl::memory_input() const {
     throw InputError("--params: must be > 0, got " + m_.params);
   if (given("--tp")) in.tp = m_.tp;
   if (given("--pp")) in.pp = m_.pp;
+  if (given("--cp")) in.cp = m_.cp;
+  if (given("--cp-comm")) in.cp_comm = parse_cp_comm(m_.cp_comm);
   if (given("--virtual-stages")) in.virtual_stages = m_.virtual_stages;
   if (given("--dp")) in.dps = m_.dps;
   if (given("--stage-layers")) in.stage_layers = m_.stage_layers;
@@ -318,10 +336,26 @@ int PlanCommandImpl::run_memory(std::ostream& out) const {
   if (m_.ranks) {
     if (!has_config())
       throw InputError("--ranks needs a Touchstone config: --config FILE and/or --set key=value");
-    for (const char* option :
-         {"--layers", "--hidden", "--heads", "--kv-heads", "--ffn", "--vocab", "--seq-length",
-          "--tied-embeddings", "--tp", "--pp", "--virtual-stages", "--dp", "--stage-layers", "--micro-batch",
-          "--global-batch", "--distributed-optimizer", "--sequence-parallel", "--recipe"}) {
+    for (const char* option : {"--layers",
+                               "--hidden",
+                               "--heads",
+                               "--kv-heads",
+                               "--ffn",
+                               "--vocab",
+                               "--seq-length",
+                               "--tied-embeddings",
+                               "--tp",
+                               "--pp",
+                               "--cp",
+                               "--cp-comm",
+                               "--virtual-stages",
+                               "--dp",
+                               "--stage-layers",
+                               "--micro-batch",
+                               "--global-batch",
+                               "--distributed-optimizer",
+                               "--sequence-parallel",
+                               "--recipe"}) {
       if (given(option)) {
         throw InputError(std::string("--ranks takes the layout and shapes from the config; instead of ") +
                          option + ", use --set (e.g. --set parallel.tp=2)");
