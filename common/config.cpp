@@ -366,6 +366,13 @@ void validate_config(const Config& c, int world_size) {
   require(c.envelope.floor >= 0, "envelope.floor", "must be >= 0");
 }
 
+int64_t ParallelConfig::world_size() const {
+  int64_t processes = 1;
+  for (const int64_t factor : {tp, cp, dp, pp})  // each product stays below 2^41: no overflow
+    processes = std::min(processes * factor, kMaxProcesses + 1);
+  return processes;
+}
+
 std::vector<int64_t> Config::stage_boundaries() const {
   std::vector<int64_t> boundaries{0};
   const int64_t chunks = parallel.num_virtual_stages();

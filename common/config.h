@@ -93,6 +93,9 @@ struct ParallelConfig {
   std::vector<int64_t> stage_layers;
 
   int64_t num_virtual_stages() const { return pp * virtual_stages; }
+  // The processes the layout runs on, tp x cp x dp x pp; kMaxProcesses + 1 when that is more than
+  // kMaxProcesses (each factor may be 2^20, so the product of all four would overflow int64_t).
+  int64_t world_size() const;
 };
 
 // The BF16 tolerance model of `touchstone golden --envelope`: tolerance = k x (BF16-vs-FP64 error) + floor.

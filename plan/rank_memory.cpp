@@ -16,8 +16,7 @@ std::vector<RankMemory> predict_rank_memory(const Config& config) {
   validate(in);
   const int64_t dp = config.parallel.dp;
   const int64_t micro_batches = config.train.global_batch_size / (dp * config.train.micro_batch_size);
-  const GridLayout layout{static_cast<int>(config.parallel.tp), static_cast<int>(dp),
-                          static_cast<int>(config.parallel.pp), static_cast<int>(config.parallel.cp)};
+  const GridLayout layout = grid_layout(config.parallel);
   std::vector<RankMemory> ranks;
   for (int world_rank = 0; world_rank < layout.world_size(); ++world_rank) {
     const GridCoordinates c = coordinates_of(layout, world_rank);

@@ -32,9 +32,7 @@ ModelShape shape_of(const Config& c) {
 
 double full_weights_bytes(const Config& c) { return total_params(shape_of(c)) * kElement; }
 
-bool single_rank(const Config& c) {
-  return c.parallel.tp * c.parallel.cp * c.parallel.pp * c.parallel.dp == 1;
-}
+bool single_rank(const Config& c) { return c.parallel.world_size() == 1; }
 
 // What every process holds beside the trainer: every step's global batch (made before the first step),
 // at least one packed window, the parameter bookkeeping, and with --envelope the full initial weights

@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 
+#include "common/config.h"
 #include "parallel/comm/comm_backend.h"
 #include "parallel/comm/process_group.h"
 
@@ -36,6 +37,8 @@ struct GridCoordinates {
   int tp_rank = 0, dp_rank = 0, pp_rank = 0, cp_rank = 0;
 };
 
+// The grid of a run's config (validated: its world size fits).
+GridLayout grid_layout(const ParallelConfig& parallel);
 int rank_of(const GridLayout& layout, const GridCoordinates& coordinates);
 GridCoordinates coordinates_of(const GridLayout& layout, int rank);
 

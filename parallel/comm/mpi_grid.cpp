@@ -14,6 +14,11 @@
 
 namespace touchstone {
 
+GridLayout grid_layout(const ParallelConfig& parallel) {
+  return GridLayout{static_cast<int>(parallel.tp), static_cast<int>(parallel.dp),
+                    static_cast<int>(parallel.pp), static_cast<int>(parallel.cp)};
+}
+
 int rank_of(const GridLayout& layout, const GridCoordinates& coordinates) {
   return coordinates.tp_rank +
          layout.tp *

@@ -159,6 +159,10 @@ class PlanCli(unittest.TestCase):
         self.assert_refused(["memory", *shape, "--cp", "2"], "the megatron-16bit model needs flash attention")
         self.assert_refused(["memory", "--set", "parallel.cp=2", "--ranks", "--cp", "4"],
                             "instead of --cp, use --set")
+        # Four factors at their bound of 2^20 each: the product is refused, never formed.
+        self.assert_refused(["memory", *[arg for key in ("tp", "cp", "pp", "dp")
+                                         for arg in ("--set", f"parallel.{key}=1048576")]],
+                            "config: parallel: tp x cp x pp x dp is more than 1048576 processes")
 
     def test_memory_errors(self):
         shape = ["--layers", "4", "--hidden", "64", "--heads", "4", "--ffn", "176", "--vocab", "256",

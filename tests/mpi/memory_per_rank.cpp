@@ -71,11 +71,9 @@ LayoutComparison measure_layout(const std::string& name, const Options& options,
   overrides.insert(overrides.end(), options.overrides.begin(), options.overrides.end());
   const Config config = resolve_config(read_config_file(options.config_path), overrides, options.config_path);
   const PreparedRun run = prepare_run(config, RunOptions{}, mpi.world_size());
-  const GridLayout grid_layout{static_cast<int>(config.parallel.tp), static_cast<int>(config.parallel.dp),
-                               static_cast<int>(config.parallel.pp), static_cast<int>(config.parallel.cp)};
   std::vector<int64_t> peaks;
   {
-    std::unique_ptr<Grid> grid = Grid::create(grid_layout);
+    std::unique_ptr<Grid> grid = Grid::create(grid_layout(config.parallel));
     peaks = measure_step_peaks(run, *grid);
   }
   const std::vector<int64_t> all = gather_peaks(peaks, mpi.world_size());

@@ -107,6 +107,14 @@ TEST(Config, ImpossibleShapesAreRefused) {
                   1),
       "config: parallel tp x cp x pp x dp = more than 2^63 but the run has 1 process(es) (launch with mpirun "
       "-np more than 2^63)");
+  // The layout's world size, saturated just above the bound rather than overflowing.
+  ParallelConfig layout;
+  layout.tp = layout.cp = layout.pp = layout.dp = kMaxProcesses;
+  EXPECT_EQ(layout.world_size(), kMaxProcesses + 1);
+  layout.tp = 2, layout.cp = 2, layout.pp = 4, layout.dp = 3;
+  EXPECT_EQ(layout.world_size(), 48);
+  layout.dp = kMaxProcesses / 16;
+  EXPECT_EQ(layout.world_size(), kMaxProcesses);
   EXPECT_EQ(invalid("parallel.cp_comm=ring"),
             "config: parallel.cp_comm must be \"p2p\" or \"allgather\" (got \"ring\")");
   EXPECT_NE(

@@ -82,8 +82,7 @@ int run(const ConfigOptions& config_options, const touchstone::RunFlags& run_fla
     return 2;
   }
   const touchstone::Config& c = prepared.config;
-  const touchstone::GridLayout layout{static_cast<int>(c.parallel.tp), static_cast<int>(c.parallel.dp),
-                                      static_cast<int>(c.parallel.pp), static_cast<int>(c.parallel.cp)};
+  const touchstone::GridLayout layout = touchstone::grid_layout(c.parallel);
   // NCCL groups refuse two ranks on one GPU; the user asked for them with --comm nccl.
   const auto create_grid = [&] { return touchstone::Grid::create(layout, comm); };
   auto grid = comm == touchstone::CommBackend::kNccl ? touchstone::naming_flag("--comm nccl", create_grid)

@@ -273,8 +273,13 @@ void PlanCommandImpl::add_memory_options() {
 
 Config PlanCommandImpl::config() const {
   Config config = resolve_config_flags(m_.config_path, m_.overrides);
-  validate_config(config, static_cast<int>(config.parallel.tp * config.parallel.cp * config.parallel.pp *
-                                           config.parallel.dp));
+  // The plan is of the layout the config asks for, whatever runs it: only its size is bounded here.
+  const int64_t processes = config.parallel.world_size();
+  if (processes > kMaxProcesses) {
+    throw InputError("config: parallel: tp x cp x pp x dp is more than " + std::to_string(kMaxProcesses) +
+                     " processes");
+  }
+  validate_config(config, static_cast<int>(processes));
   return config;
 }
 
