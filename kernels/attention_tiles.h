@@ -78,6 +78,16 @@ class WindowMask {
     if (!masking_) return true;
     return k.max_doc >= q.min_doc && k.min_doc <= q.max_doc;
   }
+  // Whether every query of tile qt sees every key of tile kt with nothing added to its score: every key
+  // at or before every query, all of one document (when masking), and no 0/1 mask added. The kernels
+  // then skip the per-pair test, which gives the same scores.
+  bool tile_unmasked(int64_t qt, int64_t kt) const {
+    if (added_) return false;
+    const TileRange& q = q_ranges_[static_cast<size_t>(qt)];
+    const TileRange& k = k_ranges_[static_cast<size_t>(kt)];
+    if (k.max_position > q.min_position) return false;
+    return !masking_ || (q.min_doc == q.max_doc && k.min_doc == k.max_doc && q.min_doc == k.min_doc);
+  }
   // The pairs of the window, counted (once per query head).
   AttentionTileCount count() const {
     AttentionTileCount c;

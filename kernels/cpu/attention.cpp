@@ -36,10 +36,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/attention_tiles.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/exp_fp64.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel_for.h"
 #include "kernels/dropout_mask.h"
@@ -61,6 +63,16 @@ const double* gemm_input(const double* m, int64_t n, Precision p, double* copy) 
   if (p != Precision::kBf16) return m;
   for (int64_t i = 0; i < n; ++i) copy[i] = round_to_bf16(m[i]);
   return copy;
+}
+
+// x[n] = exp(x[n]) in the compute type: FP64 through exp_fp64 (in SIMD lanes), FP32 through std::exp.
+template <typename C>
+void exp_in_place(double* x, int64_t n) {
+  if constexpr (std::is_same_v<C, double>) {
+    cpu::exp_fp64(x, x, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) x[i] = static_cast<double>(std::exp(static_cast<C>(x[i])));
+  }
 }
 
 // One (window, query head) slice of the inputs and outputs, with the shapes of attention_block_forward.
@@ -129,13 +141,18 @@ AttentionTileCount forward_tile(Precision p, const AttentionShape& s, const Wind
     cpu::gemm(p, scores_format(p), false, true, tq, tk, D, s.scale(), x.q + i0 * D, D, x.k + j0 * D, D,
               Store::kOverwrite, scores, tk);
     if (dropout) dropout->fill(x, mask, i0, tq, j0, tk, keep);
+    const bool unmasked = mask.tile_unmasked(qt, kt);  // every key visible to every query, nothing added
     for (int64_t r = 0; r < tq; ++r) {
       const int64_t i = i0 + r;
       double* srow = scores + r * tk;
       C tile_max = -std::numeric_limits<C>::infinity();
-      for (int64_t c = 0; c < tk; ++c) {
-        if (!mask.visible(i, j0 + c)) continue;
-        srow[c] = static_cast<double>(static_cast<C>(srow[c]) + static_cast<C>(mask.bias(i, j0 + c)));
+      for (int64_t c = 0; c < tk; ++c) {  // a masked score becomes -inf: its exponential is 0
+        if (!unmasked && !mask.visible(i, j0 + c)) {
+          srow[c] = -std::numeric_limits<double>::infinity();
+          continue;
+        }
+        srow[c] = static_cast<double>(static_cast<C>(srow[c]) +
+                                      static_cast<C>(unmasked ? 0.0 : mask.bias(i, j0 + c)));
         tile_max = std::max(tile_max, static_cast<C>(srow[c]));
       }
       const C m_old = static_cast<C>(m[r]), m_new = std::max(m_old, tile_max);
@@ -145,11 +162,13 @@ AttentionTileCount forward_tile(Precision p, const AttentionShape& s, const Wind
       }
       // exp(-inf) = 0 clears what nothing had accumulated yet; acc and l are 0 there anyway.
       const C rescale = std::exp(m_old - m_new);
+      for (int64_t c = 0; c < tk; ++c) srow[c] = static_cast<double>(static_cast<C>(srow[c]) - m_new);
+      exp_in_place<C>(srow, tk);
       C sum = 0;
       for (int64_t c = 0; c < tk; ++c) {
-        const C e = mask.visible(i, j0 + c) ? std::exp(static_cast<C>(srow[c]) - m_new) : C(0);
+        const C e = static_cast<C>(srow[c]);
         sum += e;
-        srow[c] = static_cast<double>(dropout ? e * static_cast<C>(keep[r * tk + c]) : e);
+        if (dropout) srow[c] = static_cast<double>(e * static_cast<C>(keep[r * tk + c]));
       }
       l[r] = static_cast<double>(static_cast<C>(l[r]) * rescale + sum);
       m[r] = static_cast<double>(m_new);
@@ -205,25 +224,30 @@ void backward_head(Precision p, const AttentionShape& s, const WindowMask& mask,
       cpu::gemm(p, scores_format(p), false, true, tq, tk, D, s.scale(), x.q + i0 * D, D, x.k + j0 * D, D,
                 Store::kOverwrite, probs, tk);
       if (dropout) dropout->fill(x, mask, i0, tq, j0, tk, keep);
-      for (int64_t r = 0; r < tq; ++r) {
+      const bool unmasked = mask.tile_unmasked(qt, kt);
+      for (int64_t r = 0; r < tq; ++r) {  // S - lse, or -inf where masked (its exponential is 0)
         for (int64_t c = 0; c < tk; ++c) {
           const int64_t i = i0 + r, j = j0 + c;
           double& e = probs[r * tk + c];
-          e = mask.visible(i, j)
-                  ? static_cast<double>(std::exp(static_cast<C>(e) + static_cast<C>(mask.bias(i, j)) -
-                                                 static_cast<C>(lse[i])))
-                  : 0.0;
+          e = unmasked || mask.visible(i, j)
+                  ? static_cast<double>(static_cast<C>(e) + static_cast<C>(unmasked ? 0.0 : mask.bias(i, j)) -
+                                        static_cast<C>(lse[i]))
+                  : -std::numeric_limits<double>::infinity();
         }
       }
+      exp_in_place<C>(probs, tq * tk);
       // dP' = dO_I V_J^T, before P is overwritten by P'
       cpu::gemm(p, scores_format(p), false, true, tq, tk, D, 1.0, doh + i0 * out_width, out_width,
                 x.v + j0 * D, D, Store::kOverwrite, dprobs, tk);
-      for (int64_t e = 0; e < tq * tk; ++e) {
-        const C pe = static_cast<C>(probs[e]);
-        const C dp =
-            dropout ? static_cast<C>(dprobs[e]) * static_cast<C>(keep[e]) : static_cast<C>(dprobs[e]);
-        dprobs[e] = static_cast<double>(pe * (dp - static_cast<C>(delta[i0 + e / tk])));  // dS
-        if (dropout) probs[e] = static_cast<double>(pe * static_cast<C>(keep[e]));        // P'
+      for (int64_t r = 0; r < tq; ++r) {
+        const C delta_i = static_cast<C>(delta[i0 + r]);
+        for (int64_t e = r * tk; e < (r + 1) * tk; ++e) {
+          const C pe = static_cast<C>(probs[e]);
+          const C dp =
+              dropout ? static_cast<C>(dprobs[e]) * static_cast<C>(keep[e]) : static_cast<C>(dprobs[e]);
+          dprobs[e] = static_cast<double>(pe * (dp - delta_i));                       // dS
+          if (dropout) probs[e] = static_cast<double>(pe * static_cast<C>(keep[e]));  // P'
+        }
       }
       // dV_J += P'^T dO_I
       cpu::gemm(p, accumulate, true, false, tk, D, tq, 1.0, gemm_input(probs, tq * tk, p, input), tk,
