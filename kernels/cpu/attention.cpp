@@ -36,7 +36,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "kernels/attention_tiles.h"
@@ -63,16 +62,6 @@ const double* gemm_input(const double* m, int64_t n, Precision p, double* copy) 
   if (p != Precision::kBf16) return m;
   for (int64_t i = 0; i < n; ++i) copy[i] = round_to_bf16(m[i]);
   return copy;
-}
-
-// x[n] = exp(x[n]) in the compute type: FP64 through exp_fp64 (in SIMD lanes), FP32 through std::exp.
-template <typename C>
-void exp_in_place(double* x, int64_t n) {
-  if constexpr (std::is_same_v<C, double>) {
-    cpu::exp_fp64(x, x, n);
-  } else {
-    for (int64_t i = 0; i < n; ++i) x[i] = static_cast<double>(std::exp(static_cast<C>(x[i])));
-  }
 }
 
 // One (window, query head) slice of the inputs and outputs, with the shapes of attention_block_forward.
@@ -163,7 +152,7 @@ AttentionTileCount forward_tile(Precision p, const AttentionShape& s, const Wind
       // exp(-inf) = 0 clears what nothing had accumulated yet; acc and l are 0 there anyway.
       const C rescale = std::exp(m_old - m_new);
       for (int64_t c = 0; c < tk; ++c) srow[c] = static_cast<double>(static_cast<C>(srow[c]) - m_new);
-      exp_in_place<C>(srow, tk);
+      cpu::exp_in_place<C>(srow, tk);
       C sum = 0;
       for (int64_t c = 0; c < tk; ++c) {
         const C e = static_cast<C>(srow[c]);
@@ -235,7 +224,7 @@ void backward_head(Precision p, const AttentionShape& s, const WindowMask& mask,
                   : -std::numeric_limits<double>::infinity();
         }
       }
-      exp_in_place<C>(probs, tq * tk);
+      cpu::exp_in_place<C>(probs, tq * tk);
       // dP' = dO_I V_J^T, before P is overwritten by P'
       cpu::gemm(p, scores_format(p), false, true, tq, tk, D, 1.0, doh + i0 * out_width, out_width,
                 x.v + j0 * D, D, Store::kOverwrite, dprobs, tk);

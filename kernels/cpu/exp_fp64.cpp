@@ -3,6 +3,7 @@
 #include "kernels/cpu/exp_fp64.h"
 
 #include <bit>
+#include <limits>
 
 namespace touchstone::cpu {
 
@@ -32,7 +33,8 @@ inline double exp_lane(double x) {
   // 2^n: the low bits of `shifted` hold n (two's complement); n + 1023 is the biased exponent, in
   // [1, 2046], shifted into place (the constant's own high bits are shifted out).
   const double two_to_n = std::bit_cast<double>((std::bit_cast<uint64_t>(shifted) + 1023) << 52);
-  return x < kExpFp64Lowest ? 0.0 : p * two_to_n;
+  const double result = x > kExpFp64Highest ? std::numeric_limits<double>::infinity() : p * two_to_n;
+  return x < kExpFp64Lowest ? 0.0 : result;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/exp_fp64.h"
 #include "kernels/cpu/parallel_for.h"
 
 namespace touchstone {
@@ -13,6 +14,8 @@ namespace touchstone {
 namespace {
 
 constexpr int32_t kIgnoreIndex = -100;
+// Logits per exponential call in the forward's sum (a buffer on the stack).
+constexpr int64_t kExpChunk = 256;
 
 template <typename T>
 void row_max_impl(const double* logits, int64_t rows, int64_t vocab_local, double* row_max) {
@@ -30,8 +33,14 @@ void partials_impl(const double* logits, const int32_t* targets, int64_t rows, i
   cpu::parallel_for(rows, vocab_local, [&](int64_t n) {
     const double* row = logits + n * vocab_local;
     T sum = 0;
-    for (int64_t i = 0; i < vocab_local; ++i)
-      sum += std::exp(static_cast<T>(row[i]) - static_cast<T>(row_max[n]));
+    double chunk[kExpChunk];  // exp(row - max) of the chunk [first, first + count), then summed in order
+    for (int64_t first = 0; first < vocab_local; first += kExpChunk) {
+      const int64_t count = std::min(kExpChunk, vocab_local - first);
+      for (int64_t c = 0; c < count; ++c)
+        chunk[c] = static_cast<double>(static_cast<T>(row[first + c]) - static_cast<T>(row_max[n]));
+      cpu::exp_in_place<T>(chunk, count);
+      for (int64_t c = 0; c < count; ++c) sum += static_cast<T>(chunk[c]);
+    }
     sum_exp[n] = static_cast<double>(sum);
     const int64_t local = static_cast<int64_t>(targets[n]) - vocab_start;
     target_logit[n] = targets[n] != kIgnoreIndex && local >= 0 && local < vocab_local ? row[local] : 0.0;
@@ -63,11 +72,13 @@ void ce_backward_impl(const double* logits, const int32_t* targets, int64_t rows
     const auto w = static_cast<T>(loss_weight), m = static_cast<T>(row_max[n]),
                z = static_cast<T>(sum_exp[n]);
     const int64_t local = static_cast<int64_t>(targets[n]) - vocab_start;
+    for (int64_t i = 0; i < vocab_local; ++i) drow[i] = static_cast<double>(static_cast<T>(row[i]) - m);
+    cpu::exp_in_place<T>(drow, vocab_local);
     for (int64_t i = 0; i < vocab_local; ++i) {
       // Megatron-LM's order: softmax - onehot in T, times the incoming gradient w in T, one rounding to
       // the activation format. With global_token_mean w is 1 and the 1/num_loss_tokens scale is applied
       // to the main gradients afterwards (loss_scaling in oracle/train_step.h).
-      T d = std::exp(static_cast<T>(row[i]) - m) / z;
+      T d = static_cast<T>(drow[i]) / z;
       if (i == local) d -= T(1);
       drow[i] = r.activation(static_cast<double>(d * w));
     }

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/exp_fp64.h"
 #include "kernels/cpu/parallel_for.h"
 #include "kernels/rope_angle.h"
 
@@ -175,10 +176,13 @@ void swiglu_forward_impl(const double* fc1, int64_t rows, int64_t ffn, double* a
   cpu::parallel_for(rows, ffn, [&](int64_t n) {
     const double* gate = fc1 + n * 2 * ffn;
     const double* up = gate + ffn;
+    double* out = act + n * ffn;  // exp(-g) first, then silu(g) * up
+    for (int64_t i = 0; i < ffn; ++i) out[i] = static_cast<double>(-static_cast<T>(gate[i]));
+    cpu::exp_in_place<T>(out, ffn);
     for (int64_t i = 0; i < ffn; ++i) {
       const auto g = static_cast<T>(gate[i]);
-      const T sigmoid = T(1) / (T(1) + std::exp(-g));
-      act[n * ffn + i] = r.activation(static_cast<double>(g * sigmoid * static_cast<T>(up[i])));
+      const T sigmoid = T(1) / (T(1) + static_cast<T>(out[i]));
+      out[i] = r.activation(static_cast<double>(g * sigmoid * static_cast<T>(up[i])));
     }
   });
 }
@@ -190,12 +194,14 @@ void swiglu_backward_impl(const double* dact, const double* fc1, int64_t rows, i
   cpu::parallel_for(rows, ffn, [&](int64_t n) {
     const double* gate = fc1 + n * 2 * ffn;
     const double* up = gate + ffn;
-    double* dgate = dfc1 + n * 2 * ffn;
+    double* dgate = dfc1 + n * 2 * ffn;  // exp(-g) first, then the gate's gradient
     double* dup = dgate + ffn;
+    for (int64_t i = 0; i < ffn; ++i) dgate[i] = static_cast<double>(-static_cast<T>(gate[i]));
+    cpu::exp_in_place<T>(dgate, ffn);
     for (int64_t i = 0; i < ffn; ++i) {
       const auto g = static_cast<T>(gate[i]), u = static_cast<T>(up[i]),
                  d = static_cast<T>(dact[n * ffn + i]);
-      const T sigmoid = T(1) / (T(1) + std::exp(-g));
+      const T sigmoid = T(1) / (T(1) + static_cast<T>(dgate[i]));
       dgate[i] = r.activation(static_cast<double>(d * u * sigmoid * (T(1) + g * (T(1) - sigmoid))));
       dup[i] = r.activation(static_cast<double>(d * g * sigmoid));
     }

@@ -1,6 +1,6 @@
-// cpu::exp_fp64 (kernels/cpu/exp_fp64.h), the FP64 attention's exponential: within 2 ulp of libm's exp
-// over its whole range, exact where the attention relies on it (exp(0) = 1, exp(-inf) = 0), NaN kept,
-// and the same bits whether an element is computed in a SIMD lane or alone.
+// cpu::exp_fp64 (kernels/cpu/exp_fp64.h), the FP64 kernels' exponential: within 2 ulp of libm's exp
+// over its whole range, exact where the kernels rely on it (exp(0) = 1, exp(-inf) = 0, overflow to
+// +inf), NaN kept, and the same bits whether an element is computed in a SIMD lane or alone.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -45,7 +45,7 @@ TEST(ExpFp64, WithinTwoUlpOfLibmOverItsRange) {
 
 TEST(ExpFp64, ExactWhereTheAttentionReliesOnIt) {
   const double inf = std::numeric_limits<double>::infinity();
-  std::vector<double> x = {0.0, -0.0, -inf, -708.5, -1e300, std::nan(""), 1.0, -1.0};
+  std::vector<double> x = {0.0, -0.0, -inf, -708.5, -1e300, std::nan(""), 1.0, -1.0, 709.5, inf};
   std::vector<double> y(x.size());
   cpu::exp_fp64(x.data(), y.data(), static_cast<int64_t>(x.size()));
   EXPECT_EQ(y[0], 1.0);  // a row's largest score contributes exactly 1 to its sum
@@ -56,6 +56,8 @@ TEST(ExpFp64, ExactWhereTheAttentionReliesOnIt) {
   EXPECT_TRUE(std::isnan(y[5]));  // a NaN score is not hidden
   EXPECT_LE(ulps_apart(y[6], std::exp(1.0)), kUlpBound);
   EXPECT_LE(ulps_apart(y[7], std::exp(-1.0)), kUlpBound);
+  EXPECT_EQ(y[8], inf);  // above kExpFp64Highest: overflowed (SwiGLU's sigmoid then 0)
+  EXPECT_EQ(y[9], inf);
 }
 
 TEST(ExpFp64, SameBitsInALaneAndAlone) {
