@@ -11,9 +11,11 @@ data/builtin_acceptance.cpp), so a case with one window per step sees a differen
 every step: the 8192 x 1 case times windows 1 to 8, the FLOPs are counted per step from that step's
 skipped tile share, and the rate is the timed steps' FLOPs over their time. The DGEMM rate is measured
 in this process on the same OpenBLAS library the binary links, on the forward and backward GEMM shapes
-of the 512 x 8 case's linear layers and logits.
+of the 512 x 8 case's linear layers and logits, right before and right after every case: a shared
+machine's speed drifts within minutes, so each case is compared with the mean of the two around it.
+--rounds N repeats the chosen cases N times, one table per round.
 
-    OPENBLAS_CORETYPE=SkylakeX /usr/bin/python3 bench/bench_long_window.py --markdown [--cases "512 x 8; 8192 x 1"]
+    OPENBLAS_CORETYPE=SkylakeX /usr/bin/python3 bench/bench_long_window.py --markdown [--cases "512 x 8; 8192 x 1"] [--rounds N]
 """
 
 import argparse
@@ -134,43 +136,75 @@ def dgemm_rate(library_path, shapes, rounds=3):
     return flops / best, blas.openblas_get_config().decode(), int(blas.openblas_get_num_threads())
 
 
+def dgemm_rate_in_child(library_path, shapes):
+    """dgemm_rate in a process of its own: its operands (about 1 GB) never enter this process, whose
+    children (the cases) would otherwise count the pages they inherit in their peak resident memory."""
+    output = subprocess.run([sys.executable, os.path.abspath(__file__), "--dgemm-only", library_path,
+                             json.dumps(shapes)], capture_output=True, text=True, check=True).stdout
+    measured = json.loads(output)
+    return measured["rate"], measured["config"], measured["threads"]
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "--dgemm-only":  # dgemm_rate_in_child's process
+        rate, config, threads = dgemm_rate(sys.argv[2], [tuple(shape) for shape in json.loads(sys.argv[3])])
+        print(json.dumps(dict(rate=rate, config=config, threads=threads)))
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--touchstone", default=os.path.join(ROOT, "build", "tools", "touchstone"))
     parser.add_argument("--cases", default="all", help="case names separated by ';' (default: all)")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the chosen cases this many times")
     args = parser.parse_args()
     m = model_shape()
     wanted = [name.strip() for name in args.cases.split(";")]
     chosen = [c for c in CASES if args.cases == "all" or c[0] in wanted]
     if not chosen:
         parser.error(f"no case named {args.cases!r}; the cases: {'; '.join(c[0] for c in CASES)}")
-    results = {}
-    for name, seq, windows, masking, steps, what in chosen:
-        print(f"{name}:", file=sys.stderr, flush=True)
-        timed, rss = run_case(args.touchstone, seq, windows, masking, steps)
-        seconds = sum(t for t, _ in timed)
-        flops = sum(step_flops(m, seq, windows, skipped) for _, skipped in timed)
-        results[name] = dict(seq=seq, windows=windows, what=what, steps=len(timed), seconds=seconds / len(timed),
-                             rate=flops / seconds, flops=flops / len(timed), rss=rss,
-                             skipped=", ".join(f"{skipped:.1f}%" for _, skipped in timed),
-                             each=", ".join(f"{t:.1f}" for t, _ in timed))
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     library = openblas(args.touchstone)
-    rate, config, threads = dgemm_rate(library, gemm_shapes(m, 512 * 8))
+    shapes = gemm_shapes(m, 512 * 8)
     version = subprocess.run([args.touchstone, "--version"], capture_output=True, text=True).stdout.strip()
+    for round_index in range(args.rounds):
+        results, config, threads = {}, "", 0
+        for name, seq, windows, masking, steps, what in chosen:
+            print(f"{name}:", file=sys.stderr, flush=True)
+            before, config, threads = dgemm_rate_in_child(library, shapes)
+            timed, rss = run_case(args.touchstone, seq, windows, masking, steps)
+            after, _, _ = dgemm_rate_in_child(library, shapes)
+            seconds = sum(t for t, _ in timed)
+            flops = sum(step_flops(m, seq, windows, skipped) for _, skipped in timed)
+            results[name] = dict(seq=seq, windows=windows, what=what, steps=len(timed), seconds=seconds / len(timed),
+                                 rate=flops / seconds, flops=flops / len(timed), rss=rss,
+                                 skipped=", ".join(f"{skipped:.1f}%" for _, skipped in timed),
+                                 each=", ".join(f"{t:.1f}" for t, _ in timed), dgemm=(before + after) / 2,
+                                 dgemm_each=f"{before / 1e9:.1f}, {after / 1e9:.1f}")
+        if args.rounds > 1:
+            print(f"Round {round_index + 1} of {args.rounds}.")
+            print()
+        report(results, version, config, threads)
+        print()
+
+
+def report(results, version, config, threads):
     print(f"Measured {datetime.date.today()} with `{version}`; {len(os.sched_getaffinity(0))} cores; "
-          f"OpenBLAS {threads} threads (`{config}`); each case one warm-up step, then its timed steps.")
+          f"OpenBLAS {threads} threads (`{config}`); each case one warm-up step, then its timed steps; DGEMM "
+          "on the 512 x 8 step's GEMM shapes (same library, this process) right before and after each case.")
     print()
     print("| window T x windows | timed steps: what they see | tokens per step | attention tile pairs skipped | "
-          "step s (each) | mean step s | FLOPs counted per step | GFLOP/s | peak RSS GB |")
-    print("|---|---|---:|---|---|---:|---:|---:|---:|")
+          "step s (each) | mean step s | FLOPs counted per step | GFLOP/s | DGEMM before, after GFLOP/s | "
+          "of DGEMM | peak RSS GB |")
+    print("|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|")
     for name, r in results.items():
         print(f"| {name} | {r['steps']}: {r['what']} | {r['seq'] * r['windows']:,} | {r['skipped']} | {r['each']} | "
-              f"{r['seconds']:.2f} | {r['flops'] / 1e9:.1f} G | {r['rate'] / 1e9:.1f} | {r['rss'] / 1e9:.2f} |")
+              f"{r['seconds']:.2f} | {r['flops'] / 1e9:.1f} G | {r['rate'] / 1e9:.1f} | {r['dgemm_each']} | "
+              f"{r['rate'] / r['dgemm']:.0%} | {r['rss'] / 1e9:.2f} |")
     print()
-    print(f"DGEMM on the 512 x 8 step's GEMM shapes (same library, this process): {rate / 1e9:.1f} GFLOP/s.")
     if "512 x 8" in results:
-        print(f"512 x 8: the step runs at {results['512 x 8']['rate'] / rate:.0%} of the DGEMM rate.")
+        r = results["512 x 8"]
+        print(f"512 x 8: the step runs at {r['rate'] / r['dgemm']:.0%} of the DGEMM rate measured around it "
+              f"({r['rate'] / 1e9:.1f} / {r['dgemm'] / 1e9:.1f} GFLOP/s).")
     if "512 x 16" in results and "8192 x 1" in results:
         print(f"8192 x 1 against 512 x 16 (same tokens): {results['8192 x 1']['seconds'] / results['512 x 16']['seconds']:.2f}x "
               "the mean step time.")
@@ -178,7 +212,6 @@ def main():
         one, docs = results["8192 x 1, one document"], results["8192 x 1"]
         print(f"One document filling the 8192 window: {one['seconds'] / docs['seconds']:.2f}x the mean step time of the "
               f"built-in windows for {one['flops'] / docs['flops']:.2f}x their mean FLOPs counted.")
-
 
 if __name__ == "__main__":
     main()
