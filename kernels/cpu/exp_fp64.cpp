@@ -1,5 +1,6 @@
-// exp_fp64 (exp_fp64.h): one lane's arithmetic, and the loop compiled three times, for AVX-512, AVX2 and
-// the baseline x86-64 (SSE2), the CPU picking at load time.
+// exp_fp64 (exp_fp64.h): one lane's arithmetic, and the loop compiled three times by GCC on x86-64, for
+// AVX-512, AVX2 and the baseline (SSE2), the CPU picking at load time; other compilers and CPUs build the
+// baseline form alone, with the same bits.
 #include "kernels/cpu/exp_fp64.h"
 
 #include <bit>
