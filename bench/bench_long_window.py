@@ -10,12 +10,16 @@ runs of 2- and 3-token documents, windows filled by one document, short and medi
 data/builtin_acceptance.cpp), so a case with one window per step sees a different kind of window at
 every step: the 8192 x 1 case times windows 1 to 8, the FLOPs are counted per step from that step's
 skipped tile share, and the rate is the timed steps' FLOPs over their time. The DGEMM rate is measured
-in this process on the same OpenBLAS library the binary links, on the forward and backward GEMM shapes
-of the 512 x 8 case's linear layers and logits, right before and right after every case: a shared
-machine's speed drifts within minutes, so each case is compared with the mean of the two around it.
---rounds N repeats the chosen cases N times, one table per round.
+in a child process on the same OpenBLAS library the binary links, on the forward and backward GEMMs of
+the 512 x 8 case's linear layers and logits (their shapes, transposes and beta as the trainer calls
+them), right before and right after every case: a shared machine's speed drifts within minutes, so each
+case is compared with the mean of the two around it. --rounds N repeats the chosen cases N times, one
+report per round; --markdown prints each as a table for docs/BENCHMARKS.md instead of a line per case.
+Each step is also split into its linear layers' and logits' GEMMs and the rest (attention, the
+elementwise loops, the optimizer): bench/dgemm_timer.c, compiled here with `cc` and preloaded into the
+trainer, times every DGEMM larger than an attention tile product.
 
-    OPENBLAS_CORETYPE=SkylakeX /usr/bin/python3 bench/bench_long_window.py --markdown [--cases "512 x 8; 8192 x 1"] [--rounds N]
+    OPENBLAS_CORETYPE=SkylakeX /usr/bin/python3 bench/bench_long_window.py [--markdown] [--cases "512 x 8; 8192 x 1"] [--rounds N]
 """
 
 import argparse
@@ -26,6 +30,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy
@@ -46,10 +51,10 @@ CASES = [
 ]
 
 
-def run_command(args):
+def run_command(args, env=None):
     """Runs args, echoing its output to stderr as progress; returns (its output lines, the peak resident
     memory of the process in bytes, wait4's ru_maxrss). Raises with the output if it fails."""
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines = []
     for line in process.stdout:
         lines.append(line)
@@ -60,12 +65,40 @@ def run_command(args):
     return lines, usage.ru_maxrss * 1024
 
 
-def run_case(binary, seq, windows, masking, steps):
-    """Trains the case; returns ([(seconds, skipped tile %) of each timed step], peak RSS bytes)."""
+def build_dgemm_timer(directory):
+    """Compiles bench/dgemm_timer.c into directory; returns the shared library's path."""
+    library = os.path.join(directory, "dgemm_timer.so")
+    subprocess.run([os.environ.get("CC", "cc"), "-O2", "-shared", "-fPIC", os.path.join(ROOT, "bench", "dgemm_timer.c"),
+                    "-o", library, "-ldl"], check=True)
+    return library
+
+
+def gemm_seconds_per_step(log_path, shapes, steps):
+    """The seconds of the linear layers' and logits' GEMMs in each of `steps` steps, from dgemm_timer's
+    log: consecutive groups of len(shapes) calls, each checked to be exactly one step's shapes."""
+    with open(log_path) as f:
+        calls = [line.split() for line in f]
+    expected = sorted(shape[:3] for shape in shapes)
+    if len(calls) != steps * len(shapes):
+        raise RuntimeError(f"{log_path}: {len(calls)} GEMMs timed, expected {steps} steps x {len(shapes)}")
+    seconds = []
+    for s in range(steps):
+        group = calls[s * len(shapes):(s + 1) * len(shapes)]
+        if sorted(tuple(int(v) for v in call[:3]) for call in group) != expected:
+            raise RuntimeError(f"{log_path}: the GEMMs of step {s + 1} are not the step's linear layers and logits")
+        seconds.append(sum(float(call[3]) for call in group))
+    return seconds
+
+
+def run_case(binary, timer, seq, windows, masking, steps):
+    """Trains the case with dgemm_timer preloaded; returns ([(seconds, skipped tile %, GEMM seconds) of
+    each timed step], peak RSS bytes)."""
     args = [binary, "train", "--config", CONFIG, "--set", f"model.seq_length={seq}",
             "--set", f"train.global_batch_size={windows}", "--set", f"train.micro_batch_size={windows}",
             "--set", f"train.steps={1 + steps}", "--set", f"data.document_masking={str(masking).lower()}"]
-    lines, peak_rss = run_command(args)
+    log_path = os.path.join(os.path.dirname(timer), "dgemm_timer.log")
+    env = dict(os.environ, LD_PRELOAD=timer, DGEMM_TIMER_LOG=log_path)
+    lines, peak_rss = run_command(args, env)
     times, skipped = {}, {}
     for line in lines:
         m = STEP_LINE.match(line)
@@ -74,7 +107,8 @@ def run_case(binary, seq, windows, masking, steps):
             skipped[int(m.group(1))] = float(m.group(3))
     if sorted(times) != list(range(1, steps + 2)):
         raise RuntimeError("could not read the step lines:\n" + "".join(lines))
-    return [(times[s], skipped[s]) for s in range(2, steps + 2)], peak_rss
+    gemm = gemm_seconds_per_step(log_path, gemm_shapes(model_shape(), seq * windows), 1 + steps)
+    return [(times[s], skipped[s], gemm[s - 1]) for s in range(2, steps + 2)], peak_rss
 
 
 def model_shape():
@@ -84,14 +118,16 @@ def model_shape():
 
 
 def gemm_shapes(m, rows):
-    """(M, N, K) of every GEMM of one step's linear layers and logits: forward y = x W^T, backward
-    dx = dy W and dW = dy^T x, per layer and for the output layer."""
+    """(M, N, K, transpose A, transpose B, beta) of every GEMM of one step's linear layers and logits,
+    row-major as kernels/cpu/linear.cpp calls them: forward y = x W^T (W stored [out, in]), backward
+    dx = dy W and dW += dy^T x (into the main gradient), per layer and for the output layer."""
     h, heads, kv, f, v = m["hidden_size"], m["num_heads"], m["num_kv_heads"], m["ffn_hidden_size"], m["vocab_size"]
     d = h // heads
     layer = [(h, (heads + 2 * kv) * d), (heads * d, h), (h, 2 * f), (f, h)]  # (in, out)
     shapes = []
     for fan_in, fan_out in layer * m["num_layers"] + [(h, v)]:
-        shapes += [(rows, fan_out, fan_in), (rows, fan_in, fan_out), (fan_out, fan_in, rows)]
+        shapes += [(rows, fan_out, fan_in, False, True, 0.0), (rows, fan_in, fan_out, False, False, 0.0),
+                   (fan_out, fan_in, rows, True, False, 1.0)]
     return shapes
 
 
@@ -99,7 +135,7 @@ def step_flops(m, seq, windows, skipped_percent):
     """FLOPs counted for one step: 2MNK per GEMM of gemm_shapes, and attention's computed tile pairs at
     12 D per (query, key) entry (forward S and PV, backward dP, dV, dQ, dK; the backward's recomputed S
     is work done but not counted)."""
-    gemm = sum(2 * a * b * c for a, b, c in gemm_shapes(m, seq * windows))
+    gemm = sum(2 * a * b * c for a, b, c, *_ in gemm_shapes(m, seq * windows))
     tiles = -(-seq // TILE)
     pairs = tiles * tiles * (1 - skipped_percent / 100) * windows * m["num_heads"] * m["num_layers"]
     attention = pairs * TILE * TILE * 12 * (m["hidden_size"] // m["num_heads"])
@@ -115,22 +151,24 @@ def openblas(binary):
 
 
 def dgemm_rate(library_path, shapes, rounds=3):
-    """FLOP/s of cblas_dgemm on `shapes` (row-major, the way the trainer calls it): best of `rounds`."""
+    """FLOP/s of cblas_dgemm on `shapes` (gemm_shapes: row-major, with the trainer's transposes and
+    beta): best of `rounds`."""
     blas = ctypes.CDLL(library_path)
     c_int, c_double, pointer = ctypes.c_int, ctypes.c_double, ctypes.c_void_p
     blas.cblas_dgemm.argtypes = [c_int, c_int, c_int, c_int, c_int, c_int, c_double, pointer, c_int,
                                  pointer, c_int, c_double, pointer, c_int]
-    row_major, no_trans = 101, 111
+    row_major, no_trans, trans = 101, 111, 112
     rng = numpy.random.default_rng(1)
-    operands = [(rng.standard_normal((m, k)), rng.standard_normal((k, n)), numpy.zeros((m, n)))
-                for m, n, k in shapes]
-    flops = sum(2 * m * n * k for m, n, k in shapes)
+    # op(A)[M,K] is stored [K,M] when transposed, op(B)[K,N] is stored [N,K] when transposed.
+    operands = [(rng.standard_normal((k, m) if ta else (m, k)), rng.standard_normal((n, k) if tb else (k, n)),
+                 numpy.zeros((m, n))) for m, n, k, ta, tb, _ in shapes]
+    flops = sum(2 * m * n * k for m, n, k, *_ in shapes)
     best = float("inf")
     for _ in range(rounds):
         start = time.perf_counter()
-        for (m, n, k), (a, b, c) in zip(shapes, operands):
-            blas.cblas_dgemm(row_major, no_trans, no_trans, m, n, k, 1.0, a.ctypes.data, k, b.ctypes.data, n,
-                             0.0, c.ctypes.data, n)
+        for (m, n, k, ta, tb, beta), (a, b, c) in zip(shapes, operands):
+            blas.cblas_dgemm(row_major, trans if ta else no_trans, trans if tb else no_trans, m, n, k, 1.0,
+                             a.ctypes.data, a.shape[1], b.ctypes.data, b.shape[1], beta, c.ctypes.data, n)
         best = min(best, time.perf_counter() - start)
     blas.openblas_get_config.restype = ctypes.c_char_p
     return flops / best, blas.openblas_get_config().decode(), int(blas.openblas_get_num_threads())
@@ -153,7 +191,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--touchstone", default=os.path.join(ROOT, "build", "tools", "touchstone"))
     parser.add_argument("--cases", default="all", help="case names separated by ';' (default: all)")
-    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--markdown", action="store_true", help="print a table for docs/BENCHMARKS.md")
     parser.add_argument("--rounds", type=int, default=1, help="repeat the chosen cases this many times")
     args = parser.parse_args()
     m = model_shape()
@@ -166,40 +204,55 @@ def main():
     library = openblas(args.touchstone)
     shapes = gemm_shapes(m, 512 * 8)
     version = subprocess.run([args.touchstone, "--version"], capture_output=True, text=True).stdout.strip()
+    timer_directory = tempfile.TemporaryDirectory()
+    timer = build_dgemm_timer(timer_directory.name)
     for round_index in range(args.rounds):
         results, config, threads = {}, "", 0
         for name, seq, windows, masking, steps, what in chosen:
             print(f"{name}:", file=sys.stderr, flush=True)
             before, config, threads = dgemm_rate_in_child(library, shapes)
-            timed, rss = run_case(args.touchstone, seq, windows, masking, steps)
+            timed, rss = run_case(args.touchstone, timer, seq, windows, masking, steps)
             after, _, _ = dgemm_rate_in_child(library, shapes)
-            seconds = sum(t for t, _ in timed)
-            flops = sum(step_flops(m, seq, windows, skipped) for _, skipped in timed)
+            seconds = sum(t for t, _, _ in timed)
+            gemm_seconds = sum(g for _, _, g in timed)
+            flops = sum(step_flops(m, seq, windows, skipped) for _, skipped, _ in timed)
+            gemm_flops = len(timed) * sum(2 * a * b * c for a, b, c, *_ in gemm_shapes(m, seq * windows))
             results[name] = dict(seq=seq, windows=windows, what=what, steps=len(timed), seconds=seconds / len(timed),
                                  rate=flops / seconds, flops=flops / len(timed), rss=rss,
-                                 skipped=", ".join(f"{skipped:.1f}%" for _, skipped in timed),
-                                 each=", ".join(f"{t:.1f}" for t, _ in timed), dgemm=(before + after) / 2,
+                                 gemm_seconds=gemm_seconds / len(timed), gemm_rate=gemm_flops / gemm_seconds,
+                                 skipped=", ".join(f"{skipped:.1f}%" for _, skipped, _ in timed),
+                                 each=", ".join(f"{t:.1f}" for t, _, _ in timed), dgemm=(before + after) / 2,
                                  dgemm_each=f"{before / 1e9:.1f}, {after / 1e9:.1f}")
         if args.rounds > 1:
             print(f"Round {round_index + 1} of {args.rounds}.")
             print()
-        report(results, version, config, threads)
+        report(results, version, config, threads, args.markdown)
         print()
 
 
-def report(results, version, config, threads):
+def report(results, version, config, threads, markdown):
     print(f"Measured {datetime.date.today()} with `{version}`; {len(os.sched_getaffinity(0))} cores; "
           f"OpenBLAS {threads} threads (`{config}`); each case one warm-up step, then its timed steps; DGEMM "
-          "on the 512 x 8 step's GEMM shapes (same library, this process) right before and after each case.")
+          "on the 512 x 8 step's GEMMs (same library, a child process) right before and after each case.")
     print()
-    print("| window T x windows | timed steps: what they see | tokens per step | attention tile pairs skipped | "
-          "step s (each) | mean step s | FLOPs counted per step | GFLOP/s | DGEMM before, after GFLOP/s | "
-          "of DGEMM | peak RSS GB |")
-    print("|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|")
+    if markdown:
+        print("| window T x windows | timed steps: what they see | tokens per step | attention tile pairs skipped | "
+              "step s (each) | mean step s | FLOPs counted per step | GFLOP/s | DGEMM before, after GFLOP/s | "
+              "of DGEMM | linear GEMMs s (GFLOP/s, of DGEMM) | rest s | peak RSS GB |")
+        print("|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in results.items():
-        print(f"| {name} | {r['steps']}: {r['what']} | {r['seq'] * r['windows']:,} | {r['skipped']} | {r['each']} | "
-              f"{r['seconds']:.2f} | {r['flops'] / 1e9:.1f} G | {r['rate'] / 1e9:.1f} | {r['dgemm_each']} | "
-              f"{r['rate'] / r['dgemm']:.0%} | {r['rss'] / 1e9:.2f} |")
+        if markdown:
+            print(f"| {name} | {r['steps']}: {r['what']} | {r['seq'] * r['windows']:,} | {r['skipped']} | {r['each']} | "
+                  f"{r['seconds']:.2f} | {r['flops'] / 1e9:.1f} G | {r['rate'] / 1e9:.1f} | {r['dgemm_each']} | "
+                  f"{r['rate'] / r['dgemm']:.0%} | {r['gemm_seconds']:.2f} ({r['gemm_rate'] / 1e9:.1f}, "
+                  f"{r['gemm_rate'] / r['dgemm']:.0%}) | {r['seconds'] - r['gemm_seconds']:.2f} | {r['rss'] / 1e9:.2f} |")
+        else:
+            print(f"{name}: {r['steps']} steps ({r['what']}), mean {r['seconds']:.2f} s (each {r['each']}), "
+                  f"skipped {r['skipped']}, {r['flops'] / 1e9:.1f} GFLOPs counted a step, {r['rate'] / 1e9:.1f} "
+                  f"GFLOP/s = {r['rate'] / r['dgemm']:.0%} of DGEMM ({r['dgemm_each']} GFLOP/s before, after); "
+                  f"its linear GEMMs {r['gemm_seconds']:.2f} s at {r['gemm_rate'] / 1e9:.1f} GFLOP/s "
+                  f"({r['gemm_rate'] / r['dgemm']:.0%} of DGEMM), the rest {r['seconds'] - r['gemm_seconds']:.2f} s; "
+                  f"peak RSS {r['rss'] / 1e9:.2f} GB")
     print()
     if "512 x 8" in results:
         r = results["512 x 8"]
