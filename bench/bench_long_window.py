@@ -90,9 +90,9 @@ def gemm_seconds_per_step(log_path, shapes, steps):
     return seconds
 
 
-def run_case(binary, timer, seq, windows, masking, steps):
+def run_case(binary, timer, seq, windows, masking, steps, shapes):
     """Trains the case with dgemm_timer preloaded; returns ([(seconds, skipped tile %, GEMM seconds) of
-    each timed step], peak RSS bytes)."""
+    each timed step], peak RSS bytes). shapes: gemm_shapes of the case's rows."""
     args = [binary, "train", "--config", CONFIG, "--set", f"model.seq_length={seq}",
             "--set", f"train.global_batch_size={windows}", "--set", f"train.micro_batch_size={windows}",
             "--set", f"train.steps={1 + steps}", "--set", f"data.document_masking={str(masking).lower()}"]
@@ -107,7 +107,7 @@ def run_case(binary, timer, seq, windows, masking, steps):
             skipped[int(m.group(1))] = float(m.group(3))
     if sorted(times) != list(range(1, steps + 2)):
         raise RuntimeError("could not read the step lines:\n" + "".join(lines))
-    gemm = gemm_seconds_per_step(log_path, gemm_shapes(model_shape(), seq * windows), 1 + steps)
+    gemm = gemm_seconds_per_step(log_path, shapes, 1 + steps)
     return [(times[s], skipped[s], gemm[s - 1]) for s in range(2, steps + 2)], peak_rss
 
 
@@ -131,11 +131,16 @@ def gemm_shapes(m, rows):
     return shapes
 
 
+def gemm_flops(shapes):
+    """2MNK summed over gemm_shapes."""
+    return sum(2 * m * n * k for m, n, k, *_ in shapes)
+
+
 def step_flops(m, seq, windows, skipped_percent):
     """FLOPs counted for one step: 2MNK per GEMM of gemm_shapes, and attention's computed tile pairs at
     12 D per (query, key) entry (forward S and PV, backward dP, dV, dQ, dK; the backward's recomputed S
     is work done but not counted)."""
-    gemm = sum(2 * a * b * c for a, b, c, *_ in gemm_shapes(m, seq * windows))
+    gemm = gemm_flops(gemm_shapes(m, seq * windows))
     tiles = -(-seq // TILE)
     pairs = tiles * tiles * (1 - skipped_percent / 100) * windows * m["num_heads"] * m["num_layers"]
     attention = pairs * TILE * TILE * 12 * (m["hidden_size"] // m["num_heads"])
@@ -162,7 +167,7 @@ def dgemm_rate(library_path, shapes, rounds=3):
     # op(A)[M,K] is stored [K,M] when transposed, op(B)[K,N] is stored [N,K] when transposed.
     operands = [(rng.standard_normal((k, m) if ta else (m, k)), rng.standard_normal((n, k) if tb else (k, n)),
                  numpy.zeros((m, n))) for m, n, k, ta, tb, _ in shapes]
-    flops = sum(2 * m * n * k for m, n, k, *_ in shapes)
+    flops = gemm_flops(shapes)
     best = float("inf")
     for _ in range(rounds):
         start = time.perf_counter()
@@ -211,15 +216,16 @@ def main():
         for name, seq, windows, masking, steps, what in chosen:
             print(f"{name}:", file=sys.stderr, flush=True)
             before, config, threads = dgemm_rate_in_child(library, shapes)
-            timed, rss = run_case(args.touchstone, timer, seq, windows, masking, steps)
+            case_shapes = gemm_shapes(m, seq * windows)
+            timed, rss = run_case(args.touchstone, timer, seq, windows, masking, steps, case_shapes)
             after, _, _ = dgemm_rate_in_child(library, shapes)
             seconds = sum(t for t, _, _ in timed)
             gemm_seconds = sum(g for _, _, g in timed)
             flops = sum(step_flops(m, seq, windows, skipped) for _, skipped, _ in timed)
-            gemm_flops = len(timed) * sum(2 * a * b * c for a, b, c, *_ in gemm_shapes(m, seq * windows))
+            linear_flops = len(timed) * gemm_flops(case_shapes)
             results[name] = dict(seq=seq, windows=windows, what=what, steps=len(timed), seconds=seconds / len(timed),
                                  rate=flops / seconds, flops=flops / len(timed), rss=rss,
-                                 gemm_seconds=gemm_seconds / len(timed), gemm_rate=gemm_flops / gemm_seconds,
+                                 gemm_seconds=gemm_seconds / len(timed), gemm_rate=linear_flops / gemm_seconds,
                                  skipped=", ".join(f"{skipped:.1f}%" for _, skipped, _ in timed),
                                  each=", ".join(f"{t:.1f}" for t, _, _ in timed), dgemm=(before + after) / 2,
                                  dgemm_each=f"{before / 1e9:.1f}, {after / 1e9:.1f}")
