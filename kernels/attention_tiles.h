@@ -53,6 +53,8 @@ class WindowMask {
         q_ranges_(ranges(q_pos_, q_docs_, q_seq_)),
         k_ranges_(ranges(k_pos_, k_docs_, k_seq_)) {}
 
+  int64_t query_rows() const { return q_seq_; }  // Tq
+  int64_t key_rows() const { return k_seq_; }    // Tk
   int64_t query_tiles() const { return (q_seq_ + kAttentionTile - 1) / kAttentionTile; }
   int64_t key_tiles() const { return (k_seq_ + kAttentionTile - 1) / kAttentionTile; }
   // The rule of attention_forward, on positions in the window: causal, and within one document when

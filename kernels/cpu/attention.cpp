@@ -4,7 +4,8 @@
 // mask compares their positions in the window, so the whole window is the block of positions 0..T-1.
 //
 // Per (window b, query head h, its KV head g), queries and keys in tiles of kTile positions:
-//   forward, per query tile I, over the key tiles J the mask leaves nonempty, in order:
+//   forward, per query tile I, over the key tiles J the mask leaves nonempty, in order (the loops run
+//   key tiles outermost, so each K_J is transposed once; every row still takes its J in this order):
 //     S = Q_I K_J^T * scale                                      [tq,tk]
 //     m' = max(m, row max of S over the visible keys)            [tq]  the running max
 //     P~ = exp(S - m') where visible, 0 elsewhere                [tq,tk]
@@ -25,14 +26,10 @@
 // attention does, the BF16 mode feeds P~ * M (and P', dS in the backward) to the GEMMs in BF16 and
 // stores O, dQ, dK, dV in BF16; lse is FP32.
 //
-// Threads (parallel_for.h): the forward splits over (b, h, I), each writing its own rows of out and lse;
-// the backward over (b, g), each writing its group's dK, dV and its heads' dQ; the merge over rows. Every
-// sum runs inside one task in the order above, so the bits do not depend on the thread count.
-//
-// Merging blocks (attention_merge): a query's attention over keys split into blocks A and B is
-//   lse = log(exp(lse_A) + exp(lse_B)),  O = exp(lse_A - lse) O_A + exp(lse_B - lse) O_B
-// because O_X = sum_{j in X} exp(s_j - lse_X) v_j. In FP32 and BF16 modes the weights and sums are FP32
-// and O is stored as an activation again (BF16 in BF16 mode).
+// Threads (parallel_for.h): the forward splits over (b, h), each writing its own rows of out and lse;
+// the backward over (b, g), each writing its group's dK, dV and its heads' dQ. Every sum runs inside
+// one task in the order above, so the bits do not depend on the thread count. Merging the results of
+// blocks of keys (attention_merge): attention_merge.cpp.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -103,82 +100,141 @@ struct TileDropout {
   }
 };
 
-// Forward of one query tile [i0, i0 + tq) of one head; returns the tile pairs computed and skipped.
+// K_J^T (or V_J^T): rows [j0, j0 + tk) of m[Tk,D] into m_t[D,tk], once per key tile, so that the
+// products with Q_I and dO_I run as A B: OpenBLAS computes A B^T on 64 x 64 tiles at about two thirds
+// of A B's rate (docs/BENCHMARKS.md). The scores are the same dot products either way; on tiles
+// shorter than 64 some of OpenBLAS's kernels add their terms in another order, within the FP64 bound
+// that tests/unit/test_attention_tiled.cpp derives for any order.
+void transpose_tile(const double* m, int64_t j0, int64_t tk, int64_t D, double* m_t) {
+  for (int64_t c = 0; c < tk; ++c) {
+    for (int64_t d = 0; d < D; ++d) m_t[d * tk + c] = m[(j0 + c) * D + d];
+  }
+}
+
+// S = Q_I K_J^T * scale [tq,tk] for query rows [i0, i0 + tq), from K_J^T [D,tk] (transpose_tile).
+void score_tile(Precision p, const AttentionShape& s, const HeadSlice& x, int64_t i0, int64_t tq,
+                const double* key_t, int64_t tk, double* scores) {
+  const int64_t D = s.head_dim;
+  cpu::gemm(p, scores_format(p), false, false, tq, tk, D, s.scale(), x.q + i0 * D, D, key_t, tk,
+            Store::kOverwrite, scores, tk);
+}
+
+// The largest C(x[c]) of x[0, n), NaN passed over as by the chain m = std::max(m, C(x[c])), in four
+// interleaved chains that the CPU runs side by side instead of one 64 steps long. A maximum is exact, so
+// the order can change only the sign of a zero result, which nothing after it can tell: exp(+-0) = 1,
+// and lse = m + log l is +0 when l = 1.
 template <typename C>
-AttentionTileCount forward_tile(Precision p, const AttentionShape& s, const WindowMask& mask,
-                                const TileDropout* dropout, const HeadSlice& x, int64_t Tk, int64_t qt,
-                                double* slot, double* out, double* lse) {
-  const int64_t Tq = s.seq, D = s.head_dim, out_width = s.num_heads * D;
-  const int64_t i0 = qt * kTile, tq = std::min(kTile, Tq - i0);
-  double* scores = slot;                  // [tq,tk] S, then P~ * M
-  double* keep = scores + kTile * kTile;  // [tq,tk] M
-  double* input = keep + kTile * kTile;   // [tq,tk] the BF16 copy of P~ * M
-  double* acc = input + kTile * kTile;    // [tq,D]
-  double* m = acc + kTile * D;            // [tq] the running max
-  double* l = m + kTile;                  // [tq] the running sum
-  std::fill(acc, acc + tq * D, 0.0);
-  std::fill(m, m + tq, -std::numeric_limits<double>::infinity());
-  std::fill(l, l + tq, 0.0);
-  AttentionTileCount count;
-  for (int64_t kt = 0; kt < mask.key_tiles(); ++kt) {
-    if (!mask.tile_needed(qt, kt)) {
-      ++count.skipped;
-      continue;
-    }
-    ++count.computed;
-    const int64_t j0 = kt * kTile, tk = std::min(kTile, Tk - j0);
-    cpu::gemm(p, scores_format(p), false, true, tq, tk, D, s.scale(), x.q + i0 * D, D, x.k + j0 * D, D,
-              Store::kOverwrite, scores, tk);
-    if (dropout) dropout->fill(x, mask, i0, tq, j0, tk, keep);
-    const bool unmasked = mask.tile_unmasked(qt, kt);  // every key visible to every query, nothing added
-    for (int64_t r = 0; r < tq; ++r) {
-      const int64_t i = i0 + r;
-      double* srow = scores + r * tk;
-      C tile_max = -std::numeric_limits<C>::infinity();
+C row_max(const double* x, int64_t n) {
+  constexpr C kLowest = -std::numeric_limits<C>::infinity();
+  C lanes[4] = {kLowest, kLowest, kLowest, kLowest};
+  int64_t c = 0;
+  for (; c + 4 <= n; c += 4) {
+    for (int64_t k = 0; k < 4; ++k) lanes[k] = std::max(lanes[k], static_cast<C>(x[c + k]));
+  }
+  for (; c < n; ++c) lanes[0] = std::max(lanes[0], static_cast<C>(x[c]));
+  return std::max(std::max(lanes[0], lanes[1]), std::max(lanes[2], lanes[3]));
+}
+
+// The forward's step for one tile pair (I, J), the lines m' ... acc above, on query tile I's rows of the
+// running max m[tq], sum l[tq] and accumulator acc[tq,D]: scores[tq,tk] holds S on entry and P~ * M on
+// return, ready for the product with V_J. keep[tq,tk] is the dropout mask's tile, or null.
+template <typename C>
+void online_softmax_step(const WindowMask& mask, int64_t qt, int64_t kt, const double* keep, int64_t D,
+                         double* scores, double* m, double* l, double* acc) {
+  const int64_t i0 = qt * kTile, tq = std::min(kTile, mask.query_rows() - i0);
+  const int64_t j0 = kt * kTile, tk = std::min(kTile, mask.key_rows() - j0);
+  const bool unmasked = mask.tile_unmasked(qt, kt);  // every key visible to every query, nothing added
+  for (int64_t r = 0; r < tq; ++r) {
+    const int64_t i = i0 + r;
+    double* srow = scores + r * tk;
+    C tile_max = -std::numeric_limits<C>::infinity();
+    if (unmasked) {
+      tile_max = row_max<C>(srow, tk);
+    } else {
       for (int64_t c = 0; c < tk; ++c) {  // a masked score becomes -inf: its exponential is 0
-        if (!unmasked && !mask.visible(i, j0 + c)) {
+        if (!mask.visible(i, j0 + c)) {
           srow[c] = -std::numeric_limits<double>::infinity();
           continue;
         }
-        srow[c] = static_cast<double>(static_cast<C>(srow[c]) +
-                                      static_cast<C>(unmasked ? 0.0 : mask.bias(i, j0 + c)));
+        srow[c] = static_cast<double>(static_cast<C>(srow[c]) + static_cast<C>(mask.bias(i, j0 + c)));
         tile_max = std::max(tile_max, static_cast<C>(srow[c]));
       }
-      const C m_old = static_cast<C>(m[r]), m_new = std::max(m_old, tile_max);
-      if (m_new == -std::numeric_limits<C>::infinity()) {  // no key visible to query i yet
-        std::fill(srow, srow + tk, 0.0);
+    }
+    const C m_old = static_cast<C>(m[r]), m_new = std::max(m_old, tile_max);
+    if (m_new == -std::numeric_limits<C>::infinity()) {  // no key visible to query i yet
+      std::fill(srow, srow + tk, 0.0);
+      continue;
+    }
+    // exp(-inf) = 0 clears what nothing had accumulated yet; acc and l are 0 there anyway.
+    const C rescale = std::exp(m_old - m_new);
+    for (int64_t c = 0; c < tk; ++c) srow[c] = static_cast<double>(static_cast<C>(srow[c]) - m_new);
+    cpu::exp_in_place<C>(srow, tk);
+    C sum = 0;
+    for (int64_t c = 0; c < tk; ++c) {
+      const C e = static_cast<C>(srow[c]);
+      sum += e;
+      if (keep) srow[c] = static_cast<double>(e * static_cast<C>(keep[r * tk + c]));
+    }
+    l[r] = static_cast<double>(static_cast<C>(l[r]) * rescale + sum);
+    m[r] = static_cast<double>(m_new);
+    for (int64_t d = 0; d < D; ++d)
+      acc[r * D + d] = static_cast<double>(static_cast<C>(acc[r * D + d]) * rescale);
+  }
+}
+
+// Forward of one (window, query head): the key tiles J in order, each transposed once, and for each
+// the query tiles I it reaches; every query row still sees its key tiles in ascending order, so each
+// row's running max, sum and accumulator take the steps listed above. Returns the tile pairs computed
+// and skipped.
+template <typename C>
+AttentionTileCount forward_head(Precision p, const AttentionShape& s, const WindowMask& mask,
+                                const TileDropout* dropout, const HeadSlice& x, int64_t Tk, double* slot,
+                                double* out, double* lse) {
+  const int64_t Tq = s.seq, D = s.head_dim, out_width = s.num_heads * D;
+  double* scores = slot;                  // [tq,tk] S, then P~ * M
+  double* keep = scores + kTile * kTile;  // [tq,tk] M
+  double* input = keep + kTile * kTile;   // [tq,tk] the BF16 copy of P~ * M
+  double* key_t = input + kTile * kTile;  // [D,tk] K_J^T
+  double* acc = key_t + kTile * D;        // [Tq,D]
+  double* m = acc + Tq * D;               // [Tq] the running max
+  double* l = m + Tq;                     // [Tq] the running sum
+  std::fill(acc, acc + Tq * D, 0.0);
+  std::fill(m, m + Tq, -std::numeric_limits<double>::infinity());
+  std::fill(l, l + Tq, 0.0);
+  AttentionTileCount count;
+  for (int64_t kt = 0; kt < mask.key_tiles(); ++kt) {
+    const int64_t j0 = kt * kTile, tk = std::min(kTile, Tk - j0);
+    bool transposed = false;
+    for (int64_t qt = 0; qt < mask.query_tiles(); ++qt) {
+      if (!mask.tile_needed(qt, kt)) {
+        ++count.skipped;
         continue;
       }
-      // exp(-inf) = 0 clears what nothing had accumulated yet; acc and l are 0 there anyway.
-      const C rescale = std::exp(m_old - m_new);
-      for (int64_t c = 0; c < tk; ++c) srow[c] = static_cast<double>(static_cast<C>(srow[c]) - m_new);
-      cpu::exp_in_place<C>(srow, tk);
-      C sum = 0;
-      for (int64_t c = 0; c < tk; ++c) {
-        const C e = static_cast<C>(srow[c]);
-        sum += e;
-        if (dropout) srow[c] = static_cast<double>(e * static_cast<C>(keep[r * tk + c]));
+      ++count.computed;
+      if (!transposed) {
+        transpose_tile(x.k, j0, tk, D, key_t);
+        transposed = true;
       }
-      l[r] = static_cast<double>(static_cast<C>(l[r]) * rescale + sum);
-      m[r] = static_cast<double>(m_new);
-      for (int64_t d = 0; d < D; ++d)
-        acc[r * D + d] = static_cast<double>(static_cast<C>(acc[r * D + d]) * rescale);
+      const int64_t i0 = qt * kTile, tq = std::min(kTile, Tq - i0);
+      score_tile(p, s, x, i0, tq, key_t, tk, scores);
+      if (dropout) dropout->fill(x, mask, i0, tq, j0, tk, keep);
+      online_softmax_step<C>(mask, qt, kt, dropout ? keep : nullptr, D, scores, m + i0, l + i0, acc + i0 * D);
+      cpu::gemm(p, scores_format(p), false, false, tq, D, tk, 1.0, gemm_input(scores, tq * tk, p, input), tk,
+                x.v + j0 * D, D, Store::kAccumulate, acc + i0 * D, D);
     }
-    cpu::gemm(p, scores_format(p), false, false, tq, D, tk, 1.0, gemm_input(scores, tq * tk, p, input), tk,
-              x.v + j0 * D, D, Store::kAccumulate, acc, D);
   }
   const cpu::Rounding rounding{p};
-  for (int64_t r = 0; r < tq; ++r) {
-    const C sum = static_cast<C>(l[r]);  // >= 1 once a key was seen (the row's max contributes exp(0))
-    double* o = out + x.out_offset + (i0 + r) * out_width;
+  for (int64_t i = 0; i < Tq; ++i) {
+    const C sum = static_cast<C>(l[i]);  // >= 1 once a key was seen (the row's max contributes exp(0))
+    double* o = out + x.out_offset + i * out_width;
     if (sum == C(0)) {  // no key of this block is visible to the query (a whole window: never)
       std::fill(o, o + D, 0.0);
-      lse[i0 + r] = -std::numeric_limits<double>::infinity();
+      lse[i] = -std::numeric_limits<double>::infinity();
       continue;
     }
     for (int64_t d = 0; d < D; ++d)
-      o[d] = rounding.activation(static_cast<double>(static_cast<C>(acc[r * D + d]) / sum));
-    lse[i0 + r] = static_cast<double>(static_cast<C>(m[r]) + std::log(sum));
+      o[d] = rounding.activation(static_cast<double>(static_cast<C>(acc[i * D + d]) / sum));
+    lse[i] = static_cast<double>(static_cast<C>(m[i]) + std::log(sum));
   }
   return count;
 }
@@ -195,7 +251,9 @@ void backward_head(Precision p, const AttentionShape& s, const WindowMask& mask,
   double* dprobs = probs + kTile * kTile;   // [tq,tk] dP', then dS
   double* keep = dprobs + kTile * kTile;    // [tq,tk] M
   double* input = keep + kTile * kTile;     // [tq,tk] a BF16 copy
-  double* delta = input + kTile * kTile;    // [Tq] Delta_i = dO_i . O_i
+  double* key_t = input + kTile * kTile;    // [D,tk] K_J^T
+  double* value_t = key_t + kTile * D;      // [D,tk] V_J^T
+  double* delta = value_t + kTile * D;      // [Tq] Delta_i = dO_i . O_i
   const double* doh = dout + x.out_offset;  // [Tq,D] with row stride NH*D
   const double* oh = out + x.out_offset;
   for (int64_t i = 0; i < Tq; ++i) {
@@ -207,11 +265,16 @@ void backward_head(Precision p, const AttentionShape& s, const WindowMask& mask,
   std::fill(dq, dq + Tq * D, 0.0);
   for (int64_t kt = 0; kt < mask.key_tiles(); ++kt) {
     const int64_t j0 = kt * kTile, tk = std::min(kTile, Tk - j0);
+    bool transposed = false;
     for (int64_t qt = 0; qt < mask.query_tiles(); ++qt) {
       if (!mask.tile_needed(qt, kt)) continue;
+      if (!transposed) {
+        transpose_tile(x.k, j0, tk, D, key_t);
+        transpose_tile(x.v, j0, tk, D, value_t);
+        transposed = true;
+      }
       const int64_t i0 = qt * kTile, tq = std::min(kTile, Tq - i0);
-      cpu::gemm(p, scores_format(p), false, true, tq, tk, D, s.scale(), x.q + i0 * D, D, x.k + j0 * D, D,
-                Store::kOverwrite, probs, tk);
+      score_tile(p, s, x, i0, tq, key_t, tk, probs);
       if (dropout) dropout->fill(x, mask, i0, tq, j0, tk, keep);
       const bool unmasked = mask.tile_unmasked(qt, kt);
       for (int64_t r = 0; r < tq; ++r) {  // S - lse, or -inf where masked (its exponential is 0)
@@ -226,8 +289,8 @@ void backward_head(Precision p, const AttentionShape& s, const WindowMask& mask,
       }
       cpu::exp_in_place<C>(probs, tq * tk);
       // dP' = dO_I V_J^T, before P is overwritten by P'
-      cpu::gemm(p, scores_format(p), false, true, tq, tk, D, 1.0, doh + i0 * out_width, out_width,
-                x.v + j0 * D, D, Store::kOverwrite, dprobs, tk);
+      cpu::gemm(p, scores_format(p), false, false, tq, tk, D, 1.0, doh + i0 * out_width, out_width, value_t,
+                tk, Store::kOverwrite, dprobs, tk);
       for (int64_t r = 0; r < tq; ++r) {
         const C delta_i = static_cast<C>(delta[i0 + r]);
         for (int64_t e = r * tk; e < (r + 1) * tk; ++e) {
@@ -254,37 +317,38 @@ void backward_head(Precision p, const AttentionShape& s, const WindowMask& mask,
 }  // namespace
 
 int64_t CpuBackend::attention_forward_scratch(const AttentionShape& s) {
-  return 3 * kTile * kTile + kTile * s.head_dim + 2 * kTile;
+  return 3 * kTile * kTile + kTile * s.head_dim + s.seq * s.head_dim + 2 * s.seq;
 }
 
-int64_t CpuBackend::attention_backward_scratch(const AttentionShape& s) { return 4 * kTile * kTile + s.seq; }
+int64_t CpuBackend::attention_backward_scratch(const AttentionShape& s) {
+  return 4 * kTile * kTile + 2 * kTile * s.head_dim + s.seq;
+}
 
 void CpuBackend::attention_block_forward(const double* q, const double* k, const double* v,
                                          const AttentionBlock& block, bool document_masking,
                                          const AttentionDropout& dropout, const AttentionShape& s,
                                          double* out, double* lse) {
-  const int64_t Tq = s.seq, Tk = block.key_seq, tiles = (Tq + kTile - 1) / kTile;
+  const int64_t Tq = s.seq, Tk = block.key_seq;
   const bool added = mask_form() == MaskForm::kAllowedAdded;
   std::vector<WindowMask> masks;  // [b]
   for (int64_t b = 0; b < s.windows; ++b) masks.emplace_back(block, Tq, b, document_masking, added);
   const TileDropout tile_dropout{dropout, dropout_kept_value(dropout.site.probability, rounding_),
                                  block.window_seq};
   const TileDropout* drop = dropout.active() ? &tile_dropout : nullptr;
-  std::vector<AttentionTileCount> counts(static_cast<size_t>(s.windows * s.num_heads * tiles));
+  std::vector<AttentionTileCount> counts(static_cast<size_t>(s.windows * s.num_heads));
   cpu::ThreadScratch scratch(attention_forward_scratch(s));
   const cpu::SingleThreadedBlas blas;
-  // A task's work: at most kTile queries against the Tk keys, D products each.
-  cpu::parallel_for(
-      s.windows * s.num_heads * tiles, std::min(kTile, Tq) * Tk * s.head_dim, [&](int64_t task) {
-        const int64_t qt = task % tiles, h = task / tiles % s.num_heads, b = task / tiles / s.num_heads;
-        const HeadSlice x = head_slice(q, k, v, s, Tk, b, h);
-        const WindowMask& mask = masks[static_cast<size_t>(b)];
-        double* head_lse = lse + (b * s.num_heads + h) * Tq;
-        counts[static_cast<size_t>(task)] =
-            precision() == Precision::kFp64
-                ? forward_tile<double>(precision(), s, mask, drop, x, Tk, qt, scratch.slot(), out, head_lse)
-                : forward_tile<float>(precision(), s, mask, drop, x, Tk, qt, scratch.slot(), out, head_lse);
-      });
+  // A task's work: Tq queries against the Tk keys, D products each.
+  cpu::parallel_for(s.windows * s.num_heads, Tq * Tk * s.head_dim, [&](int64_t task) {
+    const int64_t h = task % s.num_heads, b = task / s.num_heads;
+    const HeadSlice x = head_slice(q, k, v, s, Tk, b, h);
+    const WindowMask& mask = masks[static_cast<size_t>(b)];
+    double* head_lse = lse + (b * s.num_heads + h) * Tq;
+    counts[static_cast<size_t>(task)] =
+        precision() == Precision::kFp64
+            ? forward_head<double>(precision(), s, mask, drop, x, Tk, scratch.slot(), out, head_lse)
+            : forward_head<float>(precision(), s, mask, drop, x, Tk, scratch.slot(), out, head_lse);
+  });
   for (const AttentionTileCount& c : counts) {
     tiles_.computed += c.computed;
     tiles_.skipped += c.skipped;
@@ -327,46 +391,6 @@ void CpuBackend::attention_block_backward(const double* dout, const double* q, c
     }
     round(TensorRole::kActivation, dkg, Tk * D);
     round(TensorRole::kActivation, dvg, Tk * D);
-  });
-}
-
-namespace {
-
-// One row of attention_merge: the block's (o_b, lse_b) into the running (o, lse), in compute type C.
-template <typename C>
-void merge_row(const cpu::Rounding& rounding, const double* block_out, double block_lse, int64_t D,
-               double* out, double* lse) {
-  const C a = static_cast<C>(*lse), b = static_cast<C>(block_lse);
-  if (b == -std::numeric_limits<C>::infinity()) return;  // the block adds nothing
-  if (a == -std::numeric_limits<C>::infinity()) {        // nothing before it: take the block's
-    std::copy_n(block_out, D, out);
-    *lse = block_lse;
-    return;
-  }
-  const C m = std::max(a, b), merged = m + std::log(std::exp(a - m) + std::exp(b - m));
-  const C wa = std::exp(a - merged), wb = std::exp(b - merged);
-  for (int64_t d = 0; d < D; ++d) {
-    out[d] = rounding.activation(
-        static_cast<double>(wa * static_cast<C>(out[d]) + wb * static_cast<C>(block_out[d])));
-  }
-  *lse = static_cast<double>(merged);
-}
-
-}  // namespace
-
-void CpuBackend::attention_merge(const double* block_out, const double* block_lse, const AttentionShape& s,
-                                 double* out, double* lse) {
-  const int64_t Tq = s.seq, D = s.head_dim, rows = s.windows * s.num_heads * Tq;
-  const cpu::Rounding rounding{precision()};
-  // Row (b, h, i) of lse[b,NH,Tq]; its output row is out[(b*Tq + i), h*D ...].
-  cpu::parallel_for(rows, D, [&](int64_t row) {
-    const int64_t i = row % Tq, h = row / Tq % s.num_heads, b = row / Tq / s.num_heads;
-    const int64_t o = (b * Tq + i) * s.num_heads * D + h * D;
-    if (precision() == Precision::kFp64) {
-      merge_row<double>(rounding, block_out + o, block_lse[row], D, out + o, lse + row);
-    } else {
-      merge_row<float>(rounding, block_out + o, block_lse[row], D, out + o, lse + row);
-    }
   });
 }
 

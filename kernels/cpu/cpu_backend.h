@@ -46,6 +46,7 @@ class CpuBackend : public Backend {
                                 const double* out, const double* lse, const AttentionBlock& block,
                                 bool document_masking, const AttentionDropout& dropout,
                                 const AttentionShape& shape, double* dq, double* dk, double* dv) override;
+  // kernels/cpu/attention_merge.cpp
   void attention_merge(const double* block_out, const double* block_lse, const AttentionShape& shape,
                        double* out, double* lse) override;
   AttentionTileCount attention_tiles() const override { return tiles_; }

@@ -1,5 +1,6 @@
 // CUDA merge of attention over blocks of keys (Backend::attention_merge): the log-sum-exp rule of flash
-// attention across key blocks, the device twin of the CPU reference's merge (kernels/cpu/attention.cpp).
+// attention across key blocks, the device twin of the CPU reference's merge
+// (kernels/cpu/attention_merge.cpp).
 // One thread per query row and head, over d in ascending order; no sums across threads, no atomics.
 //
 // Compute type T: double in FP64 mode, float otherwise, as in attention.cu; out is stored as an
