@@ -204,17 +204,13 @@ AttentionTileCount forward_head(Precision p, const AttentionShape& s, const Wind
   AttentionTileCount count;
   for (int64_t kt = 0; kt < mask.key_tiles(); ++kt) {
     const int64_t j0 = kt * kTile, tk = std::min(kTile, Tk - j0);
-    bool transposed = false;
+    transpose_tile(x.k, j0, tk, D, key_t);
     for (int64_t qt = 0; qt < mask.query_tiles(); ++qt) {
       if (!mask.tile_needed(qt, kt)) {
         ++count.skipped;
         continue;
       }
       ++count.computed;
-      if (!transposed) {
-        transpose_tile(x.k, j0, tk, D, key_t);
-        transposed = true;
-      }
       const int64_t i0 = qt * kTile, tq = std::min(kTile, Tq - i0);
       score_tile(p, s, x, i0, tq, key_t, tk, scores);
       if (dropout) dropout->fill(x, mask, i0, tq, j0, tk, keep);
@@ -265,14 +261,10 @@ void backward_head(Precision p, const AttentionShape& s, const WindowMask& mask,
   std::fill(dq, dq + Tq * D, 0.0);
   for (int64_t kt = 0; kt < mask.key_tiles(); ++kt) {
     const int64_t j0 = kt * kTile, tk = std::min(kTile, Tk - j0);
-    bool transposed = false;
+    transpose_tile(x.k, j0, tk, D, key_t);
+    transpose_tile(x.v, j0, tk, D, value_t);
     for (int64_t qt = 0; qt < mask.query_tiles(); ++qt) {
       if (!mask.tile_needed(qt, kt)) continue;
-      if (!transposed) {
-        transpose_tile(x.k, j0, tk, D, key_t);
-        transpose_tile(x.v, j0, tk, D, value_t);
-        transposed = true;
-      }
       const int64_t i0 = qt * kTile, tq = std::min(kTile, Tq - i0);
       score_tile(p, s, x, i0, tq, key_t, tk, probs);
       if (dropout) dropout->fill(x, mask, i0, tq, j0, tk, keep);
