@@ -135,6 +135,21 @@ C row_max(const double* x, int64_t n) {
   return std::max(std::max(lanes[0], lanes[1]), std::max(lanes[2], lanes[3]));
 }
 
+// The sum of C(x[c]) over x[0, n) in four interleaved chains, (x0 + x4 + ...) + (x1 + x5 + ...) and
+// so on, the chains added last as (0 + 1) + (2 + 3): a fixed order, so the same bits on every call,
+// and four additions in flight instead of a chain of n. (Against any other order, the bound that
+// tests/unit/test_attention_tiled.cpp derives holds: it allows every order of every sum.)
+template <typename C>
+C row_sum(const double* x, int64_t n) {
+  C lanes[4] = {0, 0, 0, 0};
+  int64_t c = 0;
+  for (; c + 4 <= n; c += 4) {
+    for (int64_t k = 0; k < 4; ++k) lanes[k] += static_cast<C>(x[c + k]);
+  }
+  for (; c < n; ++c) lanes[0] += static_cast<C>(x[c]);
+  return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+}
+
 // The forward's step for one tile pair (I, J), the lines m' ... acc above, on query tile I's rows of the
 // running max m[tq], sum l[tq] and accumulator acc[tq,D]: scores[tq,tk] holds S on entry and P~ * M on
 // return, ready for the product with V_J. keep[tq,tk] is the dropout mask's tile, or null.
@@ -144,14 +159,17 @@ void online_softmax_step(const WindowMask& mask, int64_t qt, int64_t kt, const d
   const int64_t i0 = qt * kTile, tq = std::min(kTile, mask.query_rows() - i0);
   const int64_t j0 = kt * kTile, tk = std::min(kTile, mask.key_rows() - j0);
   const bool unmasked = mask.tile_unmasked(qt, kt);  // every key visible to every query, nothing added
+  constexpr C kNone = -std::numeric_limits<C>::infinity();
+  C new_max[kTile];  // [tq] m', or -inf while no key is visible to the query
+  // Pass 1, per row: the masked scores to -inf (their exponentials are 0), m', and S - m'.
   for (int64_t r = 0; r < tq; ++r) {
     const int64_t i = i0 + r;
     double* srow = scores + r * tk;
-    C tile_max = -std::numeric_limits<C>::infinity();
+    C tile_max = kNone;
     if (unmasked) {
       tile_max = row_max<C>(srow, tk);
     } else {
-      for (int64_t c = 0; c < tk; ++c) {  // a masked score becomes -inf: its exponential is 0
+      for (int64_t c = 0; c < tk; ++c) {
         if (!mask.visible(i, j0 + c)) {
           srow[c] = -std::numeric_limits<double>::infinity();
           continue;
@@ -160,23 +178,31 @@ void online_softmax_step(const WindowMask& mask, int64_t qt, int64_t kt, const d
         tile_max = std::max(tile_max, static_cast<C>(srow[c]));
       }
     }
-    const C m_old = static_cast<C>(m[r]), m_new = std::max(m_old, tile_max);
-    if (m_new == -std::numeric_limits<C>::infinity()) {  // no key visible to query i yet
-      std::fill(srow, srow + tk, 0.0);
+    new_max[r] = std::max(static_cast<C>(m[r]), tile_max);
+    if (new_max[r] == kNone) {  // no key visible to query i yet: P~ = exp(-inf) = 0
+      std::fill(srow, srow + tk, -std::numeric_limits<double>::infinity());
       continue;
     }
+    for (int64_t c = 0; c < tk; ++c) srow[c] = static_cast<double>(static_cast<C>(srow[c]) - new_max[r]);
+  }
+  cpu::exp_in_place<C>(scores, tq * tk);  // P~, the whole tile in one call
+  // Pass 2, per row: l, m and acc take the tile.
+  for (int64_t r = 0; r < tq; ++r) {
+    double* srow = scores + r * tk;
+    if (new_max[r] == kNone) continue;   // nothing to take yet: m, l and acc stay -inf, 0 and 0
+    const C sum = row_sum<C>(srow, tk);  // of P~, before the dropout mask
+    if (keep) {
+      for (int64_t c = 0; c < tk; ++c)
+        srow[c] = static_cast<double>(static_cast<C>(srow[c]) * static_cast<C>(keep[r * tk + c]));
+    }
     // exp(-inf) = 0 clears what nothing had accumulated yet; acc and l are 0 there anyway.
-    const C rescale = std::exp(m_old - m_new);
-    for (int64_t c = 0; c < tk; ++c) srow[c] = static_cast<double>(static_cast<C>(srow[c]) - m_new);
-    cpu::exp_in_place<C>(srow, tk);
-    C sum = 0;
-    for (int64_t c = 0; c < tk; ++c) {
-      const C e = static_cast<C>(srow[c]);
-      sum += e;
-      if (keep) srow[c] = static_cast<double>(e * static_cast<C>(keep[r * tk + c]));
+    const C rescale = std::exp(static_cast<C>(m[r]) - new_max[r]);
+    m[r] = static_cast<double>(new_max[r]);
+    if (rescale == C(1)) {  // the max did not move: l * 1 and acc * 1 are l and acc, bit for bit
+      l[r] = static_cast<double>(static_cast<C>(l[r]) + sum);
+      continue;
     }
     l[r] = static_cast<double>(static_cast<C>(l[r]) * rescale + sum);
-    m[r] = static_cast<double>(m_new);
     for (int64_t d = 0; d < D; ++d)
       acc[r * D + d] = static_cast<double>(static_cast<C>(acc[r * D + d]) * rescale);
   }
@@ -268,14 +294,19 @@ void backward_head(Precision p, const AttentionShape& s, const WindowMask& mask,
       const int64_t i0 = qt * kTile, tq = std::min(kTile, Tq - i0);
       score_tile(p, s, x, i0, tq, key_t, tk, probs);
       if (dropout) dropout->fill(x, mask, i0, tq, j0, tk, keep);
-      const bool unmasked = mask.tile_unmasked(qt, kt);
+      const bool unmasked = mask.tile_unmasked(qt, kt);  // every key visible, nothing added
       for (int64_t r = 0; r < tq; ++r) {  // S - lse, or -inf where masked (its exponential is 0)
+        const int64_t i = i0 + r;
+        const C lse_i = static_cast<C>(lse[i]);
+        double* row = probs + r * tk;
+        if (unmasked) {  // one loop the CPU vectorizes
+          for (int64_t c = 0; c < tk; ++c) row[c] = static_cast<double>(static_cast<C>(row[c]) - lse_i);
+          continue;
+        }
         for (int64_t c = 0; c < tk; ++c) {
-          const int64_t i = i0 + r, j = j0 + c;
-          double& e = probs[r * tk + c];
-          e = unmasked || mask.visible(i, j)
-                  ? static_cast<double>(static_cast<C>(e) + static_cast<C>(unmasked ? 0.0 : mask.bias(i, j)) -
-                                        static_cast<C>(lse[i]))
+          row[c] =
+              mask.visible(i, j0 + c)
+                  ? static_cast<double>(static_cast<C>(row[c]) + static_cast<C>(mask.bias(i, j0 + c)) - lse_i)
                   : -std::numeric_limits<double>::infinity();
         }
       }
@@ -285,12 +316,16 @@ void backward_head(Precision p, const AttentionShape& s, const WindowMask& mask,
                 tk, Store::kOverwrite, dprobs, tk);
       for (int64_t r = 0; r < tq; ++r) {
         const C delta_i = static_cast<C>(delta[i0 + r]);
-        for (int64_t e = r * tk; e < (r + 1) * tk; ++e) {
-          const C pe = static_cast<C>(probs[e]);
-          const C dp =
-              dropout ? static_cast<C>(dprobs[e]) * static_cast<C>(keep[e]) : static_cast<C>(dprobs[e]);
-          dprobs[e] = static_cast<double>(pe * (dp - delta_i));                       // dS
-          if (dropout) probs[e] = static_cast<double>(pe * static_cast<C>(keep[e]));  // P'
+        const int64_t row_end = (r + 1) * tk;
+        if (!dropout) {  // dS = P * (dP' - Delta_i); P' = P
+          for (int64_t e = r * tk; e < row_end; ++e)
+            dprobs[e] = static_cast<double>(static_cast<C>(probs[e]) * (static_cast<C>(dprobs[e]) - delta_i));
+          continue;
+        }
+        for (int64_t e = r * tk; e < row_end; ++e) {
+          const C pe = static_cast<C>(probs[e]), kept = static_cast<C>(keep[e]);
+          dprobs[e] = static_cast<double>(pe * (static_cast<C>(dprobs[e]) * kept - delta_i));  // dS
+          probs[e] = static_cast<double>(pe * kept);                                           // P'
         }
       }
       // dV_J += P'^T dO_I

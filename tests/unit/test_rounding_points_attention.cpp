@@ -117,12 +117,15 @@ Reference reference(const Inputs& in) {
           scores[i * T + j] = exact_sum(terms);
           if (visible(i, j)) row_max = std::max(row_max, scores[i * T + j]);
         }
-        float sum = 0.0f;
+        // The row sum as the kernel adds it: four interleaved chains (keys j, j + 4, ...), then
+        // (chain 0 + chain 1) + (chain 2 + chain 3).
+        float chains[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int64_t j = 0; j < T; ++j) {
           const float e = visible(i, j) ? std::exp(scores[i * T + j] - row_max) : 0.0f;
-          sum += e;
+          chains[j % 4] += e;
           into_pv[i * T + j] = bf16_float(e * keep(i, j));  // P~ x M in FP32, into the GEMM in BF16
         }
+        const float sum = (chains[0] + chains[1]) + (chains[2] + chains[3]);
         lse[i] = row_max + std::log(sum);
         r.lse[static_cast<size_t>((b * s.num_heads + h) * T + i)] = lse[i];
         // O = (P~ M V) / l: the FP32 sum (exact), divided in FP32, rounded once to BF16.
