@@ -1,4 +1,4 @@
-// The kernel thread pool behind parallel_for.h, the thread count and the BLAS thread guard.
+// The kernel thread pool behind parallel_for.h, the thread count and the BLAS thread guards.
 //
 // The pool holds kernel_threads() - 1 workers. run_chunks hands every worker its chunk under one mutex,
 // runs chunk 0 itself, and waits on a condition variable until the last chunk is done; between loops
@@ -6,6 +6,7 @@
 #include "kernels/cpu/parallel_for.h"
 
 #include <cblas.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <atomic>
@@ -171,5 +172,18 @@ SingleThreadedBlas::SingleThreadedBlas() : saved_threads_(openblas_get_num_threa
 }
 
 SingleThreadedBlas::~SingleThreadedBlas() { openblas_set_num_threads(saved_threads_); }
+
+void let_blas_threads_sleep() {
+  if (std::getenv("OPENBLAS_THREAD_TIMEOUT") != nullptr) return;
+  // openblas_read_env: reads the OPENBLAS_* variables again; blas_thread_shutdown_: joins the workers.
+  using Function = void (*)();
+  using Shutdown = int (*)();
+  const auto read_environment = reinterpret_cast<Function>(dlsym(RTLD_DEFAULT, "openblas_read_env"));
+  const auto shutdown = reinterpret_cast<Shutdown>(dlsym(RTLD_DEFAULT, "blas_thread_shutdown_"));
+  if (read_environment == nullptr || shutdown == nullptr) return;
+  setenv("OPENBLAS_THREAD_TIMEOUT", "4", 0);  // 2^4 cycles: the smallest OpenBLAS takes
+  read_environment();
+  shutdown();
+}
 
 }  // namespace touchstone::cpu

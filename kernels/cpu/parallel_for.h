@@ -80,4 +80,16 @@ class SingleThreadedBlas {
   int saved_threads_;
 };
 
+// OpenBLAS's worker threads, after each threaded call, spin (sched_yield) for 2^28 processor cycles,
+// about 0.1 s, before they sleep. A training step's GEMMs come milliseconds apart with the kernel
+// threads' loops between them, so a spinning worker holds a core those loops need for the whole step
+// (docs/BENCHMARKS.md measures what it costs). This lets them sleep at once, as OPENBLAS_THREAD_TIMEOUT=4
+// does: unless that variable is set (OpenBLAS then read the user's choice when it loaded), it sets it and
+// stops OpenBLAS's workers, which the next threaded call starts again (as after a fork) with the short
+// timeout. OpenBLAS exports the two functions this calls from its pthreads build without declaring them
+// in cblas.h; with another BLAS this does nothing. Only the time changes, never a result: which thread
+// computes which part of a GEMM is the same. Call it first thing in main, before other threads start
+// (setenv is not safe beside a thread reading the environment).
+void let_blas_threads_sleep();
+
 }  // namespace touchstone::cpu

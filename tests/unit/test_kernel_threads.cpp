@@ -1,8 +1,11 @@
 // The CPU kernels that run on several threads give bitwise the same outputs on 1, 2 and 3 threads, in
-// every precision (kernels/cpu/parallel_for.h).
+// every precision, and OpenBLAS's own threads sleep between calls (kernels/cpu/parallel_for.h).
+#include <cblas.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -83,6 +86,44 @@ TEST(KernelThreadsSetup, ParallelForRunsOnTheThreadsSet) {
     ids.insert(std::this_thread::get_id());
   });
   EXPECT_EQ(ids.size(), 3u);
+}
+
+// The CPU time of every thread of this process so far, in seconds.
+double process_cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  const auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+  };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+TEST(KernelThreadsSetup, BlasThreadsSleepAfterAGemm) {
+  // A threaded GEMM's result, before OpenBLAS's workers are restarted and after: the same bits.
+  openblas_set_num_threads(2);  // a worker thread on any machine
+  const int64_t n = 256;
+  const auto a = random_values(n * n, 31), b = random_values(n * n, 32);
+  const auto product = [&] {
+    std::vector<double> c(static_cast<size_t>(n * n));
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(n),
+                static_cast<int>(n), 1.0, a.data(), static_cast<int>(n), b.data(), static_cast<int>(n), 0.0,
+                c.data(), static_cast<int>(n));
+    return c;
+  };
+  const std::vector<double> before = product();
+  unsetenv("OPENBLAS_THREAD_TIMEOUT");  // what runs here is this process's choice, not its caller's
+  cpu::let_blas_threads_sleep();
+  const char* timeout = std::getenv("OPENBLAS_THREAD_TIMEOUT");
+  ASSERT_NE(timeout, nullptr);
+  EXPECT_STREQ(timeout, "4");
+  const std::vector<double> after = product();
+  EXPECT_EQ(std::memcmp(before.data(), after.data(), before.size() * sizeof(double)), 0);
+  // Idle for 300 ms after the GEMM: a spinning worker would use 2^28 processor cycles of it (0.08 s at
+  // 3.5 GHz, more on slower clocks); a sleeping one next to nothing. 20 ms is a quarter of the least
+  // spin, and far above the wake-ups of a sleeping process.
+  const double cpu_before = process_cpu_seconds();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_LT(process_cpu_seconds() - cpu_before, 0.02);
 }
 
 TEST_P(KernelThreads, RmsNorm) {

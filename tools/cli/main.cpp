@@ -11,6 +11,7 @@
 #include "common/errors.h"
 #include "common/signals.h"
 #include "common/version.h"
+#include "kernels/cpu/parallel_for.h"
 #include "oracle/run.h"
 #include "parallel/comm/comm_backend.h"
 #include "parallel/comm/grid.h"
@@ -94,6 +95,8 @@ int run(const ConfigOptions& config_options, const touchstone::RunFlags& run_fla
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any other thread starts: OpenBLAS's idle workers sleep instead of spinning beside the kernels.
+  touchstone::cpu::let_blas_threads_sleep();
   // Before anything is written: an interrupted command removes its temporaries (one policy for all).
   touchstone::install_signal_cleanup();
   CLI::App app{"Touchstone: a reference trainer whose golden files production runs are diffed against"};
