@@ -198,11 +198,8 @@ void online_softmax_step(const WindowMask& mask, int64_t qt, int64_t kt, const d
     // exp(-inf) = 0 clears what nothing had accumulated yet; acc and l are 0 there anyway.
     const C rescale = std::exp(static_cast<C>(m[r]) - new_max[r]);
     m[r] = static_cast<double>(new_max[r]);
-    if (rescale == C(1)) {  // the max did not move: l * 1 and acc * 1 are l and acc, bit for bit
-      l[r] = static_cast<double>(static_cast<C>(l[r]) + sum);
-      continue;
-    }
     l[r] = static_cast<double>(static_cast<C>(l[r]) * rescale + sum);
+    if (rescale == C(1)) continue;  // the max did not move: acc * 1 is acc, bit for bit
     for (int64_t d = 0; d < D; ++d)
       acc[r * D + d] = static_cast<double>(static_cast<C>(acc[r * D + d]) * rescale);
   }

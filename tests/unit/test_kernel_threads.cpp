@@ -18,6 +18,7 @@
 #include "common/rng.h"
 #include "kernel_threads_guard.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel_for.h"
 
 namespace touchstone {
@@ -105,9 +106,8 @@ TEST(KernelThreadsSetup, BlasThreadsSleepAfterAGemm) {
   const auto a = random_values(n * n, 31), b = random_values(n * n, 32);
   const auto product = [&] {
     std::vector<double> c(static_cast<size_t>(n * n));
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(n), static_cast<int>(n),
-                static_cast<int>(n), 1.0, a.data(), static_cast<int>(n), b.data(), static_cast<int>(n), 0.0,
-                c.data(), static_cast<int>(n));
+    cpu::gemm(Precision::kFp64, cpu::RoundTo::kNone, false, false, n, n, n, 1.0, a.data(), n, b.data(), n,
+              cpu::Store::kOverwrite, c.data(), n);
     return c;
   };
   const std::vector<double> before = product();
