@@ -15,8 +15,8 @@ namespace touchstone {
 namespace {
 
 // y[n] = x[n] * keep_scale[n] computed in T and stored as an activation.
-template <typename T>
-void multiply(const double* x, const double* keep_scale, int64_t n, double* y, const cpu::Rounding& r) {
+template <typename T, typename R>
+void multiply(const double* x, const double* keep_scale, int64_t n, double* y, const R& r) {
   cpu::parallel_for(n, 1, [&](int64_t i) {
     y[i] = r.activation(static_cast<double>(static_cast<T>(x[i]) * static_cast<T>(keep_scale[i])));
   });
@@ -40,7 +40,7 @@ void CpuBackend::hidden_dropout_mask(const DropoutSite& site, int64_t first_row,
 
 void CpuBackend::dropout_forward(const double* x, const double* keep_scale, int64_t n, double* y) {
   if (precision() == Precision::kFp64) {
-    multiply<double>(x, keep_scale, n, y, rounding_);
+    multiply<double>(x, keep_scale, n, y, cpu::NoRounding{});
   } else {
     multiply<float>(x, keep_scale, n, y, rounding_);
   }
@@ -49,7 +49,7 @@ void CpuBackend::dropout_forward(const double* x, const double* keep_scale, int6
 void CpuBackend::dropout_backward(const double* dy, const double* keep_scale, int64_t n, double* dx) {
   // d(x * m) / dx = m: the gradient passes where the element was kept, scaled the same way.
   if (precision() == Precision::kFp64) {
-    multiply<double>(dy, keep_scale, n, dx, rounding_);
+    multiply<double>(dy, keep_scale, n, dx, cpu::NoRounding{});
   } else {
     multiply<float>(dy, keep_scale, n, dx, rounding_);
   }

@@ -58,10 +58,10 @@ void loss_impl(const double* row_max, const double* sum_exp, const double* targe
   });
 }
 
-template <typename T>
+template <typename T, typename R>
 void ce_backward_impl(const double* logits, const int32_t* targets, int64_t rows, int64_t vocab_local,
                       int64_t vocab_start, const double* row_max, const double* sum_exp, double loss_weight,
-                      double* dlogits, const cpu::Rounding& r) {
+                      double* dlogits, const R& r) {
   cpu::parallel_for(rows, vocab_local, [&](int64_t n) {
     const double* row = logits + n * vocab_local;
     double* drow = dlogits + n * vocab_local;
@@ -139,7 +139,7 @@ void CpuBackend::cross_entropy_backward(const double* logits, const int32_t* tar
                                         const double* sum_exp, double loss_weight, double* dlogits) {
   if (precision() == Precision::kFp64) {
     ce_backward_impl<double>(logits, targets, rows, vocab_local, vocab_start, row_max, sum_exp, loss_weight,
-                             dlogits, rounding_);
+                             dlogits, cpu::NoRounding{});
   } else {
     ce_backward_impl<float>(logits, targets, rows, vocab_local, vocab_start, row_max, sum_exp, loss_weight,
                             dlogits, rounding_);

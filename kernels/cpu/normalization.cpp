@@ -2,6 +2,7 @@
 // parallel over rows (tokens) by parallel_for.h's rule.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/exp_fp64.h"
@@ -15,9 +16,9 @@ namespace touchstone {
 
 namespace {
 
-template <typename T>
+template <typename T, typename R>
 void rmsnorm_forward_impl(const double* x, const double* weight, int64_t rows, int64_t hidden, double eps,
-                          double* y, double* rstd, const cpu::Rounding& r) {
+                          double* y, double* rstd, const R& r) {
   cpu::parallel_for(rows, hidden, [&](int64_t n) {
     const double* xn = x + n * hidden;
     T sum_squares = 0;
@@ -35,10 +36,9 @@ void rmsnorm_forward_impl(const double* x, const double* weight, int64_t rows, i
 // in row order inside one block, so no sum is split between threads.
 constexpr int64_t kColumnBlock = 64;
 
-template <typename T>
+template <typename T, typename R>
 void rmsnorm_backward_impl(const double* dy, const double* x, const double* weight, const double* rstd,
-                           int64_t rows, int64_t hidden, double* dx, double* dweight_accum,
-                           const cpu::Rounding& r) {
+                           int64_t rows, int64_t hidden, double* dx, double* dweight_accum, const R& r) {
   // With xhat = x * rstd and g = dy * w:  dx = rstd * (g - xhat * mean(g * xhat)),  dw += dy * xhat.
   cpu::parallel_for(rows, hidden, [&](int64_t n) {
     const double* xn = x + n * hidden;
@@ -74,7 +74,7 @@ void rmsnorm_backward_impl(const double* dy, const double* x, const double* weig
 void CpuBackend::rmsnorm_forward(const double* x, const double* weight, int64_t rows, int64_t hidden,
                                  double eps, double* y, double* rstd) {
   if (precision() == Precision::kFp64) {
-    rmsnorm_forward_impl<double>(x, weight, rows, hidden, eps, y, rstd, rounding_);
+    rmsnorm_forward_impl<double>(x, weight, rows, hidden, eps, y, rstd, cpu::NoRounding{});
   } else {
     rmsnorm_forward_impl<float>(x, weight, rows, hidden, eps, y, rstd, rounding_);
   }
@@ -83,7 +83,7 @@ void CpuBackend::rmsnorm_forward(const double* x, const double* weight, int64_t 
 void CpuBackend::rmsnorm_backward(const double* dy, const double* x, const double* weight, const double* rstd,
                                   int64_t rows, int64_t hidden, double* dx, double* dweight_accum) {
   if (precision() == Precision::kFp64) {
-    rmsnorm_backward_impl<double>(dy, x, weight, rstd, rows, hidden, dx, dweight_accum, rounding_);
+    rmsnorm_backward_impl<double>(dy, x, weight, rstd, rows, hidden, dx, dweight_accum, cpu::NoRounding{});
   } else {
     rmsnorm_backward_impl<float>(dy, x, weight, rstd, rows, hidden, dx, dweight_accum, rounding_);
   }
@@ -146,17 +146,18 @@ void CpuBackend::qkv_merge(const double* dq, const double* dk, const double* dv,
 
 namespace {
 
-template <typename T>
+template <typename T, typename R>
 void rope_impl(double* x, const int32_t* position_ids, int64_t windows, int64_t heads, int64_t seq,
-               int64_t head_dim, double theta, bool inverse, const cpu::Rounding& r) {
+               int64_t head_dim, double theta, bool inverse, const R& r) {
   const int64_t half = head_dim / 2;
   const double direction = inverse ? -1.0 : 1.0;  // the backward rotates gradients back by -angle
+  const std::vector<double> frequencies = rope_frequencies(head_dim, theta);
   // One token (b, t) per index: it rotates that token's pairs in every head.
   cpu::parallel_for(windows * seq, heads * head_dim, [&](int64_t bt) {
     const int64_t b = bt / seq, t = bt % seq;
     const double pos = static_cast<double>(position_ids[bt]);
     for (int64_t i = 0; i < half; ++i) {
-      const double angle = rope_angle(pos, i, head_dim, theta);
+      const double angle = rope_angle(pos, frequencies[static_cast<size_t>(i)]);
       const auto c = static_cast<T>(std::cos(angle));
       const auto s = static_cast<T>(direction * std::sin(angle));
       for (int64_t h = 0; h < heads; ++h) {
@@ -171,8 +172,8 @@ void rope_impl(double* x, const int32_t* position_ids, int64_t windows, int64_t 
 
 // ---- SwiGLU: act = silu(gate) * up, silu(g) = g * sigmoid(g) ------------------------------------------
 
-template <typename T>
-void swiglu_forward_impl(const double* fc1, int64_t rows, int64_t ffn, double* act, const cpu::Rounding& r) {
+template <typename T, typename R>
+void swiglu_forward_impl(const double* fc1, int64_t rows, int64_t ffn, double* act, const R& r) {
   cpu::parallel_for(rows, ffn, [&](int64_t n) {
     const double* gate = fc1 + n * 2 * ffn;
     const double* up = gate + ffn;
@@ -187,9 +188,9 @@ void swiglu_forward_impl(const double* fc1, int64_t rows, int64_t ffn, double* a
   });
 }
 
-template <typename T>
+template <typename T, typename R>
 void swiglu_backward_impl(const double* dact, const double* fc1, int64_t rows, int64_t ffn, double* dfc1,
-                          const cpu::Rounding& r) {
+                          const R& r) {
   // d silu(g)/dg = sigmoid(g) * (1 + g * (1 - sigmoid(g)))
   cpu::parallel_for(rows, ffn, [&](int64_t n) {
     const double* gate = fc1 + n * 2 * ffn;
@@ -213,7 +214,7 @@ void swiglu_backward_impl(const double* dact, const double* fc1, int64_t rows, i
 void CpuBackend::rope(double* x, const int32_t* position_ids, int64_t windows, int64_t heads, int64_t seq,
                       int64_t head_dim, double theta, bool inverse) {
   if (precision() == Precision::kFp64) {
-    rope_impl<double>(x, position_ids, windows, heads, seq, head_dim, theta, inverse, rounding_);
+    rope_impl<double>(x, position_ids, windows, heads, seq, head_dim, theta, inverse, cpu::NoRounding{});
   } else {
     rope_impl<float>(x, position_ids, windows, heads, seq, head_dim, theta, inverse, rounding_);
   }
@@ -221,7 +222,7 @@ void CpuBackend::rope(double* x, const int32_t* position_ids, int64_t windows, i
 
 void CpuBackend::swiglu_forward(const double* fc1, int64_t rows, int64_t ffn, double* act) {
   if (precision() == Precision::kFp64) {
-    swiglu_forward_impl<double>(fc1, rows, ffn, act, rounding_);
+    swiglu_forward_impl<double>(fc1, rows, ffn, act, cpu::NoRounding{});
   } else {
     swiglu_forward_impl<float>(fc1, rows, ffn, act, rounding_);
   }
@@ -230,7 +231,7 @@ void CpuBackend::swiglu_forward(const double* fc1, int64_t rows, int64_t ffn, do
 void CpuBackend::swiglu_backward(const double* dact, const double* fc1, int64_t rows, int64_t ffn,
                                  double* dfc1) {
   if (precision() == Precision::kFp64) {
-    swiglu_backward_impl<double>(dact, fc1, rows, ffn, dfc1, rounding_);
+    swiglu_backward_impl<double>(dact, fc1, rows, ffn, dfc1, cpu::NoRounding{});
   } else {
     swiglu_backward_impl<float>(dact, fc1, rows, ffn, dfc1, rounding_);
   }

@@ -31,4 +31,13 @@ struct Rounding {
   TOUCHSTONE_HOST_DEVICE double weight(double v) const { return activation(v); }
 };
 
+// FP64 mode's rounding: none. The elementwise kernels' FP64 instantiations take this instead of a
+// Rounding, so that their loops hold no branch on the precision and the compiler vectorizes them; the
+// values are those of Rounding{Precision::kFp64}.
+struct NoRounding {
+  TOUCHSTONE_HOST_DEVICE double activation(double v) const { return v; }
+  TOUCHSTONE_HOST_DEVICE double state(double v) const { return v; }
+  TOUCHSTONE_HOST_DEVICE double weight(double v) const { return v; }
+};
+
 }  // namespace touchstone::cpu

@@ -236,10 +236,11 @@ void CudaBackend::rope(double* x, const int32_t* position_ids, int64_t windows, 
   // The angles on the host, as the CPU reference computes them (glibc's pow, cos and sin in double).
   std::vector<double> angles(static_cast<size_t>(windows * seq * half * 2));  // [b*T, half] of (cos, sin)
   const double direction = inverse ? -1.0 : 1.0;
+  const std::vector<double> frequencies = rope_frequencies(head_dim, theta);
   for (int64_t bt = 0; bt < windows * seq; ++bt) {
     const auto pos = static_cast<double>(position_ids[bt]);
     for (int64_t i = 0; i < half; ++i) {
-      const double angle = rope_angle(pos, i, head_dim, theta);
+      const double angle = rope_angle(pos, frequencies[static_cast<size_t>(i)]);
       angles[static_cast<size_t>((bt * half + i) * 2)] = std::cos(angle);
       angles[static_cast<size_t>((bt * half + i) * 2 + 1)] = direction * std::sin(angle);
     }
