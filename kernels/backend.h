@@ -73,7 +73,8 @@ struct AttentionTileCount {
 
 struct AdamWStep {
   double lr, beta1, beta2, eps, weight_decay;
-  int64_t step;  // 1-based update number, for bias correction
+  int64_t step;             // 1-based update number, for bias correction
+  double grad_scale = 1.0;  // the update reads grad[i] * grad_scale (in double): the clip coefficient
 };
 
 // What a tensor is, for the rounding that storing it implies (docs/precision.md).

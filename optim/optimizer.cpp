@@ -66,19 +66,19 @@ AdamWState AdamWState::zeros_like(const ParamTensors& params) {
 
 void adamw_update_in_pieces(Backend& backend, const AdamWStep& step, double grad_scale, const double* grad,
                             double* param, double* exp_avg, double* exp_avg_sq, int64_t n) {
-  const bool kept = exp_avg != nullptr;
+  AdamWStep scaled = step;
+  scaled.grad_scale = grad_scale;
+  if (exp_avg != nullptr) {  // kept moments: one call, nothing beside the model state
+    backend.adamw_update(param, grad, exp_avg, exp_avg_sq, n, scaled);
+    return;
+  }
   const int64_t piece = std::min(n, kAdamWPiece);
-  std::vector<double> scaled(static_cast<size_t>(piece));
-  std::vector<double> m(kept ? 0 : static_cast<size_t>(piece)), v(m.size());
+  std::vector<double> m(static_cast<size_t>(piece)), v(m.size());
   for (int64_t lo = 0; lo < n; lo += piece) {
     const int64_t len = std::min(piece, n - lo);
-    for (int64_t i = 0; i < len; ++i) scaled[static_cast<size_t>(i)] = grad[lo + i] * grad_scale;
-    if (!kept) {
-      std::fill(m.begin(), m.end(), 0.0);
-      std::fill(v.begin(), v.end(), 0.0);
-    }
-    backend.adamw_update(param + lo, scaled.data(), kept ? exp_avg + lo : m.data(),
-                         kept ? exp_avg_sq + lo : v.data(), len, step);
+    std::fill(m.begin(), m.end(), 0.0);
+    std::fill(v.begin(), v.end(), 0.0);
+    backend.adamw_update(param + lo, grad + lo, m.data(), v.data(), len, scaled);
   }
 }
 

@@ -31,14 +31,15 @@ struct AdamWState {
   static AdamWState zeros_like(const ParamTensors& params);  // empty tensors stay empty
 };
 
-// AdamW calls run on pieces of at most this many elements, so that the scratch beside the model state
-// (the clipped gradient, and moments that are not kept) is 3 x 8 MiB whatever the tensor's size.
+// AdamW without kept moments runs on pieces of at most this many elements, so that the moments it forms
+// in scratch are 2 x 8 MiB whatever the tensor's size.
 inline constexpr int64_t kAdamWPiece = int64_t{1} << 20;
 
-// AdamW on n elements: each piece's gradient multiplied by `grad_scale` in scratch (`grad` itself, an
-// output, stays as it is), then Backend::adamw_update. With `exp_avg` and `exp_avg_sq` null the moments
-// start at zero and are not kept: each piece's are formed in zeroed scratch and dropped (the last update
-// of a run that saves no optimizer state; docs/planning.md). Elementwise, so the pieces change no bit.
+// AdamW on n elements, reading each gradient as grad[i] * grad_scale (Backend::adamw_update's
+// AdamWStep::grad_scale; `grad` itself, an output, stays as it is). With `exp_avg` and `exp_avg_sq` null
+// the moments start at zero and are not kept: each piece's are formed in zeroed scratch and dropped (the
+// last update of a run that saves no optimizer state; docs/planning.md). Elementwise, so the pieces
+// change no bit.
 void adamw_update_in_pieces(Backend& backend, const AdamWStep& step, double grad_scale, const double* grad,
                             double* param, double* exp_avg, double* exp_avg_sq, int64_t n);
 

@@ -202,16 +202,14 @@ void StepReplay::finalize_grads() {
   }
 }
 
-// optim/optimizer.cpp adamw_update_in_pieces on `elements`: the scaled gradient of one piece and, when
-// the moments are not kept, that piece's moments, together.
+// optim/optimizer.cpp adamw_update_in_pieces on `elements`: nothing beside the model state when the
+// moments are kept; otherwise one piece's moments, formed in scratch.
 void StepReplay::adamw_pieces(double elements) {
+  if (!r_.moments_dropped) return;
   const double piece = std::min(elements, static_cast<double>(kAdamWPiece));
-  std::vector<int> scratch{l_.alloc_outside_arena(piece, "scaled gradient piece")};
-  if (r_.moments_dropped) {
-    scratch.push_back(l_.alloc_outside_arena(piece, "exp_avg piece"));
-    scratch.push_back(l_.alloc_outside_arena(piece, "exp_avg_sq piece"));
-  }
-  l_.release(scratch);
+  const int exp_avg = l_.alloc_outside_arena(piece, "exp_avg piece");
+  const int exp_avg_sq = l_.alloc_outside_arena(piece, "exp_avg_sq piece");
+  l_.release({exp_avg, exp_avg_sq});
 }
 
 // parallel/data/data_parallel_optimizer.cpp: the flat gradient, then either the all-reduce over dp and

@@ -93,8 +93,9 @@ void adamw_impl(double* param, const double* grad, double* exp_avg, double* exp_
   const auto step = static_cast<double>(s.step);
   const auto bias_correction1 = static_cast<T>(1.0 - std::pow(s.beta1, step));
   const auto bias_correction2 = static_cast<T>(1.0 - std::pow(s.beta2, step));
+  const double grad_scale = s.grad_scale;
   cpu::parallel_for(n, 1, [&](int64_t i) {
-    const auto g = static_cast<T>(grad[i]);
+    const auto g = static_cast<T>(grad[i] * grad_scale);
     const T m = b1 * static_cast<T>(exp_avg[i]) + (T(1) - b1) * g;
     const T v = b2 * static_cast<T>(exp_avg_sq[i]) + (T(1) - b2) * g * g;
     T p = static_cast<T>(param[i]) * (T(1) - lr * wd);

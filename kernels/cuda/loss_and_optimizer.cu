@@ -76,12 +76,13 @@ __global__ void ce_backward_kernel(const double* logits, const int32_t* targets,
 template <typename T>
 __global__ void adamw_kernel(double* param, const double* grad, double* exp_avg, double* exp_avg_sq,
                              int64_t n, double lr, double beta1, double beta2, double eps,
-                             double weight_decay, double bias_correction1, double bias_correction2) {
+                             double weight_decay, double bias_correction1, double bias_correction2,
+                             double grad_scale) {
   const auto b1 = static_cast<T>(beta1), b2 = static_cast<T>(beta2), step_lr = static_cast<T>(lr);
   const auto e = static_cast<T>(eps), wd = static_cast<T>(weight_decay);
   const auto c1 = static_cast<T>(bias_correction1), c2 = static_cast<T>(bias_correction2);
   TOUCHSTONE_GRID_STRIDE_LOOP(i, n) {
-    const auto g = static_cast<T>(grad[i]);
+    const auto g = static_cast<T>(grad[i] * grad_scale);
     const T m = b1 * static_cast<T>(exp_avg[i]) + (T(1) - b1) * g;
     const T v = b2 * static_cast<T>(exp_avg_sq[i]) + (T(1) - b2) * g * g;
     T p = static_cast<T>(param[i]) * (T(1) - step_lr * wd);
@@ -183,7 +184,7 @@ void CudaBackend::adamw_update(double* param, const double* grad, double* exp_av
   cuda::with_compute_type(precision(), [&](auto compute) {
     cuda::launch_kernel(adamw_kernel<decltype(compute)>, launch, stream_, d_param, d_grad, d_m, d_v, n,
                         step.lr, step.beta1, step.beta2, step.eps, step.weight_decay, bias_correction1,
-                        bias_correction2);
+                        bias_correction2, step.grad_scale);
   });
   cuda::check_launch("adamw_update");
   s.download(param, d_param, n);

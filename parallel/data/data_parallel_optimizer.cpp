@@ -1,6 +1,7 @@
 // Data-parallel gradient reduction, global norm, clipping and (optionally sharded) AdamW.
 #include "parallel/data/data_parallel_optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -44,9 +45,10 @@ void DataParallelOptimizer::hold_moments() {
 }
 
 // Each element of the model is counted by exactly one rank: the primary shard of its tensor
-// (ShardPlan::is_primary) and, over dp, the rank whose chunk holds it (distributed) or dp rank 0.
-double DataParallelOptimizer::global_grad_norm(const ActivationBuffer& flat_grads, int64_t begin,
-                                               int64_t end) const {
+// (ShardPlan::is_primary) and, over dp, the rank whose chunk holds it (distributed) or dp rank 0. Every
+// partial sum runs over the flat buffer's segments in order, each in element order.
+double DataParallelOptimizer::partial_sum_of_squares(const ActivationBuffer& flat_grads, int64_t begin,
+                                                     int64_t end) const {
   double partial = 0.0;
   for (const FlatBuffer::Segment& s : flat_.segments()) {
     if (!plan_.is_primary(s.id)) continue;
@@ -54,12 +56,38 @@ double DataParallelOptimizer::global_grad_norm(const ActivationBuffer& flat_grad
     for (int64_t i = lo; i < hi; ++i)
       partial += flat_grads[static_cast<size_t>(i)] * flat_grads[static_cast<size_t>(i)];
   }
-  {
-    const TransferSite site(context_.world,
-                            "optimizer: all-reduce of the gradient norm's partial sums of squares");
-    context_.world.all_reduce_sum(&partial, 1, {1});
+  return partial;
+}
+
+double DataParallelOptimizer::unflatten_scaled(const ActivationBuffer& flat, double grad_scale,
+                                               ParamTensors& grads) const {
+  // Block by block: each block is copied into its tensor, then rounded, scaled and summed there while it
+  // is in the L1 cache. The bits of one pass of each over the whole buffer (all elementwise but the sum,
+  // which keeps its order), for one read of the flat buffer from memory and one write of the tensors.
+  constexpr int64_t kBlock = 2048;
+  const bool counts = context_.dp.rank() == 0;
+  double partial = 0.0;
+  for (const FlatBuffer::Segment& s : flat_.segments()) {
+    const bool counted = counts && plan_.is_primary(s.id);
+    for (int64_t lo = 0; lo < s.numel; lo += kBlock) {
+      const int64_t len = std::min(kBlock, s.numel - lo);
+      double* block = grads[s.id].data() + lo;
+      std::copy_n(flat.data() + s.offset + lo, len, block);
+      backend_.round(TensorRole::kState, block, len);  // an FP32 reduction unless FP64
+      scale_gradient(backend_, grad_scale, block, len);
+      if (counted) {
+        for (int64_t i = 0; i < len; ++i) partial += block[i] * block[i];
+      }
+    }
   }
-  return std::sqrt(partial);
+  return partial;
+}
+
+double DataParallelOptimizer::global_grad_norm(double partial_sum_of_squares) const {
+  const TransferSite site(context_.world,
+                          "optimizer: all-reduce of the gradient norm's partial sums of squares");
+  context_.world.all_reduce_sum(&partial_sum_of_squares, 1, {1});
+  return std::sqrt(partial_sum_of_squares);
 }
 
 UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, ParamTensors& params,
@@ -102,10 +130,7 @@ UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, Pa
   if (zero_stage_ == 0) {
     const TransferSite site(context_.dp, "finalize_model_grads: all-reduce of the gradient buffer");
     context_.dp.all_reduce_sum(flat.data(), flat_.padded_size(), {flat_.padded_size()});
-    backend_.round(TensorRole::kState, flat.data(), flat_.padded_size());  // an FP32 reduction unless FP64
-    scale_gradient(backend_, grad_scale, flat.data(), flat_.padded_size());
-    flat_.unflatten(flat, grads);
-    result.grad_norm = global_grad_norm(flat, dp_rank == 0 ? 0 : flat_.padded_size(), flat_.padded_size());
+    result.grad_norm = global_grad_norm(unflatten_scaled(flat, grad_scale, grads));
     result.clip_coefficient = clip_coefficient(result.grad_norm, optim_.clip_grad);
     adamw_step(backend_, plan_.table(), optim_, result.lr, result.clip_coefficient, grads, params, state_);
     return result;
@@ -119,7 +144,7 @@ UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, Pa
   backend_.round(TensorRole::kState, grad_chunk.data(), chunk);
   scale_gradient(backend_, grad_scale, grad_chunk.data(), chunk);
   std::copy(grad_chunk.begin(), grad_chunk.end(), flat.begin() + begin);
-  result.grad_norm = global_grad_norm(flat, begin, end);
+  result.grad_norm = global_grad_norm(partial_sum_of_squares(flat, begin, end));
   result.clip_coefficient = clip_coefficient(result.grad_norm, optim_.clip_grad);
 
   // AdamW on this rank's chunk, one run per tensor overlapping it (weight decay is per tensor).
@@ -164,12 +189,7 @@ void DataParallelOptimizer::sharded_update(ParamTensors& grad_shards, ParamTenso
     if (!plan_.is_primary(id)) continue;
     for (double x : g) partial += x * x;
   }
-  {
-    const TransferSite site(context_.world,
-                            "optimizer: all-reduce of the gradient norm's partial sums of squares");
-    context_.world.all_reduce_sum(&partial, 1, {1});
-  }
-  result.grad_norm = std::sqrt(partial);
+  result.grad_norm = global_grad_norm(partial);
   result.clip_coefficient = clip_coefficient(result.grad_norm, optim_.clip_grad);
   // adamw_step counts updates in state_.step; without kept moments state_ has no tensors.
   state_.step = steps_done_ - 1;

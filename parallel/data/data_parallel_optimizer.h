@@ -66,7 +66,14 @@ class DataParallelOptimizer {
   void restore(const AdamWState& moments);
 
  private:
-  double global_grad_norm(const ActivationBuffer& flat_grads, int64_t begin, int64_t end) const;
+  // Stage 0 after the all-reduce, one pass over the flat gradient: rounded to the main gradients'
+  // precision, scaled (scale_gradient), copied back into `grads`, and the squares of the elements this
+  // rank counts summed (global_grad_norm's order). Returns that partial sum.
+  double unflatten_scaled(const ActivationBuffer& flat, double grad_scale, ParamTensors& grads) const;
+  // Stage 1: the partial sum of squares of [begin, end) of the flat gradient.
+  double partial_sum_of_squares(const ActivationBuffer& flat_grads, int64_t begin, int64_t end) const;
+  // The global gradient norm from every rank's partial sum of squares (one world all-reduce).
+  double global_grad_norm(double partial_sum_of_squares) const;
   void hold_moments();  // allocates zero moments unless they are held
   // Stages 2 and 3: scale, norm, clip and AdamW on each tensor's dim-0 shard.
   void sharded_update(ParamTensors& grad_shards, ParamTensors& param_shards, double grad_scale,

@@ -17,9 +17,13 @@ FlatBuffer::FlatBuffer(const ParamTensors& shapes, int dp_size) : dp_size_(dp_si
 }
 
 ActivationBuffer FlatBuffer::flatten(const ParamTensors& tensors) const {
-  ActivationBuffer flat(static_cast<size_t>(padded_size_), 0.0);
-  for (const Segment& s : segments_)
+  ActivationBuffer flat(static_cast<size_t>(padded_size_));  // not zero-filled: the segments cover it
+  int64_t end = 0;
+  for (const Segment& s : segments_) {
     std::copy(tensors[s.id].begin(), tensors[s.id].end(), flat.begin() + s.offset);
+    end = s.offset + s.numel;
+  }
+  std::fill(flat.begin() + end, flat.end(), 0.0);  // the padding up to a multiple of dp
   return flat;
 }
 

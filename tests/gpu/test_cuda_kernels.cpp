@@ -189,7 +189,8 @@ TEST_P(CudaKernels, AdamW) {
   auto v_c = random_values("v", n, p(), 0.1, TensorRole::kState), v_g = v_c;
   for (double& v : v_c) v = v * v;
   v_g = v_c;
-  const AdamWStep step{1e-3, 0.9, 0.95, 1e-8, 0.1, 3};
+  AdamWStep step{1e-3, 0.9, 0.95, 1e-8, 0.1, 3};
+  step.grad_scale = 0.8125;  // a clip coefficient, applied to each gradient element in double
   b.cpu->adamw_update(param_c.data(), grad.data(), m_c.data(), v_c.data(), n, step);
   b.gpu->adamw_update(param_g.data(), grad.data(), m_g.data(), v_g.data(), n, step);
   // Elementwise in the CPU's operation order; a sqrt and divisions can differ by an ulp.

@@ -418,17 +418,18 @@ TEST(RoundingPoints, AdamWMomentsAndMasterWeightsInFp32) {
   for (int64_t i = 0; i < n; ++i) {
     const auto x = static_cast<double>(i);
     param[i] = f(std::sin(0.7 * x) / 3.0);
-    grad[i] = f(std::cos(1.3 * x) / 7.0) * 0.8125;  // an FP32 main grad times a clip coefficient
+    grad[i] = f(std::cos(1.3 * x) / 7.0);  // an FP32 main grad
     m[i] = f(std::sin(2.1 * x) / 50.0);
     v[i] = f(std::abs(std::cos(0.9 * x)) / 900.0);
   }
-  const AdamWStep step{1e-3, 0.9, 0.95, 1e-8, 0.1, 3};
+  AdamWStep step{1e-3, 0.9, 0.95, 1e-8, 0.1, 3};
+  step.grad_scale = 0.8125;  // a clip coefficient: the gradient is read as grad * 0.8125 in double
   Expected p_want, m_want, v_want;
   const float b1 = f(step.beta1), b2 = f(step.beta2), lr = f(step.lr), eps = f(step.eps),
               wd = f(step.weight_decay);
   const float c1 = f(1.0 - std::pow(step.beta1, 3.0)), c2 = f(1.0 - std::pow(step.beta2, 3.0));
   for (int64_t i = 0; i < n; ++i) {
-    const float g = f(grad[i]);
+    const float g = f(grad[i] * step.grad_scale);
     const float mi = b1 * f(m[i]) + (1.0f - b1) * g;
     const float vi = b2 * f(v[i]) + (1.0f - b2) * g * g;
     float p = f(param[i]) * (1.0f - lr * wd);
