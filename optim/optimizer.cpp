@@ -64,12 +64,10 @@ AdamWState AdamWState::zeros_like(const ParamTensors& params) {
   return state;
 }
 
-void adamw_update_in_pieces(Backend& backend, const AdamWStep& step, double grad_scale, const double* grad,
-                            double* param, double* exp_avg, double* exp_avg_sq, int64_t n) {
-  AdamWStep scaled = step;
-  scaled.grad_scale = grad_scale;
+void adamw_update_in_pieces(Backend& backend, const AdamWStep& step, const double* grad, double* param,
+                            double* exp_avg, double* exp_avg_sq, int64_t n) {
   if (exp_avg != nullptr) {  // kept moments: one call, nothing beside the model state
-    backend.adamw_update(param, grad, exp_avg, exp_avg_sq, n, scaled);
+    backend.adamw_update(param, grad, exp_avg, exp_avg_sq, n, step);
     return;
   }
   const int64_t piece = std::min(n, kAdamWPiece);
@@ -78,7 +76,7 @@ void adamw_update_in_pieces(Backend& backend, const AdamWStep& step, double grad
     const int64_t len = std::min(piece, n - lo);
     std::fill(m.begin(), m.end(), 0.0);
     std::fill(v.begin(), v.end(), 0.0);
-    backend.adamw_update(param + lo, grad + lo, m.data(), v.data(), len, scaled);
+    backend.adamw_update(param + lo, grad + lo, m.data(), v.data(), len, step);
   }
 }
 
@@ -88,12 +86,11 @@ void adamw_step(Backend& backend, const ParamTable& table, const OptimConfig& o,
   const bool kept = !state.exp_avg.tensors.empty();
   for (int id = 0; id < table.size(); ++id) {
     if (params[id].empty()) continue;  // a tensor this rank does not hold
-    const AdamWStep step{lr,        o.beta1, o.beta2, o.eps, table[id].weight_decay ? o.weight_decay : 0.0,
-                         state.step};
-    adamw_update_in_pieces(backend, step, grad_scale, grads[id].data(), params[id].data(),
-                           kept ? state.exp_avg[id].data() : nullptr,
-                           kept ? state.exp_avg_sq[id].data() : nullptr,
-                           static_cast<int64_t>(params[id].size()));
+    const AdamWStep step{lr,         o.beta1,   o.beta2, o.eps, table[id].weight_decay ? o.weight_decay : 0.0,
+                         state.step, grad_scale};
+    adamw_update_in_pieces(
+        backend, step, grads[id].data(), params[id].data(), kept ? state.exp_avg[id].data() : nullptr,
+        kept ? state.exp_avg_sq[id].data() : nullptr, static_cast<int64_t>(params[id].size()));
   }
 }
 

@@ -35,13 +35,12 @@ struct AdamWState {
 // in scratch are 2 x 8 MiB whatever the tensor's size.
 inline constexpr int64_t kAdamWPiece = int64_t{1} << 20;
 
-// AdamW on n elements, reading each gradient as grad[i] * grad_scale (Backend::adamw_update's
-// AdamWStep::grad_scale; `grad` itself, an output, stays as it is). With `exp_avg` and `exp_avg_sq` null
-// the moments start at zero and are not kept: each piece's are formed in zeroed scratch and dropped (the
-// last update of a run that saves no optimizer state; docs/planning.md). Elementwise, so the pieces
-// change no bit.
-void adamw_update_in_pieces(Backend& backend, const AdamWStep& step, double grad_scale, const double* grad,
-                            double* param, double* exp_avg, double* exp_avg_sq, int64_t n);
+// AdamW on n elements, reading each gradient as grad[i] * step.grad_scale (the clip coefficient; `grad`
+// itself, an output, stays as it is). With `exp_avg` and `exp_avg_sq` null the moments start at zero
+// and are not kept: each piece's are formed in zeroed scratch and dropped (the last update of a run that
+// saves no optimizer state; docs/planning.md). Elementwise, so the pieces change no bit.
+void adamw_update_in_pieces(Backend& backend, const AdamWStep& step, const double* grad, double* param,
+                            double* exp_avg, double* exp_avg_sq, int64_t n);
 
 // One AdamW update of every (non-empty) tensor with gradients scaled by `grad_scale` (the clip
 // coefficient). Weight decay applies to the tensors the table marks (2 or more dimensions). A `state`

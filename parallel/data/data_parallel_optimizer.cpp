@@ -157,10 +157,11 @@ UpdateResult DataParallelOptimizer::step(int64_t update, ParamTensors& grads, Pa
                          optim_.beta2,
                          optim_.eps,
                          plan_.table()[s.id].weight_decay ? optim_.weight_decay : 0.0,
-                         steps_done_};
+                         steps_done_,
+                         result.clip_coefficient};
     const int64_t at = lo - begin;
-    adamw_update_in_pieces(backend_, adam, result.clip_coefficient, grad_chunk.data() + at,
-                           param_flat.data() + lo, moments_held_ ? chunk_m_.data() + at : nullptr,
+    adamw_update_in_pieces(backend_, adam, grad_chunk.data() + at, param_flat.data() + lo,
+                           moments_held_ ? chunk_m_.data() + at : nullptr,
                            moments_held_ ? chunk_v_.data() + at : nullptr, hi - lo);
   }
   ActivationBuffer updated(static_cast<size_t>(flat_.padded_size()));
