@@ -160,8 +160,9 @@ void online_softmax_step(const WindowMask& mask, int64_t qt, int64_t kt, const d
   const int64_t j0 = kt * kTile, tk = std::min(kTile, mask.key_rows() - j0);
   const bool unmasked = mask.tile_unmasked(qt, kt);  // every key visible to every query, nothing added
   constexpr C kNone = -std::numeric_limits<C>::infinity();
-  C new_max[kTile];  // [tq] m', or -inf while no key is visible to the query
-  // Pass 1, per row: the masked scores to -inf (their exponentials are 0), m', and S - m'.
+  C new_max[kTile];     // [tq] m', or -inf while no key is visible to the query
+  C shift[kTile] = {};  // [tq] what the exponentials subtract: m', or 0 for a row of -inf
+  // Pass 1, per row: the masked scores to -inf (their exponentials are 0) and m'.
   for (int64_t r = 0; r < tq; ++r) {
     const int64_t i = i0 + r;
     double* srow = scores + r * tk;
@@ -179,13 +180,13 @@ void online_softmax_step(const WindowMask& mask, int64_t qt, int64_t kt, const d
       }
     }
     new_max[r] = std::max(static_cast<C>(m[r]), tile_max);
+    shift[r] = new_max[r];
     if (new_max[r] == kNone) {  // no key visible to query i yet: P~ = exp(-inf) = 0
       std::fill(srow, srow + tk, -std::numeric_limits<double>::infinity());
-      continue;
+      shift[r] = 0;  // -inf - (-inf) would be NaN
     }
-    for (int64_t c = 0; c < tk; ++c) srow[c] = static_cast<double>(static_cast<C>(srow[c]) - new_max[r]);
   }
-  cpu::exp_in_place<C>(scores, tq * tk);  // P~, the whole tile in one call
+  cpu::exp_rows_in_place<C>(scores, tq, tk, shift);  // P~ = exp(S - m'), the whole tile in one call
   // Pass 2, per row: l, m and acc take the tile.
   for (int64_t r = 0; r < tq; ++r) {
     double* srow = scores + r * tk;
@@ -291,23 +292,25 @@ void backward_head(Precision p, const AttentionShape& s, const WindowMask& mask,
       const int64_t i0 = qt * kTile, tq = std::min(kTile, Tq - i0);
       score_tile(p, s, x, i0, tq, key_t, tk, probs);
       if (dropout) dropout->fill(x, mask, i0, tq, j0, tk, keep);
-      const bool unmasked = mask.tile_unmasked(qt, kt);  // every key visible, nothing added
-      for (int64_t r = 0; r < tq; ++r) {  // S - lse, or -inf where masked (its exponential is 0)
-        const int64_t i = i0 + r;
-        const C lse_i = static_cast<C>(lse[i]);
-        double* row = probs + r * tk;
-        if (unmasked) {  // one loop the CPU vectorizes
-          for (int64_t c = 0; c < tk; ++c) row[c] = static_cast<double>(static_cast<C>(row[c]) - lse_i);
-          continue;
-        }
-        for (int64_t c = 0; c < tk; ++c) {
-          row[c] =
-              mask.visible(i, j0 + c)
-                  ? static_cast<double>(static_cast<C>(row[c]) + static_cast<C>(mask.bias(i, j0 + c)) - lse_i)
-                  : -std::numeric_limits<double>::infinity();
+      // P = exp(S - lse): S, or -inf where masked (its exponential is 0), then the exponentials, which
+      // subtract each row's lse in their lanes (0 for a row that sees no key: -inf - (-inf) is NaN).
+      C shift[kTile] = {};  // [tq]
+      for (int64_t r = 0; r < tq; ++r) {
+        shift[r] =
+            lse[i0 + r] == -std::numeric_limits<double>::infinity() ? C(0) : static_cast<C>(lse[i0 + r]);
+      }
+      if (!mask.tile_unmasked(qt, kt)) {  // unmasked: every key visible, nothing added, S as it is
+        for (int64_t r = 0; r < tq; ++r) {
+          const int64_t i = i0 + r;
+          double* row = probs + r * tk;
+          for (int64_t c = 0; c < tk; ++c) {
+            row[c] = mask.visible(i, j0 + c)
+                         ? static_cast<double>(static_cast<C>(row[c]) + static_cast<C>(mask.bias(i, j0 + c)))
+                         : -std::numeric_limits<double>::infinity();
+          }
         }
       }
-      cpu::exp_in_place<C>(probs, tq * tk);
+      cpu::exp_rows_in_place<C>(probs, tq, tk, shift);
       // dP' = dO_I V_J^T, before P is overwritten by P'
       cpu::gemm(p, scores_format(p), false, false, tq, tk, D, 1.0, doh + i0 * out_width, out_width, value_t,
                 tk, Store::kOverwrite, dprobs, tk);
