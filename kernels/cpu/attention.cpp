@@ -186,7 +186,7 @@ void online_softmax_step(const WindowMask& mask, int64_t qt, int64_t kt, const d
       shift[r] = 0;  // -inf - (-inf) would be NaN
     }
   }
-  cpu::exp_rows_in_place<C>(scores, tq, tk, shift);  // P~ = exp(S - m'), the whole tile in one call
+  cpu::exp_rows<C>(scores, tq, tk, shift, scores);  // P~ = exp(S - m'), the whole tile in one call
   // Pass 2, per row: l, m and acc take the tile.
   for (int64_t r = 0; r < tq; ++r) {
     double* srow = scores + r * tk;
@@ -310,7 +310,7 @@ void backward_head(Precision p, const AttentionShape& s, const WindowMask& mask,
           }
         }
       }
-      cpu::exp_rows_in_place<C>(probs, tq, tk, shift);
+      cpu::exp_rows<C>(probs, tq, tk, shift, probs);
       // dP' = dO_I V_J^T, before P is overwritten by P'
       cpu::gemm(p, scores_format(p), false, false, tq, tk, D, 1.0, doh + i0 * out_width, out_width, value_t,
                 tk, Store::kOverwrite, dprobs, tk);

@@ -135,6 +135,8 @@ __attribute__((target("avx512f"))) void exp_avx512(const double* x, int64_t rows
 }
 
 // Four lanes of exp_lane; the table entries gathered from memory (AVX2 has no two-register permute).
+// Written out, as the AVX-512 form is, because GCC vectorizes exp_lane for AVX2 with emulated gathers:
+// 1.57 ns an element against these intrinsics' 1.13 (and 1.63 for the form before the table).
 __attribute__((target("avx2,fma"))) inline __m256d exp_avx2_lanes(__m256d x) {
   const __m256d lowest = _mm256_set1_pd(kExpFp64Lowest), highest = _mm256_set1_pd(kExpFp64Highest);
   const __m256d clamped = _mm256_min_pd(highest, _mm256_max_pd(lowest, x));

@@ -53,30 +53,26 @@ bool exp_fp64_form_supported(ExpFp64Form form);
 void exp_fp64_in_form(ExpFp64Form form, const double* x, int64_t rows, int64_t cols, const double* shift,
                       double* y);
 
-// x[i] = exp(x[i]) in a kernel's compute type C: FP64 through exp_fp64; FP32 through std::exp on the
-// float value of x[i] (FP32 and BF16 modes keep libm's expf, the exponential their bits were fixed
-// with).
+// y[r, c] = exp(x[r, c] - shift[r]) in a kernel's compute type C, the subtraction in C too; y may be x.
+// FP64 through exp_fp64_rows; FP32 through std::exp on the float difference (FP32 and BF16 modes keep
+// libm's expf, the exponential their bits were fixed with).
 template <typename C>
-void exp_in_place(double* x, int64_t n) {
+void exp_rows(const double* x, int64_t rows, int64_t cols, const C* shift, double* y) {
   if constexpr (std::is_same_v<C, double>) {
-    exp_fp64(x, x, n);
-  } else {
-    for (int64_t i = 0; i < n; ++i) x[i] = static_cast<double>(std::exp(static_cast<C>(x[i])));
-  }
-}
-
-// x[r, c] = exp(x[r, c] - shift[r]) in the compute type C, the subtraction in C too: FP64 through
-// exp_fp64_rows; FP32 as exp_in_place<float> of the float difference.
-template <typename C>
-void exp_rows_in_place(double* x, int64_t rows, int64_t cols, const C* shift) {
-  if constexpr (std::is_same_v<C, double>) {
-    exp_fp64_rows(x, rows, cols, shift, x);
+    exp_fp64_rows(x, rows, cols, shift, y);
   } else {
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t c = r * cols; c < (r + 1) * cols; ++c)
-        x[c] = static_cast<double>(std::exp(static_cast<C>(x[c]) - shift[r]));
+        y[c] = static_cast<double>(std::exp(static_cast<C>(x[c]) - shift[r]));
     }
   }
+}
+
+// x[i] = exp(x[i]) in the compute type C: exp_rows with nothing subtracted (x - 0 is x, bit for bit).
+template <typename C>
+void exp_in_place(double* x, int64_t n) {
+  const C none = 0;
+  exp_rows<C>(x, 1, n, &none, x);
 }
 
 }  // namespace touchstone::cpu

@@ -36,9 +36,8 @@ void partials_impl(const double* logits, const int32_t* targets, int64_t rows, i
     double chunk[kExpChunk];  // exp(row - max) of the chunk [first, first + count), then summed in order
     for (int64_t first = 0; first < vocab_local; first += kExpChunk) {
       const int64_t count = std::min(kExpChunk, vocab_local - first);
-      for (int64_t c = 0; c < count; ++c)
-        chunk[c] = static_cast<double>(static_cast<T>(row[first + c]) - static_cast<T>(row_max[n]));
-      cpu::exp_in_place<T>(chunk, count);
+      const auto max = static_cast<T>(row_max[n]);
+      cpu::exp_rows<T>(row + first, 1, count, &max, chunk);
       for (int64_t c = 0; c < count; ++c) sum += static_cast<T>(chunk[c]);
     }
     sum_exp[n] = static_cast<double>(sum);
@@ -72,8 +71,7 @@ void ce_backward_impl(const double* logits, const int32_t* targets, int64_t rows
     const auto w = static_cast<T>(loss_weight), m = static_cast<T>(row_max[n]),
                z = static_cast<T>(sum_exp[n]);
     const int64_t local = static_cast<int64_t>(targets[n]) - vocab_start;
-    for (int64_t i = 0; i < vocab_local; ++i) drow[i] = static_cast<double>(static_cast<T>(row[i]) - m);
-    cpu::exp_in_place<T>(drow, vocab_local);
+    cpu::exp_rows<T>(row, 1, vocab_local, &m, drow);  // exp(row - m)
     for (int64_t i = 0; i < vocab_local; ++i) {
       // Megatron-LM's order: softmax - onehot in T, times the incoming gradient w in T, one rounding to
       // the activation format. With global_token_mean w is 1 and the 1/num_loss_tokens scale is applied
