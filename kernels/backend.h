@@ -192,9 +192,11 @@ class Backend {
 
   // fc1[N, 2F] = [gate | up] -> act[N,F] = silu(gate) * up
   virtual void swiglu_forward(const double* fc1, int64_t rows, int64_t ffn, double* act) = 0;
-  // dact[N,F] -> dfc1[N,2F]
-  virtual void swiglu_backward(const double* dact, const double* fc1, int64_t rows, int64_t ffn,
-                               double* dfc1) = 0;
+  // dact[N,F] -> dfc1[N,2F], and act[N,F] again, the bits of swiglu_forward, for the fc2 weight gradient
+  // (the backward computes sigmoid(gate) anyway). act may be dact itself: each element of dact is read
+  // before that element of act is written.
+  virtual void swiglu_backward(const double* dact, const double* fc1, int64_t rows, int64_t ffn, double* dfc1,
+                               double* act) = 0;
 
   // Vocab-parallel cross entropy over this rank's logits slice [N, Vl] (vocabulary ids
   // [vocab_start, vocab_start + Vl)); Megatron's three reductions over the tp group sit between calls:
@@ -209,7 +211,9 @@ class Backend {
                                       double* sum_exp, double* target_logit) = 0;
   virtual void cross_entropy_loss(const double* row_max, const double* sum_exp, const double* target_logit,
                                   const int32_t* targets, int64_t rows, double* losses) = 0;
-  // dlogits[N,Vl] = loss_weight * (exp(logits - row_max) / sum_exp - onehot(target)); 0 rows where ignored
+  // dlogits[N,Vl] = loss_weight * (exp(logits - row_max) / sum_exp - onehot(target)); 0 rows where ignored.
+  // dlogits may be logits itself (the head overwrites the logits): each element is read before it is
+  // written, and from nothing but its own logit and its row's statistics.
   virtual void cross_entropy_backward(const double* logits, const int32_t* targets, int64_t rows,
                                       int64_t vocab_local, int64_t vocab_start, const double* row_max,
                                       const double* sum_exp, double loss_weight, double* dlogits) = 0;

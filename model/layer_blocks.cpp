@@ -20,9 +20,8 @@ void Transformer::attention_block_forward(const ParamTensors& params, int64_t la
                                           LayerActivations& a, ActivationBuffer& x) const {
   const LayerParamIds& ids = table_.layer(layer);
   const AttentionShape s = attention_shape(batch.windows);
-  const int64_t N = batch.windows * s.seq, Nl = tp_.local_rows(N), H = model_.hidden_size, D = s.head_dim;
+  const int64_t N = batch.windows * s.seq, H = model_.hidden_size, D = s.head_dim;
   const int64_t qkv_cols = (s.num_heads + 2 * s.num_kv_heads) * D;  // this rank's whole KV groups
-  a.x_in = x;
   const std::string qkv_module = layer_module(layer, "self_attention.linear_qkv");
   const std::string proj_module = layer_module(layer, "self_attention.linear_proj");
   {
@@ -60,7 +59,7 @@ void Transformer::attention_block_forward(const ParamTensors& params, int64_t la
     tp_.reduce(proj_partial, N, H, proj);  // RowParallelLinear exit
   }
   hidden_dropout_forward(dropout_keys_[layer].hidden_attention, batch, proj, a.hidden_attn_keep);
-  backend_.add_inplace(x.data(), proj.data(), Nl * H);
+  keep_and_advance(x, proj, a.x_in);
 }
 
 void Transformer::attention_block_backward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
@@ -72,19 +71,20 @@ void Transformer::attention_block_backward(const ParamTensors& params, int64_t l
   const int64_t qkv_cols = (s.num_heads + 2 * s.num_kv_heads) * D;
   // Backward of the hidden dropout, then of the RowParallelLinear exit.
   // Every buffer, stored or not, is freed after its last use.
-  ActivationBuffer dproj, scratch;  // [N,H], [Nl,H]
+  ActivationBuffer scratch, gathered;  // [Nl,H], [N,H]
+  ActivationBuffer* dproj = nullptr;   // [N,H] one of dx, scratch, gathered (row_parallel_output_grad)
   {
     const TransferSite site =
         tp_site(layer_module(layer, "self_attention.linear_proj"),
                 "RowParallelLinear backward: all-gather of the sequence-parallel output gradient");
-    tp_.gather(hidden_dropout_backward(dx, a.hidden_attn_keep, scratch), N, H, dproj);
+    dproj = &row_parallel_output_grad(dx, N, a.hidden_attn_keep, scratch, gathered, deferred);
   }
-  release(scratch);
   release(a.hidden_attn_keep);
   ActivationBuffer dattn = buffer(N * s.num_heads * D);
-  linear_backward(dproj, a.attn, params[ids.proj].data(), N, s.num_heads * D, H, dattn.data(),
+  linear_backward(*dproj, a.attn, params[ids.proj].data(), N, s.num_heads * D, H, dattn.data(),
                   grads[ids.proj].data(), deferred);
-  release(dproj);
+  release(gathered);
+  release(scratch);
   ActivationBuffer dq = buffer(N * s.num_heads * D), dk = buffer(N * s.num_kv_heads * D),
                    dv = buffer(N * s.num_kv_heads * D);
   if (cp_ != nullptr) {
@@ -132,9 +132,8 @@ void Transformer::attention_block_backward(const ParamTensors& params, int64_t l
 void Transformer::mlp_block_forward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
                                     LayerActivations& a, ActivationBuffer& x) const {
   const LayerParamIds& ids = table_.layer(layer);
-  const int64_t N = batch.windows * seq_, Nl = tp_.local_rows(N), H = model_.hidden_size;
+  const int64_t N = batch.windows * seq_, H = model_.hidden_size;
   const int64_t F = model_.ffn_hidden_size / tp_.tp_size();
-  a.x_mid = x;
   {
     const TransferSite site = tp_site(layer_module(layer, "mlp.linear_fc1"),
                                       "ColumnParallelLinear: all-gather of the sequence-parallel input");
@@ -154,7 +153,7 @@ void Transformer::mlp_block_forward(const ParamTensors& params, int64_t layer, c
     tp_.reduce(out_partial, N, H, out);
   }
   hidden_dropout_forward(dropout_keys_[layer].hidden_mlp, batch, out, a.hidden_mlp_keep);
-  backend_.add_inplace(x.data(), out.data(), Nl * H);
+  keep_and_advance(x, out, a.x_mid);
 }
 
 void Transformer::mlp_block_backward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
@@ -163,25 +162,27 @@ void Transformer::mlp_block_backward(const ParamTensors& params, int64_t layer, 
   const LayerParamIds& ids = table_.layer(layer);
   const int64_t N = batch.windows * seq_, Nl = tp_.local_rows(N), H = model_.hidden_size;
   const int64_t F = model_.ffn_hidden_size / tp_.tp_size();
-  ActivationBuffer dout, scratch;  // [N,H], [Nl,H]
+  ActivationBuffer scratch, gathered;  // [Nl,H], [N,H]
+  ActivationBuffer* dout = nullptr;    // [N,H] one of dx, scratch, gathered (row_parallel_output_grad)
   {
     const TransferSite site =
         tp_site(layer_module(layer, "mlp.linear_fc2"),
                 "RowParallelLinear backward: all-gather of the sequence-parallel output gradient");
-    tp_.gather(hidden_dropout_backward(dx, a.hidden_mlp_keep, scratch), N, H, dout);
+    dout = &row_parallel_output_grad(dx, N, a.hidden_mlp_keep, scratch, gathered, deferred);
   }
-  release(scratch);
   release(a.hidden_mlp_keep);
-  ActivationBuffer act = buffer(N * F);  // [N,Fl] the forward's SwiGLU call on the stored fc1 again
-  backend_.swiglu_forward(a.fc1.data(), N, F, act.data());
-  ActivationBuffer dact = buffer(N * F);
-  linear_backward(dout, act, params[ids.fc2].data(), N, F, H, dact.data(), grads[ids.fc2].data(), deferred);
-  release(dout);
-  release(act);
+  // fc2's input gradient first; its weight gradient needs act, which SwiGLU's backward gives again (the
+  // forward's bits) over dact, element by element after reading it: no second SwiGLU forward.
+  ActivationBuffer dact = buffer(N * F);  // [N,Fl], then act
+  backend_.linear_backward(dout->data(), nullptr, params[ids.fc2].data(), N, F, H, dact.data(), nullptr);
   ActivationBuffer dfc1 = buffer(N * 2 * F);
-  backend_.swiglu_backward(dact.data(), a.fc1.data(), N, F, dfc1.data());
-  release(dact);
+  backend_.swiglu_backward(dact.data(), a.fc1.data(), N, F, dfc1.data(), dact.data());
   release(a.fc1);
+  ActivationBuffer act = std::move(dact);
+  linear_weight_gradient(*dout, act, N, F, H, grads[ids.fc2].data(), deferred);
+  release(gathered);
+  release(scratch);
+  release(act);
   if (!tp_.sequence_parallel()) {  // h_mlp [N,H] again, as h_attn in the attention block
     ActivationBuffer rstd;
     norm_gather(a.x_mid.data(), params[ids.pre_mlp_norm], batch.windows, a.h_mlp, rstd);

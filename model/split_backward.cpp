@@ -26,6 +26,17 @@ void Transformer::linear_backward(ActivationBuffer& dy, const ActivationBuffer& 
       {std::move(dy), std::move(x_kept), rows, in, out, dweight, deferred->units.size() - 1});
 }
 
+void Transformer::linear_weight_gradient(ActivationBuffer& dy, ActivationBuffer& x, int64_t rows, int64_t in,
+                                         int64_t out, double* dweight,
+                                         DeferredWeightGradients* deferred) const {
+  if (deferred == nullptr) {
+    backend_.linear_backward(dy.data(), x.data(), nullptr, rows, in, out, nullptr, dweight);
+    return;
+  }
+  deferred->linears.push_back(
+      {std::move(dy), std::move(x), rows, in, out, dweight, deferred->units.size() - 1});
+}
+
 void Transformer::backward_weights(DeferredWeightGradients& deferred) const {
   // Unit by unit, in the backward's order (the records are in that order), so the hooks learn as soon
   // as a unit's gradients hold this micro-batch's W.

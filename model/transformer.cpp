@@ -109,13 +109,29 @@ void Transformer::hidden_dropout_forward(const PhiloxKey& key, const MicroBatch&
   backend_.dropout_forward(out.data(), keep.data(), Nl * H, out.data());
 }
 
-const ActivationBuffer& Transformer::hidden_dropout_backward(const ActivationBuffer& dx,
-                                                             const ActivationBuffer& keep,
-                                                             ActivationBuffer& scratch) const {
+void Transformer::keep_and_advance(ActivationBuffer& x, ActivationBuffer& branch,
+                                   ActivationBuffer& kept) const {
+  backend_.add_inplace(branch.data(), x.data(), static_cast<int64_t>(x.size()));
+  kept = std::move(x);
+  x = std::move(branch);
+}
+
+ActivationBuffer& Transformer::hidden_dropout_backward(ActivationBuffer& dx, const ActivationBuffer& keep,
+                                                       ActivationBuffer& scratch) const {
   if (keep.empty()) return dx;
   scratch = buffer(static_cast<int64_t>(dx.size()));
   backend_.dropout_backward(dx.data(), keep.data(), static_cast<int64_t>(dx.size()), scratch.data());
   return scratch;
+}
+
+ActivationBuffer& Transformer::row_parallel_output_grad(ActivationBuffer& dx, int64_t N,
+                                                        const ActivationBuffer& keep,
+                                                        ActivationBuffer& scratch, ActivationBuffer& full,
+                                                        const DeferredWeightGradients* deferred) const {
+  ActivationBuffer& local = hidden_dropout_backward(dx, keep, scratch);
+  if (!tp_.sequence_parallel() && deferred == nullptr) return local;  // the identity gather
+  tp_.gather(local, N, model_.hidden_size, full);
+  return full;
 }
 
 // ---- head (last stage): final norm -> vocab-parallel output layer -> vocab-parallel cross entropy --------
@@ -155,22 +171,10 @@ void Transformer::head_backward(const ParamTensors& params, const MicroBatch& ba
                                 DeferredWeightGradients* deferred) const {
   const int64_t N = batch.windows * seq_, Nl = tp_.local_rows(N), H = model_.hidden_size;
   const int64_t V = vocab_local();
-  // dlogits take the logits' place, so that two [N,Vl] buffers (the largest at long T) are never alive
-  // at once: block by block of rows, the cross entropy backward writes into `block` [R,Vl], copied over
-  // the rows it has just read. The kernel computes each row from that row alone, so the bits are those
-  // of one call over all N rows.
-  {
-    const int64_t block_rows = std::min(N, kCrossEntropyRows);
-    ActivationBuffer block = buffer(block_rows * V);
-    for (int64_t first = 0; first < N; first += block_rows) {
-      const int64_t rows = std::min(block_rows, N - first);
-      double* logits = acts.logits.data() + first * V;
-      backend_.cross_entropy_backward(logits, batch.targets + first, rows, V, vocab_start(),
-                                      acts.row_max.data() + first, acts.sum_exp.data() + first, loss_weight,
-                                      block.data());
-      std::copy_n(block.data(), rows * V, logits);
-    }
-  }
+  // dlogits take the logits' place, written over them in one call, so that two [N,Vl] buffers (the largest
+  // at long T) are never alive at once.
+  backend_.cross_entropy_backward(acts.logits.data(), batch.targets, N, V, vocab_start(), acts.row_max.data(),
+                                  acts.sum_exp.data(), loss_weight, acts.logits.data());
   ActivationBuffer dlogits = std::move(acts.logits);  // [N,Vl]
   release(acts.row_max);
   release(acts.sum_exp);
@@ -268,7 +272,11 @@ void Transformer::backward(const ParamTensors& params, const MicroBatch& batch, 
       const TransferSite site =
           tp_site("embedding.word_embeddings",
                   "VocabParallelEmbedding backward: all-gather of the sequence-parallel output gradient");
-      tp_.gather(dx, N, H, dfull);
+      if (tp_.sequence_parallel()) {
+        tp_.gather(dx, N, H, dfull);
+      } else {
+        dfull = std::move(dx);  // the identity gather; dx has no use after this
+      }
     }
     before(kBackward, {ParameterUnit::Kind::kEmbedding}, deferred);
     if (deferred != nullptr) {

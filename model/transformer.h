@@ -144,10 +144,6 @@ class ParameterHooks {
 
 class Transformer {
  public:
-  // Rows per call of the head's blockwise cross entropy backward (head_backward): its scratch is
-  // kCrossEntropyRows x Vl, next to logits of N x Vl.
-  static constexpr int64_t kCrossEntropyRows = 256;
-
   // `dropout_seed` (train.seed) keys the dropout masks; unused when model.*_dropout are 0. `cp`: the
   // context-parallel attention of a run with parallel.cp > 1 (then every batch holds T/cp rows per
   // window); null without context parallelism.
@@ -200,9 +196,21 @@ class Transformer {
   // Hidden dropout of a block's output out[Nl,H] in place, keeping its mask in `keep` (left empty when off).
   void hidden_dropout_forward(const PhiloxKey& key, const MicroBatch& batch, ActivationBuffer& out,
                               ActivationBuffer& keep) const;
+  // The residual add at a block's end, x <- x + branch [Nl,H], keeping the block's input x in `kept` for
+  // the backward: the sum goes into the branch's buffer as branch + x (addition commutes, so the bits
+  // are those of x + branch), which becomes the stream, and x itself moves into `kept`, with no copy.
+  void keep_and_advance(ActivationBuffer& x, ActivationBuffer& branch, ActivationBuffer& kept) const;
   // The gradient before the hidden dropout: dx * keep in `scratch`, or dx itself when off.
-  const ActivationBuffer& hidden_dropout_backward(const ActivationBuffer& dx, const ActivationBuffer& keep,
-                                                  ActivationBuffer& scratch) const;
+  ActivationBuffer& hidden_dropout_backward(ActivationBuffer& dx, const ActivationBuffer& keep,
+                                            ActivationBuffer& scratch) const;
+  // The output gradient [N,H] of a block's RowParallelLinear, from the residual stream's dx [Nl,H]: the
+  // hidden dropout's backward (hidden_dropout_backward), then the exit's backward, the all-gather into
+  // `full` with sequence parallelism. Without it the rows are already all there and are not copied,
+  // unless the split backward keeps them for its W: then `full` holds a copy, as dx goes on changing.
+  // The result lives as long as dx, `scratch` and `full`.
+  ActivationBuffer& row_parallel_output_grad(ActivationBuffer& dx, int64_t N, const ActivationBuffer& keep,
+                                             ActivationBuffer& scratch, ActivationBuffer& full,
+                                             const DeferredWeightGradients* deferred) const;
 
   void attention_block_forward(const ParamTensors& params, int64_t layer, const MicroBatch& batch,
                                LayerActivations& a, ActivationBuffer& x) const;
@@ -223,6 +231,11 @@ class Transformer {
   void linear_backward(ActivationBuffer& dy, const ActivationBuffer& x, const double* weight, int64_t rows,
                        int64_t in, int64_t out, double* dx, double* dweight,
                        DeferredWeightGradients* deferred) const;
+  // The weight gradient alone, for a layer whose dx was computed before its input x was at hand (the MLP's
+  // fc2: act comes out of SwiGLU's backward): dweight += dy^T x now, or, with `deferred`, later from dy
+  // and x, both moved into it.
+  void linear_weight_gradient(ActivationBuffer& dy, ActivationBuffer& x, int64_t rows, int64_t in,
+                              int64_t out, double* dweight, DeferredWeightGradients* deferred) const;
 
   // The hooks' calls around one unit (nothing without hooks). A split backward also lists the unit in
   // `deferred`, so that its W records name the unit they add into.

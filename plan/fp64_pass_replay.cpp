@@ -52,9 +52,13 @@ struct PassReplay::Keeper {
   }
 };
 
-// TensorParallelRegion::gather: a copy of the local rows (plain TP), or the full rows (SP); the
-// all-gather receives into that buffer, with no scratch.
-int PassReplay::gather(const std::string& what) { return l_.alloc(d_.N * d_.H, what); }
+// Transformer::row_parallel_output_grad after the dropout's scratch: with sequence parallelism the
+// all-gather receives the full rows [N,H], with no scratch; without it the local rows are used as they
+// are (-1: no buffer), unless the split backward keeps them, in a copy.
+int PassReplay::row_parallel_output_grad(const std::string& what) {
+  if (!d_.sp && deferred_ == nullptr) return -1;
+  return l_.alloc(d_.N * d_.H, what);
+}
 
 // TensorParallelRegion::reduce: the all-reduce sums the partial sums in place, through the group's
 // scratch, and they move into the result (plain TP); or a new buffer of the local rows receives the
@@ -89,9 +93,17 @@ int PassReplay::recompute_norm(const std::string& what) {
   return h;
 }
 
-LayerStored PassReplay::attention_forward(Keeper k) {
+// Transformer::keep_and_advance at a block's end: the stream x is kept as the block's input, and the
+// branch's buffer, holding the sum, becomes the stream.
+int PassReplay::keep_and_advance(Keeper k, int& x, int branch, const std::string& what) {
+  l_.store(x);
+  const int kept = k.add(x, what);
+  x = branch;
+  return kept;
+}
+
+LayerStored PassReplay::attention_forward(Keeper k, int& x) {
   LayerStored s;
-  s.x_in = k.keep(d_.Nl * d_.H, "x_in");
   s.rstd_attn = k.keep(d_.Nl, "rstd_attn");
   // h_attn is stored with sequence parallelism only; without, the backward recomputes it.
   const int h = norm_gather("h_attn", d_.sp ? BufferKind::kStored : BufferKind::kWorking);
@@ -113,23 +125,24 @@ LayerStored PassReplay::attention_forward(Keeper k) {
   const int proj_partial = l_.alloc(d_.N * d_.H, "proj_partial");
   const int proj = reduce(proj_partial, "proj");
   if (r_.hidden_dropout) s.attn_keep = k.keep(d_.Nl * d_.H, "hidden_attn_keep (dropout mask)");
-  l_.release({proj_partial, proj});
+  s.x_in = keep_and_advance(k, x, proj, "x_in");
+  if (proj != proj_partial) l_.release(proj_partial);
   return s;
 }
 
-void PassReplay::mlp_forward(Keeper k, LayerStored& s) {
-  s.x_mid = k.keep(d_.Nl * d_.H, "x_mid");
+void PassReplay::mlp_forward(Keeper k, LayerStored& s, int& x) {
   s.rstd_mlp = k.keep(d_.Nl, "rstd_mlp");
   const int h = norm_gather("h_mlp", d_.sp ? BufferKind::kStored : BufferKind::kWorking);
   if (d_.sp) s.h_mlp = k.add(h, "h_mlp");
   s.fc1 = k.keep(d_.N * 2 * d_.ffn, "fc1");
   if (!d_.sp) l_.release(h);
-  const int act = l_.alloc(d_.N * d_.ffn, "act");  // recomputed in the backward
+  const int act = l_.alloc(d_.N * d_.ffn, "act");  // given again by SwiGLU's backward
   const int out_partial = l_.alloc(d_.N * d_.H, "out_partial");
   l_.release(act);
   const int out = reduce(out_partial, "out");
   if (r_.hidden_dropout) s.mlp_keep = k.keep(d_.Nl * d_.H, "hidden_mlp_keep (dropout mask)");
-  l_.release({out_partial, out});
+  s.x_mid = keep_and_advance(k, x, out, "x_mid");
+  if (out != out_partial) l_.release(out_partial);
 }
 
 void PassReplay::head_forward(Keeper k, PassStored& s) {
@@ -219,17 +232,17 @@ PassStored PassReplay::forward(const Fp64Chunk& chunk, Fp64StepReplay* breakdown
   } else {
     x = l_.alloc(d_.Nl * d_.H, "x (copy of the received input)");
   }
-  l_.store(x);  // the residual stream becomes x_final
-  stored.all.push_back(x);
-  stored.x_final = x;
   for (int64_t layer = 0; layer < chunk.layers; ++layer) {
     l_.at("forward, layer " + std::to_string(chunk.first_layer + layer));
     std::vector<NamedBytes>* names = breakdown && layer == 0 ? &breakdown->stored_per_layer : nullptr;
     UnitBuffers unit = unit_before(Unit::kLayer, layer, false);
-    stored.layers.push_back(attention_forward(Keeper{l_, stored, names}));
-    mlp_forward(Keeper{l_, stored, names}, stored.layers.back());
+    stored.layers.push_back(attention_forward(Keeper{l_, stored, names}, x));
+    mlp_forward(Keeper{l_, stored, names}, stored.layers.back(), x);
     unit_after(unit);
   }
+  l_.store(x);  // the residual stream becomes x_final
+  stored.all.push_back(x);
+  stored.x_final = x;
   if (breakdown) breakdown->stored_head.push_back({"x_final", l_.bytes(x)});
   if (last_stage) {
     l_.at("forward, head");
@@ -241,7 +254,7 @@ PassStored PassReplay::forward(const Fp64Chunk& chunk, Fp64StepReplay* breakdown
 }
 
 // The hidden dropout's backward writes the masked gradient into a scratch buffer of the local rows,
-// freed once the gather has copied it.
+// freed after the RowParallelLinear backward has read it (or its gathered copy).
 std::vector<int> PassReplay::hidden_dropout_scratch() {
   if (!r_.hidden_dropout) return {};
   return {l_.alloc(d_.Nl * d_.H, "hidden dropout backward scratch")};
@@ -250,11 +263,11 @@ std::vector<int> PassReplay::hidden_dropout_scratch() {
 // The backward frees each buffer, stored or working, after its last use (model/transformer.cpp).
 void PassReplay::attention_backward(LayerStored& s) {
   const std::vector<int> scratch = hidden_dropout_scratch();
-  const int dproj = gather("dproj");
-  l_.release(scratch);
+  const int dproj = row_parallel_output_grad("dproj");
   free(s.attn_keep);
   const int dattn = l_.alloc(d_.N * d_.heads * d_.D, "dattn");
-  if (!keep_for_weights(dproj, d_.N * d_.heads * d_.D, "attn")) l_.release(dproj);
+  if (dproj >= 0 && !keep_for_weights(dproj, d_.N * d_.heads * d_.D, "attn")) l_.release(dproj);
+  l_.release(scratch);
   const int dq = l_.alloc(d_.N * d_.heads * d_.D, "dq"), dk = l_.alloc(d_.N * d_.kv_heads * d_.D, "dk"),
             dv = l_.alloc(d_.N * d_.kv_heads * d_.D, "dv");
   if (r_.cp > 1) {
@@ -278,15 +291,19 @@ void PassReplay::attention_backward(LayerStored& s) {
 
 void PassReplay::mlp_backward(LayerStored& s) {
   const std::vector<int> scratch = hidden_dropout_scratch();
-  const int dout = gather("dout");
-  l_.release(scratch);
+  const int dout = row_parallel_output_grad("dout");
   free(s.mlp_keep);
-  const int act = l_.alloc(d_.N * d_.ffn, "act (recomputed)");
-  const int dact = l_.alloc(d_.N * d_.ffn, "dact");
-  if (!keep_for_weights(dout, d_.N * d_.ffn, "act")) l_.release(dout);
-  l_.release(act);
+  const int act = l_.alloc(d_.N * d_.ffn, "dact, then act (from SwiGLU's backward)");
   const int dfc1 = l_.alloc(d_.N * 2 * d_.ffn, "dfc1");
-  l_.release({dact, s.fc1});
+  l_.release(s.fc1);
+  if (deferred_ != nullptr) {  // Transformer::linear_weight_gradient: W keeps dout and act themselves
+    deferred_->buffers.push_back(dout);
+    deferred_->buffers.push_back(act);
+  } else {
+    free(dout);
+  }
+  l_.release(scratch);
+  if (deferred_ == nullptr) l_.release(act);
   const int h = d_.sp ? s.h_mlp : recompute_norm("h_mlp");
   const int dh_partial = l_.alloc(d_.N * d_.H, "dh_partial");
   if (!keep_for_weights(dfc1, d_.N * d_.H, "h_mlp")) l_.release(dfc1);
@@ -297,11 +314,8 @@ void PassReplay::mlp_backward(LayerStored& s) {
   l_.release({dh, s.x_mid, s.rstd_mlp, dnorm_in});
 }
 
-// The cross entropy backward, block by block of rows through a scratch, overwrites the logits with
-// dlogits, so no second [N, V] buffer.
+// The cross entropy backward overwrites the logits with dlogits, so no second [N, V] buffer.
 int PassReplay::head_backward(PassStored& s) {
-  const double block_rows = std::min(d_.N, static_cast<double>(Transformer::kCrossEntropyRows));
-  l_.release(l_.alloc(block_rows * d_.vocab, "cross entropy backward block"));
   l_.release({s.row_max, s.sum_exp});
   const int dh_partial = l_.alloc(d_.N * d_.H, "dh_partial");
   // dlogits, in the logits' buffer; kept for W, it is no longer the executor's to drop.
@@ -349,7 +363,8 @@ int PassReplay::backward(const Fp64Chunk& chunk, PassStored& stored, DeferredRep
   }
   if (first_stage) {
     l_.at("backward, embedding");
-    const int dfull = gather("dfull");
+    // With sequence parallelism the all-gather's full rows; without, dx itself moves into dfull.
+    const int dfull = d_.sp ? l_.alloc(d_.N * d_.H, "dfull") : dx;
     UnitBuffers embedding = unit_before(Unit::kEmbedding, -1, true);
     if (deferred != nullptr) {
       deferred->buffers.push_back(dfull);
@@ -358,7 +373,7 @@ int PassReplay::backward(const Fp64Chunk& chunk, PassStored& stored, DeferredRep
       unit_after(embedding);
       l_.release(dfull);
     }
-    l_.release(dx);
+    if (dfull != dx) l_.release(dx);
     dx = -1;
   }
   deferred_ = nullptr;

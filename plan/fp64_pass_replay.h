@@ -84,12 +84,14 @@ class PassReplay {
   void free(int handle) {
     if (handle >= 0) l_.release(handle);
   }
-  int gather(const std::string& what);
+  int row_parallel_output_grad(const std::string& what);
   int reduce(int partial, const std::string& what);
   int norm_gather(const std::string& what, BufferKind kind);
   int recompute_norm(const std::string& what);
-  LayerStored attention_forward(Keeper k);
-  void mlp_forward(Keeper k, LayerStored& s);
+  int keep_and_advance(Keeper k, int& x, int branch, const std::string& what);
+  // x: the residual stream's buffer, in and out (a block's end moves it into the stored input).
+  LayerStored attention_forward(Keeper k, int& x);
+  void mlp_forward(Keeper k, LayerStored& s, int& x);
   void head_forward(Keeper k, PassStored& s);
   std::vector<int> hidden_dropout_scratch();
   void attention_backward(LayerStored& s);

@@ -40,6 +40,7 @@
 #include "kernels/cpu/exp_fp64.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel_for.h"
+#include "kernels/cpu/row_reductions.h"
 #include "kernels/dropout_mask.h"
 
 namespace touchstone {
@@ -119,37 +120,6 @@ void score_tile(Precision p, const AttentionShape& s, const HeadSlice& x, int64_
             Store::kOverwrite, scores, tk);
 }
 
-// The largest C(x[c]) of x[0, n), NaN passed over as by the chain m = std::max(m, C(x[c])), in four
-// interleaved chains that the CPU runs side by side instead of one 64 steps long. A maximum is exact, so
-// the order can change only the sign of a zero result, which nothing after it can tell: exp(+-0) = 1,
-// and lse = m + log l is +0 when l = 1.
-template <typename C>
-C row_max(const double* x, int64_t n) {
-  constexpr C kLowest = -std::numeric_limits<C>::infinity();
-  C lanes[4] = {kLowest, kLowest, kLowest, kLowest};
-  int64_t c = 0;
-  for (; c + 4 <= n; c += 4) {
-    for (int64_t k = 0; k < 4; ++k) lanes[k] = std::max(lanes[k], static_cast<C>(x[c + k]));
-  }
-  for (; c < n; ++c) lanes[0] = std::max(lanes[0], static_cast<C>(x[c]));
-  return std::max(std::max(lanes[0], lanes[1]), std::max(lanes[2], lanes[3]));
-}
-
-// The sum of C(x[c]) over x[0, n) in four interleaved chains, (x0 + x4 + ...) + (x1 + x5 + ...) and
-// so on, the chains added last as (0 + 1) + (2 + 3): a fixed order, so the same bits on every call,
-// and four additions in flight instead of a chain of n. (Against any other order, the bound that
-// tests/unit/test_attention_tiled.cpp derives holds: it allows every order of every sum.)
-template <typename C>
-C row_sum(const double* x, int64_t n) {
-  C lanes[4] = {0, 0, 0, 0};
-  int64_t c = 0;
-  for (; c + 4 <= n; c += 4) {
-    for (int64_t k = 0; k < 4; ++k) lanes[k] += static_cast<C>(x[c + k]);
-  }
-  for (; c < n; ++c) lanes[0] += static_cast<C>(x[c]);
-  return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
-}
-
 // The forward's step for one tile pair (I, J), the lines m' ... acc above, on query tile I's rows of the
 // running max m[tq], sum l[tq] and accumulator acc[tq,D]: scores[tq,tk] holds S on entry and P~ * M on
 // return, ready for the product with V_J. keep[tq,tk] is the dropout mask's tile, or null.
@@ -168,7 +138,7 @@ void online_softmax_step(const WindowMask& mask, int64_t qt, int64_t kt, const d
     double* srow = scores + r * tk;
     C tile_max = kNone;
     if (unmasked) {
-      tile_max = row_max<C>(srow, tk);
+      tile_max = cpu::row_max<C>(srow, tk);
     } else {
       for (int64_t c = 0; c < tk; ++c) {
         if (!mask.visible(i, j0 + c)) {
@@ -190,8 +160,8 @@ void online_softmax_step(const WindowMask& mask, int64_t qt, int64_t kt, const d
   // Pass 2, per row: l, m and acc take the tile.
   for (int64_t r = 0; r < tq; ++r) {
     double* srow = scores + r * tk;
-    if (new_max[r] == kNone) continue;   // nothing to take yet: m, l and acc stay -inf, 0 and 0
-    const C sum = row_sum<C>(srow, tk);  // of P~, before the dropout mask
+    if (new_max[r] == kNone) continue;        // nothing to take yet: m, l and acc stay -inf, 0 and 0
+    const C sum = cpu::row_sum<C>(srow, tk);  // of P~, before the dropout mask
     if (keep) {
       for (int64_t c = 0; c < tk; ++c)
         srow[c] = static_cast<double>(static_cast<C>(srow[c]) * static_cast<C>(keep[r * tk + c]));

@@ -8,6 +8,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/exp_fp64.h"
 #include "kernels/cpu/parallel_for.h"
+#include "kernels/cpu/row_reductions.h"
 
 namespace touchstone {
 
@@ -20,10 +21,7 @@ constexpr int64_t kExpChunk = 256;
 template <typename T>
 void row_max_impl(const double* logits, int64_t rows, int64_t vocab_local, double* row_max) {
   cpu::parallel_for(rows, vocab_local, [&](int64_t n) {
-    const double* row = logits + n * vocab_local;
-    T m = static_cast<T>(row[0]);
-    for (int64_t i = 1; i < vocab_local; ++i) m = std::max(m, static_cast<T>(row[i]));
-    row_max[n] = static_cast<double>(m);
+    row_max[n] = static_cast<double>(cpu::row_max<T>(logits + n * vocab_local, vocab_local));
   });
 }
 
@@ -33,12 +31,14 @@ void partials_impl(const double* logits, const int32_t* targets, int64_t rows, i
   cpu::parallel_for(rows, vocab_local, [&](int64_t n) {
     const double* row = logits + n * vocab_local;
     T sum = 0;
-    double chunk[kExpChunk];  // exp(row - max) of the chunk [first, first + count), then summed in order
+    double
+        chunk[kExpChunk];  // exp(row - max) of the chunk [first, first + count), then summed (statistic_sum)
     for (int64_t first = 0; first < vocab_local; first += kExpChunk) {
       const int64_t count = std::min(kExpChunk, vocab_local - first);
       const auto max = static_cast<T>(row_max[n]);
       cpu::exp_rows<T>(row + first, 1, count, &max, chunk);
-      for (int64_t c = 0; c < count; ++c) sum += static_cast<T>(chunk[c]);
+      sum = cpu::statistic_sum<T>(
+          count, [&chunk](int64_t c) { return static_cast<T>(chunk[c]); }, sum);
     }
     sum_exp[n] = static_cast<double>(sum);
     const int64_t local = static_cast<int64_t>(targets[n]) - vocab_start;

@@ -7,12 +7,14 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/exp_fp64.h"
 #include "kernels/cpu/parallel_for.h"
+#include "kernels/cpu/row_reductions.h"
 #include "kernels/rope_angle.h"
 
 namespace touchstone {
 
 // ---- RMSNorm: y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps) -------------------------------------
-// Statistics in T (FP32 unless FP64); outputs stored as activations, the weight gradient as state.
+// Statistics in T (FP32 unless FP64), summed by cpu::statistic_sum (row_reductions.h); outputs stored as
+// activations, the weight gradient as state.
 
 namespace {
 
@@ -21,8 +23,8 @@ void rmsnorm_forward_impl(const double* x, const double* weight, int64_t rows, i
                           double* y, double* rstd, const R& r) {
   cpu::parallel_for(rows, hidden, [&](int64_t n) {
     const double* xn = x + n * hidden;
-    T sum_squares = 0;
-    for (int64_t i = 0; i < hidden; ++i) sum_squares += static_cast<T>(xn[i]) * static_cast<T>(xn[i]);
+    const T sum_squares = cpu::statistic_sum<T>(
+        hidden, [xn](int64_t i) { return static_cast<T>(xn[i]) * static_cast<T>(xn[i]); });
     const T inv = T(1) / std::sqrt(sum_squares / static_cast<T>(hidden) + static_cast<T>(eps));
     rstd[n] = static_cast<double>(inv);
     for (int64_t i = 0; i < hidden; ++i) {
@@ -33,8 +35,9 @@ void rmsnorm_forward_impl(const double* x, const double* weight, int64_t rows, i
 }
 
 // The weight gradient's columns a block of rmsnorm_backward owns: each dweight element sums over the rows
-// in row order inside one block, so no sum is split between threads.
-constexpr int64_t kColumnBlock = 64;
+// in row order inside one block, so no sum is split between threads (and the bits do not depend on the
+// block's width). A block reads 2 KB of each row, its running sums on the stack.
+constexpr int64_t kColumnBlock = 256;
 
 template <typename T, typename R>
 void rmsnorm_backward_impl(const double* dy, const double* x, const double* weight, const double* rstd,
@@ -44,11 +47,12 @@ void rmsnorm_backward_impl(const double* dy, const double* x, const double* weig
     const double* xn = x + n * hidden;
     const double* dyn = dy + n * hidden;
     const auto inv = static_cast<T>(rstd[n]);
-    T mean_g_xhat = 0;
-    for (int64_t i = 0; i < hidden; ++i) {
-      mean_g_xhat += static_cast<T>(dyn[i]) * static_cast<T>(weight[i]) * static_cast<T>(xn[i]) * inv;
-    }
-    mean_g_xhat /= static_cast<T>(hidden);
+    const T mean_g_xhat = cpu::statistic_sum<T>(hidden,
+                                                [&](int64_t i) {
+                                                  return static_cast<T>(dyn[i]) * static_cast<T>(weight[i]) *
+                                                         static_cast<T>(xn[i]) * inv;
+                                                }) /
+                          static_cast<T>(hidden);
     for (int64_t i = 0; i < hidden; ++i) {
       const T xhat = static_cast<T>(xn[i]) * inv;
       dx[n * hidden + i] = r.activation(static_cast<double>(
@@ -56,16 +60,19 @@ void rmsnorm_backward_impl(const double* dy, const double* x, const double* weig
     }
   });
   cpu::parallel_for((hidden + kColumnBlock - 1) / kColumnBlock, rows * kColumnBlock, [&](int64_t block) {
-    const int64_t begin = block * kColumnBlock, end = std::min(hidden, begin + kColumnBlock);
+    const int64_t begin = block * kColumnBlock, width = std::min(hidden, begin + kColumnBlock) - begin;
+    double sums[kColumnBlock];  // dweight_accum[begin, begin + width)
+    std::copy_n(dweight_accum + begin, width, sums);
     for (int64_t n = 0; n < rows; ++n) {
-      const double* xn = x + n * hidden;
-      const double* dyn = dy + n * hidden;
+      const double* xn = x + n * hidden + begin;
+      const double* dyn = dy + n * hidden + begin;
       const auto inv = static_cast<T>(rstd[n]);
-      for (int64_t i = begin; i < end; ++i) {
+      for (int64_t i = 0; i < width; ++i) {
         const T xhat = static_cast<T>(xn[i]) * inv;
-        dweight_accum[i] = r.state(dweight_accum[i] + static_cast<double>(static_cast<T>(dyn[i]) * xhat));
+        sums[i] = r.state(sums[i] + static_cast<double>(static_cast<T>(dyn[i]) * xhat));
       }
     }
+    std::copy_n(sums, width, dweight_accum + begin);
   });
 }
 
@@ -190,8 +197,8 @@ void swiglu_forward_impl(const double* fc1, int64_t rows, int64_t ffn, double* a
 
 template <typename T, typename R>
 void swiglu_backward_impl(const double* dact, const double* fc1, int64_t rows, int64_t ffn, double* dfc1,
-                          const R& r) {
-  // d silu(g)/dg = sigmoid(g) * (1 + g * (1 - sigmoid(g)))
+                          double* act, const R& r) {
+  // d silu(g)/dg = sigmoid(g) * (1 + g * (1 - sigmoid(g))); act as swiglu_forward_impl computes it
   cpu::parallel_for(rows, ffn, [&](int64_t n) {
     const double* gate = fc1 + n * 2 * ffn;
     const double* up = gate + ffn;
@@ -205,6 +212,7 @@ void swiglu_backward_impl(const double* dact, const double* fc1, int64_t rows, i
       const T sigmoid = T(1) / (T(1) + static_cast<T>(dgate[i]));
       dgate[i] = r.activation(static_cast<double>(d * u * sigmoid * (T(1) + g * (T(1) - sigmoid))));
       dup[i] = r.activation(static_cast<double>(d * g * sigmoid));
+      act[n * ffn + i] = r.activation(static_cast<double>(g * sigmoid * u));  // after dact's element is read
     }
   });
 }
@@ -229,11 +237,11 @@ void CpuBackend::swiglu_forward(const double* fc1, int64_t rows, int64_t ffn, do
 }
 
 void CpuBackend::swiglu_backward(const double* dact, const double* fc1, int64_t rows, int64_t ffn,
-                                 double* dfc1) {
+                                 double* dfc1, double* act) {
   if (precision() == Precision::kFp64) {
-    swiglu_backward_impl<double>(dact, fc1, rows, ffn, dfc1, cpu::NoRounding{});
+    swiglu_backward_impl<double>(dact, fc1, rows, ffn, dfc1, act, cpu::NoRounding{});
   } else {
-    swiglu_backward_impl<float>(dact, fc1, rows, ffn, dfc1, rounding_);
+    swiglu_backward_impl<float>(dact, fc1, rows, ffn, dfc1, act, rounding_);
   }
 }
 

@@ -47,8 +47,8 @@ class CudaBackend final : public Backend {
   void rope(double* x, const int32_t* position_ids, int64_t windows, int64_t heads, int64_t seq,
             int64_t head_dim, double theta, bool inverse) override;
   void swiglu_forward(const double* fc1, int64_t rows, int64_t ffn, double* act) override;
-  void swiglu_backward(const double* dact, const double* fc1, int64_t rows, int64_t ffn,
-                       double* dfc1) override;
+  void swiglu_backward(const double* dact, const double* fc1, int64_t rows, int64_t ffn, double* dfc1,
+                       double* act) override;
 
   // kernels/cuda/attention.cu (attention_merge: kernels/cuda/attention_merge.cu)
   void attention_block_forward(const double* q, const double* k, const double* v, const AttentionBlock& block,

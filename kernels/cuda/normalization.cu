@@ -134,10 +134,10 @@ __global__ void swiglu_forward_kernel(const double* fc1, int64_t rows, int64_t f
   }
 }
 
-// d silu(g)/dg = sigmoid(g) * (1 + g * (1 - sigmoid(g)))
+// d silu(g)/dg = sigmoid(g) * (1 + g * (1 - sigmoid(g))); act as swiglu_forward_kernel computes it
 template <typename T>
 __global__ void swiglu_backward_kernel(const double* dact, const double* fc1, int64_t rows, int64_t ffn,
-                                       cpu::Rounding r, double* dfc1) {
+                                       cpu::Rounding r, double* dfc1, double* act) {
   TOUCHSTONE_GRID_STRIDE_LOOP(e, rows * ffn) {
     const int64_t n = e / ffn, i = e % ffn;
     const auto g = static_cast<T>(fc1[n * 2 * ffn + i]), u = static_cast<T>(fc1[n * 2 * ffn + ffn + i]);
@@ -146,6 +146,7 @@ __global__ void swiglu_backward_kernel(const double* dact, const double* fc1, in
     dfc1[n * 2 * ffn + i] =
         r.activation(static_cast<double>(d * u * sigmoid * (T(1) + g * (T(1) - sigmoid))));
     dfc1[n * 2 * ffn + ffn + i] = r.activation(static_cast<double>(d * g * sigmoid));
+    act[e] = r.activation(static_cast<double>(g * sigmoid * u));
   }
 }
 
@@ -276,19 +277,21 @@ void CudaBackend::swiglu_forward(const double* fc1, int64_t rows, int64_t ffn, d
 }
 
 void CudaBackend::swiglu_backward(const double* dact, const double* fc1, int64_t rows, int64_t ffn,
-                                  double* dfc1) {
+                                  double* dfc1, double* act) {
   if (rows * ffn == 0) return;
   cuda::Staging& s = begin_call();
   const double* d_dact = s.upload(dact, rows * ffn);    // [N, F]
   const double* d_fc1 = s.upload(fc1, rows * 2 * ffn);  // [N, 2F]
   double* d_dfc1 = s.output<double>(rows * 2 * ffn);    // [N, 2F]
+  double* d_act = s.output<double>(rows * ffn);         // [N, F]
   const cuda::Launch launch = cuda::per_element(rows * ffn);
   cuda::with_compute_type(precision(), [&](auto compute) {
     cuda::launch_kernel(swiglu_backward_kernel<decltype(compute)>, launch, stream_, d_dact, d_fc1, rows, ffn,
-                        rounding_, d_dfc1);
+                        rounding_, d_dfc1, d_act);
   });
   cuda::check_launch("swiglu_backward");
   s.download(dfc1, d_dfc1, rows * 2 * ffn);
+  s.download(act, d_act, rows * ffn);
   s.finish();
 }
 

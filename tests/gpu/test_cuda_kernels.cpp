@@ -128,10 +128,12 @@ TEST_P(CudaKernels, QkvLayoutRopeAndSwiglu) {
   b.gpu->swiglu_forward(fc1.data(), N, F, act_g.data());
   EXPECT_GPU_MATCHES(act_g, act_c, tolerance(p(), 4, bf16()));  // exp: a few ulps, no reduction
   const auto dact = random_values("dact", N * F, p());
-  std::vector<double> d_c(N * 2 * F), d_g(N * 2 * F);
-  b.cpu->swiglu_backward(dact.data(), fc1.data(), N, F, d_c.data());
-  b.gpu->swiglu_backward(dact.data(), fc1.data(), N, F, d_g.data());
+  std::vector<double> d_c(N * 2 * F), d_g(N * 2 * F), again_c(N * F), again_g(N * F);
+  b.cpu->swiglu_backward(dact.data(), fc1.data(), N, F, d_c.data(), again_c.data());
+  b.gpu->swiglu_backward(dact.data(), fc1.data(), N, F, d_g.data(), again_g.data());
   EXPECT_GPU_MATCHES(d_g, d_c, tolerance(p(), 4, bf16()));
+  EXPECT_EQ(again_c, act_c);  // each backend's backward act is its forward's: the same operations, bitwise
+  EXPECT_EQ(again_g, act_g);
 }
 
 TEST_P(CudaKernels, DropoutMasksAreTheCpuMasksBitForBit) {

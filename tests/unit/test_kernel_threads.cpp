@@ -160,9 +160,15 @@ TEST_P(KernelThreads, SwiGlu) {
   auto b = backend();
   const auto fc1 = random_values(kRows * 2 * kFfn, 7, 3.0), dact = random_values(kRows * kFfn, 8);
   expect_same_bits_on_any_thread_count("swiglu", [&] {
-    std::vector<double> act(dact.size()), dfc1(fc1.size());
+    std::vector<double> act(dact.size()), dfc1(fc1.size()), act_again(dact.size());
     b->swiglu_forward(fc1.data(), kRows, kFfn, act.data());
-    b->swiglu_backward(dact.data(), fc1.data(), kRows, kFfn, dfc1.data());
+    b->swiglu_backward(dact.data(), fc1.data(), kRows, kFfn, dfc1.data(), act_again.data());
+    EXPECT_EQ(act_again, act) << "the backward's act is the forward's, bit for bit";
+    // The model's call: act written over dact, the same bits as into buffers apart.
+    std::vector<double> shared = dact, dfc1_shared(fc1.size());
+    b->swiglu_backward(shared.data(), fc1.data(), kRows, kFfn, dfc1_shared.data(), shared.data());
+    EXPECT_EQ(dfc1_shared, dfc1) << "swiglu backward with act over dact";
+    EXPECT_EQ(shared, act) << "swiglu backward with act over dact";
     return Buffers{act, dfc1};
   });
 }
@@ -185,6 +191,11 @@ TEST_P(KernelThreads, CrossEntropy) {
                           losses.data());
     b->cross_entropy_backward(logits.data(), targets.data(), kRows, kVocab, vocab_start, row_max.data(),
                               sum_exp.data(), 0.37, dlogits.data());
+    // The head's call: dlogits over the logits themselves, the same bits as into a buffer apart.
+    std::vector<double> in_place = logits;
+    b->cross_entropy_backward(in_place.data(), targets.data(), kRows, kVocab, vocab_start, row_max.data(),
+                              sum_exp.data(), 0.37, in_place.data());
+    EXPECT_EQ(in_place, dlogits) << "cross entropy backward in place";
     return Buffers{row_max, sum_exp, target_logit, losses, dlogits};
   });
 }

@@ -293,10 +293,11 @@ TEST(RoundingPoints, SwigluForwardAndBackwardStoreBf16) {
   }
   dfc1_want.rounded = dgate.rounded + dup.rounded;
   dfc1_want.not_truncated = dgate.not_truncated + dup.not_truncated;
-  std::vector<double> act(static_cast<size_t>(rows * F)), dfc1(fc1.size());
+  std::vector<double> act(static_cast<size_t>(rows * F)), dfc1(fc1.size()), act_again(act.size());
   backend->swiglu_forward(fc1.data(), rows, F, act.data());
-  backend->swiglu_backward(dact.data(), fc1.data(), rows, F, dfc1.data());
+  backend->swiglu_backward(dact.data(), fc1.data(), rows, F, dfc1.data(), act_again.data());
   expect_stored(act, act_want, Format::kBf16, "swiglu act");
+  expect_stored(act_again, act_want, Format::kBf16, "swiglu act (backward)");
   expect_stored(dfc1, dfc1_want, Format::kBf16, "swiglu dfc1");
 }
 
