@@ -10,7 +10,6 @@
 #include <string>
 
 #include "kernels/cpu/cpu_backend.h"
-#include "model/transformer.h"
 #include "plan/context_attention_replay.h"
 
 namespace touchstone::plan {

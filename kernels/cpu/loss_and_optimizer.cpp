@@ -30,12 +30,12 @@ void partials_impl(const double* logits, const int32_t* targets, int64_t rows, i
                    int64_t vocab_start, const double* row_max, double* sum_exp, double* target_logit) {
   cpu::parallel_for(rows, vocab_local, [&](int64_t n) {
     const double* row = logits + n * vocab_local;
+    const auto max = static_cast<T>(row_max[n]);
     T sum = 0;
-    double
-        chunk[kExpChunk];  // exp(row - max) of the chunk [first, first + count), then summed (statistic_sum)
+    // exp(row - max) of the chunk [first, first + count), then added to the sum (statistic_sum)
+    double chunk[kExpChunk];
     for (int64_t first = 0; first < vocab_local; first += kExpChunk) {
       const int64_t count = std::min(kExpChunk, vocab_local - first);
-      const auto max = static_cast<T>(row_max[n]);
       cpu::exp_rows<T>(row + first, 1, count, &max, chunk);
       sum = cpu::statistic_sum<T>(
           count, [&chunk](int64_t c) { return static_cast<T>(chunk[c]); }, sum);
