@@ -8,12 +8,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <optional>
 #include <span>
 #include <vector>
 
 #include "common/errors.h"
-#include "common/signals.h"
+#include "common/published_directory.h"
 #include "common/text_output.h"
 #include "oracle/golden/golden_reader.h"
 #include "oracle/hf/hf_names.h"
@@ -25,13 +24,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// `dir` without trailing separators, absolute: "out/" and "out" name the same directory, and lstat of
-// "link/" would follow the link.
-fs::path directory_path(const std::string& dir) {
-  fs::path path = fs::absolute(dir).lexically_normal();
-  if (!path.has_filename() && path.has_relative_path()) path = path.parent_path();
-  return path;
-}
+constexpr const char* kConfigFile = "config.json";
+constexpr const char* kModelFile = "model.safetensors";
 
 void check_writable(const std::string& where, const fs::path& directory) {
   // access() also answers EROFS for a read-only file system, which a root process meets too.
@@ -144,7 +138,7 @@ void check_export_directory(const std::string& dir, const std::string& option) {
   if (S_ISLNK(status.st_mode)) throw InputError(where + ": is a symbolic link (give the directory itself)");
   if (!S_ISDIR(status.st_mode)) throw InputError(where + ": is not a directory");
   check_writable(where, directory);
-  for (const char* name : {"config.json", "model.safetensors"}) {
+  for (const char* name : {kConfigFile, kModelFile}) {
     const std::string inside = (fs::path(dir) / name).string();
     try {
       check_replaceable(inside);
@@ -152,6 +146,7 @@ void check_export_directory(const std::string& dir, const std::string& option) {
       throw InputError(option.empty() ? e.what() : option + " " + e.what());
     }
   }
+  check_publishable_directory(dir, where);
 }
 
 ExportSummary export_hf(const std::string& golden_path, const std::string& dir, int64_t step) {
@@ -185,31 +180,15 @@ ExportSummary export_hf(const std::string& golden_path, const std::string& dir, 
   }
   summary.tensors = static_cast<int64_t>(entries.size());
 
-  const fs::path directory = directory_path(dir);
-  const std::string model_path = (fs::path(dir) / "model.safetensors").string();
-  const std::string config_path = (fs::path(dir) / "config.json").string();
-  std::optional<ScopedTemporary> created;  // a directory this export made, removed if it fails
-  bool config_written = false;
-  try {
-    if (::mkdir(directory.c_str(), 0777) == 0) {
-      created.emplace(directory.string(), TemporaryKind::kDirectory);
-    } else if (errno != EEXIST) {
-      throw InputError(dir + ": cannot create the directory (" + std::string(std::strerror(errno)) + ")");
-    }
-    SafetensorsWriter writer(model_path, entries, {{"format", "pt"}});
-    write_tensors(golden, sources, writer);
-    summary.bytes = writer.bytes();
-    write_text_file_atomically(config_path, llama_config(config).dump(2) + "\n");
-    config_written = true;
-    writer.commit();
-  } catch (...) {
-    if (created) {
-      std::error_code ignored;
-      if (config_written) fs::remove(config_path, ignored);
-      fs::remove(directory, ignored);  // empty by now: the writer removed its temporary
-    }
-    throw;
-  }
+  // The two files must agree, so they are published as one: written into a fresh directory that then
+  // takes the place of `dir` in one system call (common/published_directory.h).
+  DirectoryPublication publication(dir, {kConfigFile, kModelFile});
+  SafetensorsWriter writer(publication.path_of(kModelFile), entries, {{"format", "pt"}});
+  write_tensors(golden, sources, writer);
+  summary.bytes = writer.bytes();
+  writer.commit();
+  write_text_file_atomically(publication.path_of(kConfigFile), llama_config(config).dump(2) + "\n");
+  publication.publish();
   return summary;
 }
 

@@ -1,6 +1,8 @@
 // `touchstone export hf`: a golden file's parameters as a Hugging Face LlamaForCausalLM checkpoint, a
 // directory holding config.json and model.safetensors that transformers' from_pretrained loads with no
-// missing or unexpected key (docs/diffing.md, "Exporting to Hugging Face").
+// missing or unexpected key (docs/diffing.md, "Exporting to Hugging Face"). The two files are
+// published as one (common/published_directory.h): a reader never sees a new config.json beside an old
+// model.safetensors.
 #pragma once
 
 #include <cstdint>
@@ -25,8 +27,9 @@ void check_expressible(const Config& config, const std::string& where);
 // empty) when `dir` cannot receive an export: it is empty, a symbolic link or something other than a
 // directory; it is missing and its parent is not a directory that can be written in; or config.json or
 // model.safetensors inside it is something other than a regular file (a symbolic link, a FIFO, a
-// directory). The policy of common/text_output.h, with the link refused and only the last directory of
-// the path created.
+// directory), or another entry in it is not a regular file (the directory is replaced as a whole and
+// only regular files are carried into the new one). The policy of common/text_output.h, with the link
+// refused and only the last directory of the path created.
 void check_export_directory(const std::string& dir, const std::string& option);
 
 struct ExportSummary {
@@ -38,10 +41,10 @@ struct ExportSummary {
 // Exports the parameters of `golden_path` after update `step` (0: /params/init) into `dir`, created
 // when missing (its parent must exist). Everything is checked first (the directory, the golden file's
 // format, the step, the config, every dataset's shape and dtype); then model.safetensors is streamed one
-// golden tensor at a time into a temporary file next to it and, once all of it is written and synced,
-// config.json and then model.safetensors are each renamed over their names. A failure before that
-// removes the temporaries (and a directory the export created) and leaves files already there as they
-// were. Bad input is an InputError naming the path or key.
+// golden tensor at a time and config.json written into a fresh directory beside `dir` (holding links to
+// the other files of `dir`), which then takes the place of `dir` in one system call. A failure or a
+// signal before that removes the fresh directory and leaves `dir` as it was; after it, `dir` holds the
+// new pair. Bad input is an InputError naming the path or key.
 ExportSummary export_hf(const std::string& golden_path, const std::string& dir, int64_t step);
 
 }  // namespace touchstone::hf

@@ -12,6 +12,7 @@ leaves no file behind, and leaves a file already at the output as it was.
 
 Usage: test_export_hf.py PATH_TO_TOUCHSTONE   (/usr/bin/python3 with numpy and h5py)
 """
+import hashlib
 import json
 import os
 import shutil
@@ -231,7 +232,70 @@ class ExportHf(unittest.TestCase):
         self.assertEqual(listing(out), before, label + ": the output directory changed")
         for path, content in contents.items():
             self.assertEqual(read_bytes(path), content, f"{label}: {path} changed")
-        self.assertEqual([n for n in os.listdir(self.root) if ".tmp." in n], [], label)
+        self.assertEqual([n for n in os.listdir(self.root) if ".tmp." in n or ".new." in n], [], label)
+
+    def test_a_subdirectory_in_the_output_is_refused(self):
+        # The directory is replaced as a whole; a subdirectory could not be carried into the new one.
+        out = os.path.join(self.root, "with_subdirectory")
+        os.makedirs(os.path.join(out, "tokenizer"))
+        self.assert_refused(["--golden", Shared.golden["default"], "--out", out],
+                            ["--out", out, "holds tokenizer", "not a regular file"], out)
+
+    def pair_of(self, out):
+        """The sha256 of (config.json, model.safetensors), after checking that the two agree."""
+        with open(os.path.join(out, "config.json")) as f:
+            config = json.load(f)
+        header, _ = read_safetensors(os.path.join(out, "model.safetensors"))
+        rows = [header[f"model.layers.0.self_attn.{p}_proj.weight"]["shape"][0] for p in "qk"]
+        self.assertEqual(rows, [config["num_attention_heads"] * config["head_dim"],
+                                config["num_key_value_heads"] * config["head_dim"]],
+                         "config.json and model.safetensors come from different exports")
+        return tuple(hashlib.sha256(read_bytes(os.path.join(out, name))).hexdigest()
+                     for name in ("config.json", "model.safetensors"))
+
+    def test_an_export_killed_at_any_rename_leaves_the_old_pair_or_the_new_one(self):
+        # Each rename of the export (the safetensors and config.json temporaries into the fresh directory,
+        # the fresh directory into place) is hit by SIGTERM (the handler removes what is in flight) and by
+        # SIGKILL (nothing is removed): the output holds the old pair or the new pair, never a mix.
+        if shutil.which("strace") is None:
+            self.fail("strace is not installed (tools/install-deps.sh installs it)")
+        renames = "rename,renameat,renameat2"
+        old_golden, new_golden = Shared.golden["default"], Shared.golden["gqa"]
+        reference = os.path.join(self.root, "reference")
+        self.export(new_golden, reference)
+        new_pair = self.pair_of(reference)
+        log = os.path.join(self.root, "export.strace")
+        out = os.path.join(self.root, "hf")
+        command = [TOUCHSTONE, "export", "hf", "--golden", new_golden, "--out", out]
+        self.export(old_golden, out)
+        old_pair = self.pair_of(out)
+        traced = subprocess.run(["strace", "-o", log, "-e", f"trace={renames}", *command], capture_output=True,
+                                text=True, timeout=300)
+        self.assertEqual(traced.returncode, 0, traced.stderr)
+        with open(log) as f:
+            calls = [line.split("(", 1)[0] for line in f if line.startswith("rename")]
+        self.assertGreaterEqual(len(calls), 2, calls)  # at least the two files
+        # SIGTERM: the handler's status 128 + 15; SIGKILL: strace dies of it as its tracee did.
+        for signal, status in (("TERM", 128 + 15), ("KILL", -9)):
+            for ordinal, name in enumerate(calls, start=1):
+                count = calls[:ordinal].count(name)
+                with self.subTest(signal=signal, call=ordinal, name=name):
+                    self.export(old_golden, out)
+                    for leftover in os.listdir(self.root):
+                        if ".new." in leftover:  # a SIGKILL before leaves the fresh directory behind
+                            shutil.rmtree(os.path.join(self.root, leftover))
+                    killed = subprocess.run(["strace", "-o", os.devnull, "-e", f"trace={renames}", "-e",
+                                             f"inject={name}:signal={signal}:when={count}", *command],
+                                            capture_output=True, text=True, timeout=300)
+                    self.assertEqual(killed.returncode, status, killed.stderr)
+                    self.assertEqual(listing(out), ["config.json", "model.safetensors"])
+                    self.assertIn(self.pair_of(out), (old_pair, new_pair))
+                    if signal == "TERM":
+                        self.assertEqual([n for n in os.listdir(self.root) if ".new." in n or ".tmp." in n], [])
+                        self.assertEqual([n for n in os.listdir(out) if ".tmp." in n], [])
+        # With no signal the new pair is in place.
+        self.export(new_golden, out)
+        self.assertEqual(self.pair_of(out), new_pair)
 
     def test_bad_output_paths_are_refused(self):
         golden = Shared.golden["default"]
