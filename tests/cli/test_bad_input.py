@@ -248,6 +248,29 @@ class CommOption(unittest.TestCase):
             self.assertEqual(result.returncode, 0, result.stderr)
             self.assertIn("step 1/1", result.stdout)
 
+    # ---- the argument parser ----
+    def test_parser_errors_are_one_prefixed_line(self):
+        # What the parser refuses (an unknown flag, a missing value, a value of the wrong type, an unknown
+        # subcommand) reads like every other refusal: one line, the same prefix, exit 2, and a pointer to
+        # the --help of the command the parser had reached.
+        cases = [
+            (["train", "--bogus"], ["--bogus", "touchstone train --help"]),
+            (["golden", "--out"], ["--out", "touchstone golden --help"]),
+            (["plan", "memory", "--tp", "two"], ["--tp", "two", "touchstone plan memory --help"]),
+            (["export", "hf", "--golden", "g.h5"], ["--out", "touchstone export hf --help"]),
+            (["frobnicate"], ["frobnicate", "touchstone --help"]),
+        ]
+        for args, pieces in cases:
+            with self.subTest(args=args), tempfile.TemporaryDirectory() as cwd:
+                result = run(*args, cwd=cwd)
+                self.assertEqual(result.returncode, 2, result.stderr + result.stdout)
+                lines = result.stderr.strip().splitlines()
+                self.assertEqual(len(lines), 1, result.stderr)
+                self.assertTrue(lines[0].startswith("touchstone: error: "), lines[0])
+                for piece in pieces:
+                    self.assertIn(piece, lines[0])
+                self.assertEqual(result.stdout, "")
+
 
 class GoodInput(unittest.TestCase):
     def test_help_lists_every_option(self):

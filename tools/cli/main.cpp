@@ -31,6 +31,41 @@ namespace {
 
 using touchstone::InputError;
 
+// " plan memory": the subcommands the parser reached below `app`, for the pointer to the deepest one's
+// --help.
+std::string parsed_subcommands(const CLI::App& app) {
+  for (const CLI::App* sub : app.get_subcommands()) {
+    if (sub->parsed()) return " " + sub->get_name() + parsed_subcommands(*sub);
+  }
+  return "";
+}
+
+// The deepest subcommand the parser reached (`app` itself when none).
+const CLI::App& deepest_parsed(const CLI::App& app) {
+  for (const CLI::App* sub : app.get_subcommands()) {
+    if (sub->parsed()) return deepest_parsed(*sub);
+  }
+  return app;
+}
+
+// A parse error (an unknown flag, a missing value, a value CLI11 cannot convert) in the one-line form
+// of every other refusal: CLI11's own exit() prints the message and a second line on --help.
+int report_parse_error(const CLI::App& app, const CLI::ParseError& e) {
+  std::string message = e.what();
+  for (char& c : message) {
+    if (c == '\n') c = ' ';
+  }
+  while (!message.empty() && message.back() == ' ') message.pop_back();
+  // CLI11 says "A subcommand is required" for `touchstone frobnicate`: name the word instead.
+  const std::vector<std::string> left = deepest_parsed(app).remaining();
+  if (!left.empty() && dynamic_cast<const CLI::ExtrasError*>(&e) == nullptr) {
+    message = "unknown command '" + left.front() + "'";
+  }
+  std::cerr << "touchstone: error: " << message << " (see touchstone" << parsed_subcommands(app) << " --help)"
+            << std::endl;
+  return 2;
+}
+
 struct ConfigOptions {
   std::string config_path;
   std::vector<std::string> overrides;
@@ -161,8 +196,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return 2;
+    return report_parse_error(app, e);
   } catch (const InputError& e) {  // a flag's value refused while parsing (an empty output path)
     std::cerr << "touchstone: error: " << e.what() << std::endl;
     return 2;
