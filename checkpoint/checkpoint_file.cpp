@@ -24,9 +24,10 @@ constexpr const char* kDataFingerprint = "data_fingerprint";
 nlohmann::json layout_json(const Config& config) {
   const ParallelConfig& p = config.parallel;
   return {{"tp", p.tp},
+          {"cp", p.cp},
           {"pp", p.pp},
           {"dp", p.dp},
-          {"world_size", p.tp * p.pp * p.dp},
+          {"world_size", p.world_size()},
           {"sequence_parallel", p.sequence_parallel},
           {"distributed_optimizer", p.distributed_optimizer},
           {"zero_stage", p.zero_stage},

@@ -31,9 +31,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // The world size the run would be launched with, when the layout names a plausible one (else a
     // world of one, which such a layout does not match).
     constexpr int64_t kLargest = 1 << 10;
-    const bool plausible =
-        p.tp >= 1 && p.tp <= kLargest && p.pp >= 1 && p.pp <= kLargest && p.dp >= 1 && p.dp <= kLargest;
-    touchstone::validate_config(config, plausible ? static_cast<int>(p.tp * p.pp * p.dp) : 1);
+    const bool plausible = p.tp >= 1 && p.cp >= 1 && p.pp >= 1 && p.dp >= 1 && p.world_size() <= kLargest;
+    touchstone::validate_config(config, plausible ? static_cast<int>(p.world_size()) : 1);
     (void)config.stage_boundaries();
     (void)touchstone::to_json(config).dump();  // what golden files and checkpoints store
   });

@@ -102,8 +102,8 @@ RunRecorder::RunRecorder(const CheckpointOptions& options, const Config& config,
   const ParallelConfig& p = config.parallel;
   ledger_->start(
       ledger::StartInfo{first_step - 1,
-                        ledger::Layout{static_cast<int>(p.tp * p.pp * p.dp), static_cast<int>(p.tp),
-                                       static_cast<int>(p.pp), static_cast<int>(p.dp),
+                        ledger::Layout{static_cast<int>(p.world_size()), static_cast<int>(p.tp),
+                                       static_cast<int>(p.cp), static_cast<int>(p.pp), static_cast<int>(p.dp),
                                        config.train.global_batch_size, config.train.micro_batch_size},
                         num_windows, last_step},
       data_fingerprint);

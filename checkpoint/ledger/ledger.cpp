@@ -105,6 +105,7 @@ Event parse_event(const LineFields& fields) {
     s.resumed_from_step = fields.non_negative("resumed_from_step");
     s.layout.world_size = fields.positive_int("world_size");
     s.layout.tp = fields.positive_int("tp");
+    if (fields.has("cp")) s.layout.cp = fields.positive_int("cp");
     s.layout.pp = fields.positive_int("pp");
     s.layout.dp = fields.positive_int("dp");
     s.layout.global_batch_size = fields.positive_int("global_batch_size");
@@ -228,7 +229,10 @@ std::vector<InjectedFailure> read_faults(const std::string& path) {
 }
 
 void append_injected_failure(const std::string& path, const InjectedFailure& failure) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  // Read and write: a torn last line (a record whose writer was killed mid-write) is cut off first, as
+  // the ledger's writer does, so this record starts a line of its own instead of being glued onto the
+  // fragment into one line that no reader can parse.
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) throw std::runtime_error(path + ": cannot open (" + std::strerror(errno) + ")");
   const json line{{"event", "injected_failure"},
                   {"step", failure.step},
@@ -236,6 +240,7 @@ void append_injected_failure(const std::string& path, const InjectedFailure& fai
                   {"phase", failure.phase},
                   {"time", failure.time}};
   try {
+    drop_torn_tail(fd, path);
     write_whole(fd, line.dump() + "\n", path);
   } catch (...) {
     ::close(fd);
@@ -317,6 +322,7 @@ void LedgerWriter::start(const StartInfo& info, const std::string& data_fingerpr
             {"resumed_from_step", info.resumed_from_step},
             {"world_size", info.layout.world_size},
             {"tp", info.layout.tp},
+            {"cp", info.layout.cp},
             {"pp", info.layout.pp},
             {"dp", info.layout.dp},
             {"global_batch_size", info.layout.global_batch_size},

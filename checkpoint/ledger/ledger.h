@@ -5,7 +5,7 @@
 //
 // One JSON object per line; every append is flushed and fsync'ed, so a killed writer leaves whole lines
 // only, except possibly a torn last line, which readers ignore with a note.
-//   {"event":"start","attempt":A,"time":T,"resumed_from_step":K,"world_size":N,"tp":..,"pp":..,"dp":..,
+//   {"event":"start","attempt":A,"time":T,"resumed_from_step":K,"world_size":N,"tp":..,"cp":..,"pp":..,"dp":..,
 //    "global_batch_size":B,"micro_batch_size":M,"num_windows":W,"steps":S,"data_fingerprint":"fnv1a64:.."}
 //   {"event":"step","attempt":A,"step":s,"time":T,"samples":[[dp rank 0's samples],[dp rank 1's],...],
 //    "loss":L,"num_loss_tokens":N,"grad_norm":G,"lr":R}     (the last four written by the trainer)
@@ -29,8 +29,9 @@ constexpr const char* kFaultsFileName = "faults.jsonl";
 
 // The process layout and batch shape of one attempt; a restart may change any of them.
 struct Layout {
-  int world_size = 1;
+  int world_size = 1;  // tp x cp x pp x dp (ParallelConfig::world_size)
   int tp = 1;
+  int cp = 1;  // absent from ledgers written before context parallelism: 1
   int pp = 1;
   int dp = 1;
   int64_t global_batch_size = 1;  // B

@@ -29,6 +29,7 @@ std::string describe_layout_change(const Layout& before, const Layout& after) {
   };
   compare("world_size", before.world_size, after.world_size);
   compare("tp", before.tp, after.tp);
+  compare("cp", before.cp, after.cp);
   compare("pp", before.pp, after.pp);
   compare("dp", before.dp, after.dp);
   compare("global_batch_size", before.global_batch_size, after.global_batch_size);

@@ -6,9 +6,10 @@ namespace touchstone::ledger {
 namespace {
 
 std::string layout_text(const Layout& l) {
-  return "world_size " + std::to_string(l.world_size) + " (tp " + std::to_string(l.tp) + ", pp " +
-         std::to_string(l.pp) + ", dp " + std::to_string(l.dp) + "), global batch " +
-         std::to_string(l.global_batch_size) + ", micro-batch " + std::to_string(l.micro_batch_size);
+  return "world_size " + std::to_string(l.world_size) + " (tp " + std::to_string(l.tp) + ", cp " +
+         std::to_string(l.cp) + ", pp " + std::to_string(l.pp) + ", dp " + std::to_string(l.dp) +
+         "), global batch " + std::to_string(l.global_batch_size) + ", micro-batch " +
+         std::to_string(l.micro_batch_size);
 }
 
 std::string attempt_line(const AttemptSummary& a) {
@@ -100,6 +101,7 @@ nlohmann::json to_json(const CheckReport& r) {
          {"layout",
           {{"world_size", a.layout.world_size},
            {"tp", a.layout.tp},
+           {"cp", a.layout.cp},
            {"pp", a.layout.pp},
            {"dp", a.layout.dp},
            {"global_batch_size", a.layout.global_batch_size},

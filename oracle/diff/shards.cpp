@@ -85,7 +85,7 @@ Layout read_layout(const std::string& directory, const GoldenReader& golden) {
     if (json.contains("stage_layers")) {
       config.parallel.stage_layers = json["stage_layers"].get<std::vector<int64_t>>();
     }
-    validate_config(config, layout.tp * layout.pp * layout.cp);
+    validate_config(config, static_cast<int>(config.parallel.world_size()));
   } catch (const nlohmann::json::exception&) {
     throw InputError(where + ": stage_layers must be a list of integers");
   } catch (const InputError& e) {

@@ -19,7 +19,8 @@ namespace fs = std::filesystem;
 using SampleLists = std::vector<std::vector<int64_t>>;
 
 Layout layout_with_dp(int dp, int64_t global_batch = 8, int64_t micro_batch = 2) {
-  return Layout{dp, 1, 1, dp, global_batch, micro_batch};
+  return Layout{
+      .world_size = dp, .dp = dp, .global_batch_size = global_batch, .micro_batch_size = micro_batch};
 }
 
 // Megatron-LM's order written out independently of micro_batch_starts: micro-batch j of dp rank r
@@ -81,7 +82,7 @@ class LedgerTest : public ::testing::Test {
 };
 
 TEST_F(LedgerTest, WriterAndReaderRoundTrip) {
-  const Layout l{4, 2, 1, 2, 8, 2};
+  const Layout l{.world_size = 4, .tp = 2, .dp = 2, .global_batch_size = 8, .micro_batch_size = 2};
   {
     LedgerWriter writer(path());
     EXPECT_EQ(writer.attempt(), 1);
@@ -330,6 +331,57 @@ TEST_F(LedgerTest, InjectedFailuresRoundTrip) {
   EXPECT_EQ(failures[0].phase, "backward");
   EXPECT_DOUBLE_EQ(failures[0].time, 1700000000.5);
   EXPECT_EQ(failures[1].phase, "save");
+}
+
+// A record whose writer was killed mid-write leaves a torn last line; the next record must start a line
+// of its own, or the two glue into one line that is not JSON and every later read refuses the file.
+TEST_F(LedgerTest, InjectedFailureAfterATornRecordCutsTheTornTail) {
+  append_injected_failure(path(kFaultsFileName), InjectedFailure{3, 0, "forward", 1700000000.0});
+  {
+    std::ofstream torn(path(kFaultsFileName), std::ios::app | std::ios::binary);
+    torn << "{\"event\":\"inj";
+  }
+  append_injected_failure(path(kFaultsFileName), InjectedFailure{2, 0, "forward", 1700000001.0});
+  const auto failures = read_faults(path(kFaultsFileName));
+  ASSERT_EQ(failures.size(), 2u);
+  EXPECT_EQ(failures[0].step, 3);
+  EXPECT_EQ(failures[1].step, 2);
+  // A file that is nothing but a torn line (the first record's writer killed) is cut to nothing.
+  {
+    std::ofstream torn(path("only_torn.jsonl"), std::ios::binary);
+    torn << "{\"event\":\"inj";
+  }
+  append_injected_failure(path("only_torn.jsonl"), InjectedFailure{2, 1, "save", 1700000002.0});
+  const auto only = read_faults(path("only_torn.jsonl"));
+  ASSERT_EQ(only.size(), 1u);
+  EXPECT_EQ(only[0].rank, 1);
+}
+
+// The start line records every dimension of the layout: a context-parallel run's world size is
+// tp x cp x pp x dp, and cp itself is read back; a line written before cp existed reads as cp 1.
+TEST_F(LedgerTest, StartLineRecordsTheContextParallelSize) {
+  const Layout l{
+      .world_size = 4, .tp = 1, .cp = 2, .pp = 1, .dp = 2, .global_batch_size = 8, .micro_batch_size = 2};
+  attempt(l, 0, 1, 2, {}, true);
+  const Ledger ledger = read_ledger(path());
+  ASSERT_FALSE(ledger.events.empty());
+  EXPECT_EQ(ledger.events[0].start.layout, l);
+  {
+    std::ofstream old(path("before_cp.jsonl"), std::ios::binary);
+    old << R"({"event":"start","attempt":1,"time":1.0,"resumed_from_step":0,"world_size":2,"tp":1,"pp":1,)"
+        << R"("dp":2,"global_batch_size":8,"micro_batch_size":2,"num_windows":64,"steps":1})"
+        << "\n";
+  }
+  EXPECT_EQ(read_ledger(path("before_cp.jsonl")).events[0].start.layout.cp, 1);
+  // A change of cp alone between attempts is named.
+  Layout more = l;
+  more.cp = 4;
+  more.world_size = 8;
+  attempt(l, 0, 1, 2, {2}, false, 64, 4, 0, {}, "cp_change.jsonl");
+  attempt(more, 2, 3, 4, {}, true, 64, 4, 0, {}, "cp_change.jsonl");
+  const CheckReport report = check("cp_change.jsonl");
+  ASSERT_EQ(report.attempts.size(), 2u);
+  EXPECT_EQ(report.attempts[1].layout_change, "world_size 4 -> 8, cp 2 -> 4");
 }
 
 TEST(LedgerReport, StepRanges) {
