@@ -248,7 +248,7 @@ class CommOption(unittest.TestCase):
             self.assertEqual(result.returncode, 0, result.stderr)
             self.assertIn("step 1/1", result.stdout)
 
-    # ---- the argument parser ----
+class ParserErrors(unittest.TestCase):
     def test_parser_errors_are_one_prefixed_line(self):
         # What the parser refuses (an unknown flag, a missing value, a value of the wrong type, an unknown
         # subcommand) reads like every other refusal: one line, the same prefix, exit 2, and a pointer to
@@ -259,6 +259,16 @@ class CommOption(unittest.TestCase):
             (["plan", "memory", "--tp", "two"], ["--tp", "two", "touchstone plan memory --help"]),
             (["export", "hf", "--golden", "g.h5"], ["--out", "touchstone export hf --help"]),
             (["frobnicate"], ["frobnicate", "touchstone --help"]),
+            (["supervise", "--max-restarts", "-1", "--", "true"], ["--max-restarts", "-1", "not in range"]),
+            # Integer flags take a decimal integer of their range: CLI11 alone read 99999999999999999999 as
+            # 2^63 - 1 and 0x10 as 16.
+            (["plan", "memory", "--params", "1e9", "--tp", "99999999999999999999"],
+             ["--tp", "99999999999999999999", "out of range"]),
+            (["plan", "memory", "--params", "1e9", "--dp", "1,99999999999999999999"],
+             ["--dp", "99999999999999999999", "out of range"]),
+            (["plan", "memory", "--params", "1e9", "--tp", "0x10"], ["--tp", "0x10", "not a decimal integer"]),
+            (["export", "hf", "--golden", "g.h5", "--out", "o", "--step", "99999999999999999999"],
+             ["--step", "out of range"]),
         ]
         for args, pieces in cases:
             with self.subTest(args=args), tempfile.TemporaryDirectory() as cwd:
@@ -270,6 +280,10 @@ class CommOption(unittest.TestCase):
                 for piece in pieces:
                     self.assertIn(piece, lines[0])
                 self.assertEqual(result.stdout, "")
+        # Leading zeros are decimal (CLI11 alone reads 010 in base 8).
+        result = run("plan", "memory", "--params", "1e9", "--tp", "010")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("TP 10 x PP 1", result.stdout)
 
 
 class GoodInput(unittest.TestCase):

@@ -30,6 +30,14 @@ CLI::Option* add_output_option(CLI::App* command, const std::string& name, std::
 CLI::Option* add_output_directory_option(CLI::App* command, const std::string& name, std::string& path,
                                          const std::string& description);
 
+// Makes every integer flag of `app` and its subcommands (CLI11's type names INT and UINT) accept
+// exactly a decimal integer that fits its type's int64_t or uint64_t range, as "--tp 4" means. CLI11
+// alone reads the text with strtoll/strtoull in base 0 and never checks the range: "99999999999999999999"
+// became 2^63 - 1, "-1" for an unsigned flag 2^64 - 1, "010" 8 and "0x10" 16. Here the first three are
+// refused with a parse error naming the flag and the value, and leading zeros are read as decimal.
+// Call once, after every option is declared and before parsing.
+void check_integer_flags(CLI::App& app);
+
 // Runs `action` and returns what it returns; an InputError it throws comes back as
 // "<flag>: <its message>". A library says why it refuses (no CUDA device is visible, two ranks share a
 // GPU) without knowing which flag asked for it; the command line does know.

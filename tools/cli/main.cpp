@@ -58,7 +58,7 @@ int report_parse_error(const CLI::App& app, const CLI::ParseError& e) {
   while (!message.empty() && message.back() == ' ') message.pop_back();
   // CLI11 says "A subcommand is required" for `touchstone frobnicate`: name the word instead.
   const std::vector<std::string> left = deepest_parsed(app).remaining();
-  if (!left.empty() && dynamic_cast<const CLI::ExtrasError*>(&e) == nullptr) {
+  if (!left.empty() && message.rfind("A subcommand is required", 0) == 0) {
     message = "unknown command '" + left.front() + "'";
   }
   std::cerr << "touchstone: error: " << message << " (see touchstone" << parsed_subcommands(app) << " --help)"
@@ -191,6 +191,7 @@ int main(int argc, char** argv) {
   const std::unique_ptr<touchstone::supervise::SuperviseCommand> supervise =
       touchstone::supervise::add_supervise_command(app);
 
+  touchstone::check_integer_flags(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <sstream>
 
 #include "checkpoint/ledger/ledger.h"
@@ -62,7 +63,7 @@ class SuperviseCommandImpl final : public SuperviseCommand {
                            "Run a training command; when it fails or stalls, kill its whole process group "
                            "and restart it; report the recovery (see docs/recovery.md)");
     command_->add_option("--max-restarts", max_restarts_, "Restarts before giving up")
-        ->check(CLI::NonNegativeNumber)
+        ->check(CLI::Range(0, std::numeric_limits<int>::max()))
         ->capture_default_str();
     command_
         ->add_option("--stall-timeout", stall_timeout_s_,
