@@ -248,6 +248,7 @@ class CommOption(unittest.TestCase):
             self.assertEqual(result.returncode, 0, result.stderr)
             self.assertIn("step 1/1", result.stdout)
 
+
 class ParserErrors(unittest.TestCase):
     def test_parser_errors_are_one_prefixed_line(self):
         # What the parser refuses (an unknown flag, a missing value, a value of the wrong type, an unknown
