@@ -2,8 +2,12 @@
 # Installs the Debian packages Touchstone builds and tests with (run as root, or with sudo available),
 # then the Python packages Debian lacks (tools/python-requirements.txt: Hugging Face transformers and
 # what it imports) into one folder, $TOUCHSTONE_PYTHON_DEPS (default build/python-deps), for
-# PYTHONPATH. Nothing outside that folder is changed by pip; it is reinstalled only when the
-# requirements file changes (a stamp in the folder holds the file's sha256).
+# PYTHONPATH, and today's PyTorch stack (tools/venv-requirements.txt: torch 2.15, numpy and h5py from
+# PyPI, transformers 5.x, torchtitan) into a venv of Debian's python, $TOUCHSTONE_VENV (default
+# build/venv), and Megatron-Core 0.19.2 and 0.16.1 (tools/megatron-requirements.txt) unpacked into
+# $TOUCHSTONE_MEGATRON_DIR (default build/megatron-core). Nothing outside those three folders is changed
+# by pip; each is reinstalled only when its requirements file changes (a stamp in the folder holds the
+# file's sha256).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 packages=(
@@ -11,7 +15,7 @@ packages=(
   libopenblas-dev libhdf5-dev hdf5-tools nlohmann-json3-dev libcli11-dev libgtest-dev
   libopenmpi-dev openmpi-bin
   python3-torch python3-h5py python3-numpy
-  python3-pip python3-pytest
+  python3-pip python3-pytest python3-venv
   # what transformers needs that Debian packages: yaml and regex are compiled; typing-extensions is
   # huggingface-hub's; charset-normalizer is requests' (pure Python here, compiled on PyPI)
   python3-yaml python3-regex python3-typing-extensions python3-charset-normalizer
@@ -81,4 +85,96 @@ else
   fi
   trap - EXIT
   echo "python packages installed in $deps (use PYTHONPATH=$deps)"
+fi
+
+# Today's stack in a venv of Debian's python: every package pinned, --no-deps so nothing is resolved at
+# install time, wheels only. Built in a fresh folder beside the final one and renamed into place once
+# its imports are verified; the venv is always run as $venv/bin/python (its pyvenv.cfg and the
+# interpreter link do not name the folder, so the rename keeps it working), never through the scripts
+# pip writes into bin/.
+venv_requirements="$repo/tools/venv-requirements.txt"
+venv="$(realpath -m "${TOUCHSTONE_VENV:-$repo/build/venv}")"
+venv_want="$(sha256sum "$venv_requirements" | cut -d' ' -f1)"
+verify_venv() {  # $1: the venv; fails unless today's stack imports from it, not from Debian's
+  "$1/bin/python" -c "
+import sys
+import importlib.metadata
+import numpy, torch, h5py, transformers, torchtitan, pytest
+for module in (numpy, torch, h5py, transformers, torchtitan, pytest):
+    if not module.__file__.startswith(sys.argv[1] + '/'):
+        sys.exit(f'{module.__name__} comes from {module.__file__}, not from {sys.argv[1]}')
+print(', '.join(name + ' ' + importlib.metadata.version(name)
+                for name in ('torch', 'numpy', 'h5py', 'transformers', 'torchtitan', 'pytest')))
+" "$1"
+}
+if [ -f "$venv/$stamp_name" ] && [ "$(cat "$venv/$stamp_name")" = "$venv_want" ]; then
+  echo "venv up to date in $venv"
+else
+  echo "installing today's stack ($venv_requirements) into the venv $venv (about 5.4 GB)"
+  mkdir -p "$(dirname "$venv")"
+  fresh="$(mktemp -d "$(dirname "$venv")/.venv.XXXXXX")"
+  trap 'rm -rf "$fresh"' EXIT
+  "$python" -m venv "$fresh"
+  "$fresh/bin/python" -m pip install --quiet --no-deps --only-binary=:all: --no-input --disable-pip-version-check \
+    --root-user-action=ignore -r "$venv_requirements"
+  if ! verify_venv "$fresh"; then
+    echo "error: today's stack does not import from the venv $fresh (see above)" >&2
+    exit 1
+  fi
+  echo "$venv_want" > "$fresh/$stamp_name"
+  if [ -e "$venv" ]; then
+    old="$(mktemp -d "$(dirname "$venv")/.venv-old.XXXXXX")"
+    mv "$venv" "$old/"
+    mv "$fresh" "$venv"
+    rm -rf "$old"
+  else
+    mv "$fresh" "$venv"
+  fi
+  trap - EXIT
+  echo "today's stack installed in $venv (run $venv/bin/python)"
+fi
+
+# Megatron-Core, each version unpacked into its own folder of $TOUCHSTONE_MEGATRON_DIR (default
+# build/megatron-core), chosen by PYTHONPATH at run time. The wheels are downloaded with the venv's pip
+# for the Python tag the line names and checked against the listed sha256 before they are unpacked.
+megatron_requirements="$repo/tools/megatron-requirements.txt"
+megatron="$(realpath -m "${TOUCHSTONE_MEGATRON_DIR:-$repo/build/megatron-core}")"
+megatron_want="$(sha256sum "$megatron_requirements" | cut -d' ' -f1)"
+if [ -f "$megatron/$stamp_name" ] && [ "$(cat "$megatron/$stamp_name")" = "$megatron_want" ]; then
+  echo "megatron-core up to date in $megatron"
+else
+  echo "installing the megatron-core versions of $megatron_requirements into $megatron"
+  mkdir -p "$(dirname "$megatron")"
+  fresh="$(mktemp -d "$(dirname "$megatron")/.megatron-core.XXXXXX")"
+  trap 'rm -rf "$fresh"' EXIT
+  while read -r version tag sha; do
+    case "$version" in ''|'#'*) continue ;; esac
+    "$venv/bin/python" -m pip download --quiet --no-deps --only-binary=:all: --disable-pip-version-check \
+      --python-version "$tag" -d "$fresh/wheels" "megatron-core==$version"
+    wheel="$(ls "$fresh/wheels"/megatron_core-"$version"-*.whl)"
+    if [ "$(sha256sum "$wheel" | cut -d' ' -f1)" != "$sha" ]; then
+      echo "error: $wheel does not have the sha256 $sha that $megatron_requirements lists" >&2
+      exit 1
+    fi
+    "$venv/bin/python" -m zipfile -e "$wheel" "$fresh/$version"
+    PYTHONPATH="$fresh/$version" "$venv/bin/python" -W ignore -c "
+import sys, importlib.metadata, megatron.core
+if not megatron.core.__file__.startswith(sys.argv[1] + '/'):
+    sys.exit(f'megatron.core comes from {megatron.core.__file__}, not from {sys.argv[1]}')
+version = importlib.metadata.version('megatron-core')
+print(f'megatron-core {version} in {sys.argv[1]}')
+" "$fresh/$version"
+  done < "$megatron_requirements"
+  rm -rf "$fresh/wheels"
+  echo "$megatron_want" > "$fresh/$stamp_name"
+  if [ -e "$megatron" ]; then
+    old="$(mktemp -d "$(dirname "$megatron")/.megatron-core-old.XXXXXX")"
+    mv "$megatron" "$old/"
+    mv "$fresh" "$megatron"
+    rm -rf "$old"
+  else
+    mv "$fresh" "$megatron"
+  fi
+  trap - EXIT
+  echo "megatron-core installed in $megatron (PYTHONPATH=$megatron/<version>)"
 fi

@@ -12,6 +12,10 @@ numpy and h5py are required; torch, safetensors and transformers only by the fun
 Bad input is a ValueError with a one-line message naming the file, key or tensor.
 """
 
+from touchstone.h5py_import import import_h5py
+
+import_h5py()  # first: an h5py built against another numpy is explained in one line, not deep inside h5py
+
 from touchstone.candidate import CandidateWriter
 from touchstone.golden import FORMAT_VERSION, Batch, Expected, GoldenFile, MicroBatch, parameter_names
 from touchstone.masks import attention_allowed, cu_seqlens, hf_attention_mask, sdpa_attention_mask
