@@ -22,6 +22,23 @@ packages=(
   clang libclang-rt-14-dev  # the fuzz targets (fuzz/): clang and its libFuzzer runtime
 )
 run_as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+# publish FRESH FINAL SHA256: stamps the complete, verified folder FRESH with the sha256 of the file it was
+# installed from and puts it in FINAL's place (the old FINAL, if any, is moved aside first and removed
+# after), so that an interrupted install leaves the previous folder as it was; clears the EXIT trap
+# that removes FRESH on failure.
+publish() {
+  echo "$3" > "$1/$stamp_name"
+  if [ -e "$2" ]; then
+    local old
+    old="$(mktemp -d "$(dirname "$2")/.$(basename "$2")-old.XXXXXX")"
+    mv "$2" "$old/"
+    mv "$1" "$2"
+    rm -rf "$old"
+  else
+    mv "$1" "$2"
+  fi
+  trap - EXIT
+}
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
@@ -74,16 +91,7 @@ else
     echo "error: transformers does not import from $fresh (see above)" >&2
     exit 1
   fi
-  echo "$want" > "$fresh/$stamp_name"
-  if [ -e "$deps" ]; then
-    old="$(mktemp -d "$(dirname "$deps")/.python-deps-old.XXXXXX")"
-    mv "$deps" "$old/"
-    mv "$fresh" "$deps"
-    rm -rf "$old"
-  else
-    mv "$fresh" "$deps"
-  fi
-  trap - EXIT
+  publish "$fresh" "$deps" "$want"
   echo "python packages installed in $deps (use PYTHONPATH=$deps)"
 fi
 
@@ -121,16 +129,7 @@ else
     echo "error: today's stack does not import from the venv $fresh (see above)" >&2
     exit 1
   fi
-  echo "$venv_want" > "$fresh/$stamp_name"
-  if [ -e "$venv" ]; then
-    old="$(mktemp -d "$(dirname "$venv")/.venv-old.XXXXXX")"
-    mv "$venv" "$old/"
-    mv "$fresh" "$venv"
-    rm -rf "$old"
-  else
-    mv "$fresh" "$venv"
-  fi
-  trap - EXIT
+  publish "$fresh" "$venv" "$venv_want"
   echo "today's stack installed in $venv (run $venv/bin/python)"
 fi
 
@@ -166,15 +165,6 @@ print(f'megatron-core {version} in {sys.argv[1]}')
 " "$fresh/$version"
   done < "$megatron_requirements"
   rm -rf "$fresh/wheels"
-  echo "$megatron_want" > "$fresh/$stamp_name"
-  if [ -e "$megatron" ]; then
-    old="$(mktemp -d "$(dirname "$megatron")/.megatron-core-old.XXXXXX")"
-    mv "$megatron" "$old/"
-    mv "$fresh" "$megatron"
-    rm -rf "$old"
-  else
-    mv "$fresh" "$megatron"
-  fi
-  trap - EXIT
+  publish "$fresh" "$megatron" "$megatron_want"
   echo "megatron-core installed in $megatron (PYTHONPATH=$megatron/<version>)"
 fi
