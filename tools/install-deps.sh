@@ -22,6 +22,15 @@ packages=(
   clang libclang-rt-14-dev  # the fuzz targets (fuzz/): clang and its libFuzzer runtime
 )
 run_as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+# is_current FOLDER SHA256: whether FOLDER was installed from a file of that sha256 (its stamp says so).
+is_current() { [ -f "$1/$stamp_name" ] && [ "$(cat "$1/$stamp_name")" = "$2" ]; }
+# fresh_beside FINAL: sets $fresh to a new empty folder beside FINAL (the same file system, so that
+# publish renames it), removed by an EXIT trap if the install fails before publish.
+fresh_beside() {
+  mkdir -p "$(dirname "$1")"
+  fresh="$(mktemp -d "$(dirname "$1")/.$(basename "$1").XXXXXX")"
+  trap 'rm -rf "$fresh"' EXIT
+}
 # publish FRESH FINAL SHA256: stamps the complete, verified folder FRESH with the sha256 of the file it was
 # installed from and puts it in FINAL's place (the old FINAL, if any, is moved aside first and removed
 # after), so that an interrupted install leaves the previous folder as it was; clears the EXIT trap
@@ -71,15 +80,13 @@ if not transformers.__file__.startswith(sys.argv[1] + '/'):
 print(f'transformers {transformers.__version__}, safetensors {safetensors.__version__}, torch {torch.__version__}, numpy {numpy.__version__}')
 " "$1"
 }
-if [ -f "$deps/$stamp_name" ] && [ "$(cat "$deps/$stamp_name")" = "$want" ]; then
+if is_current "$deps" "$want"; then
   echo "python packages up to date in $deps"
 else
   echo "installing the python packages of $requirements into $deps"
-  mkdir -p "$(dirname "$deps")"
   # A fresh folder beside the final one (same file system), renamed into place once it is complete
   # and verified: a failed or interrupted install leaves the previous folder as it was.
-  fresh="$(mktemp -d "$(dirname "$deps")/.python-deps.XXXXXX")"
-  trap 'rm -rf "$fresh"' EXIT
+  fresh_beside "$deps"
   "$python" -m pip install --quiet --no-deps --only-binary=:all: --no-input --disable-pip-version-check \
     --root-user-action=ignore --target "$fresh" -r "$requirements"
   shadowing="$(find "$fresh" -mindepth 1 -maxdepth 1 \( -iname 'numpy*' -o -iname 'torch*' -o -iname 'h5py*' \) -printf '%f ')"
@@ -115,13 +122,11 @@ print(', '.join(name + ' ' + importlib.metadata.version(name)
                 for name in ('torch', 'numpy', 'h5py', 'transformers', 'torchtitan', 'pytest')))
 " "$1"
 }
-if [ -f "$venv/$stamp_name" ] && [ "$(cat "$venv/$stamp_name")" = "$venv_want" ]; then
+if is_current "$venv" "$venv_want"; then
   echo "venv up to date in $venv"
 else
   echo "installing today's stack ($venv_requirements) into the venv $venv (about 5.4 GB)"
-  mkdir -p "$(dirname "$venv")"
-  fresh="$(mktemp -d "$(dirname "$venv")/.venv.XXXXXX")"
-  trap 'rm -rf "$fresh"' EXIT
+  fresh_beside "$venv"
   "$python" -m venv "$fresh"
   "$fresh/bin/python" -m pip install --quiet --no-deps --only-binary=:all: --no-input --disable-pip-version-check \
     --root-user-action=ignore -r "$venv_requirements"
@@ -139,13 +144,11 @@ fi
 megatron_requirements="$repo/tools/megatron-requirements.txt"
 megatron="$(realpath -m "${TOUCHSTONE_MEGATRON_DIR:-$repo/build/megatron-core}")"
 megatron_want="$(sha256sum "$megatron_requirements" | cut -d' ' -f1)"
-if [ -f "$megatron/$stamp_name" ] && [ "$(cat "$megatron/$stamp_name")" = "$megatron_want" ]; then
+if is_current "$megatron" "$megatron_want"; then
   echo "megatron-core up to date in $megatron"
 else
   echo "installing the megatron-core versions of $megatron_requirements into $megatron"
-  mkdir -p "$(dirname "$megatron")"
-  fresh="$(mktemp -d "$(dirname "$megatron")/.megatron-core.XXXXXX")"
-  trap 'rm -rf "$fresh"' EXIT
+  fresh_beside "$megatron"
   while read -r version tag sha; do
     case "$version" in ''|'#'*) continue ;; esac
     "$venv/bin/python" -m pip download --quiet --no-deps --only-binary=:all: --disable-pip-version-check \
