@@ -52,8 +52,10 @@ struct StageRange {
   bool first_stage = true, last_stage = true;
 };
 
-// What the forward pass keeps for the backward pass, per layer. Nl = rows of the residual stream held
-// by this rank (N, or N/tp with sequence parallelism); head and ffn counts are this rank's shares. The
+// What the forward pass keeps for the backward pass, per layer. Tl = the positions of each window this
+// rank holds (T, or T/cp under context parallelism: two chunks of T/(2 cp) each); N = b x Tl; Nl = rows
+// of the residual stream held by this rank (N, or N/tp with sequence parallelism); head and ffn counts
+// are this rank's shares. The
 // backward frees each tensor after its last use. Not stored, recomputed in the backward by the same
 // kernel call on the same stored input (so with the same bits): the SwiGLU output silu(gate) * up from
 // fc1, and without sequence parallelism (SP) the RMSNorm outputs from x_in and x_mid.
@@ -61,10 +63,10 @@ struct LayerActivations {
   ActivationBuffer x_in;       // [Nl,H]       residual stream entering the layer
   ActivationBuffer rstd_attn;  // [Nl]
   ActivationBuffer h_attn;     // [N,H]        input_layernorm output, full sequence; SP only
-  ActivationBuffer q;          // [b,NHl,T,D]  after RoPE
-  ActivationBuffer k;          // [b,NKVl,T,D] after RoPE
-  ActivationBuffer v;          // [b,NKVl,T,D]
-  ActivationBuffer lse;        // [b,NHl,T]    log-sum-exp of each query's scores (the softmax, in O(T))
+  ActivationBuffer q;          // [b,NHl,Tl,D]  after RoPE
+  ActivationBuffer k;          // [b,NKVl,Tl,D] after RoPE
+  ActivationBuffer v;          // [b,NKVl,Tl,D]
+  ActivationBuffer lse;        // [b,NHl,Tl]    log-sum-exp of each query's scores (the softmax, in O(T))
   ActivationBuffer attn;       // [N,NHl*D]    attention output before linear_proj
   ActivationBuffer x_mid;      // [Nl,H]       residual stream after attention
   ActivationBuffer rstd_mlp;   // [Nl]

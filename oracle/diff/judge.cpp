@@ -12,6 +12,22 @@
 
 namespace touchstone::diff {
 
+namespace {
+
+// Marks (sets, never clears) the elements of a gradient that are near zero: within its tolerance's
+// max/max|g| of the gradient's largest magnitude. AdamW divides such a gradient by the square root of
+// its own tiny second moment, so the update's sign and size there follow rounding noise; the parameter
+// check bounds those elements on their own instead of by the tensor's tolerance.
+void mark_near_zero(const std::vector<double>& gradient, double max_abs_normalized, std::vector<bool>& near) {
+  double largest = 0.0;
+  for (double x : gradient) largest = std::max(largest, std::fabs(x));
+  for (size_t i = 0; i < std::min(gradient.size(), near.size()); ++i) {
+    if (std::fabs(gradient[i]) <= max_abs_normalized * largest) near[i] = true;
+  }
+}
+
+}  // namespace
+
 std::string basis_name(Basis basis) {
   switch (basis) {
     case Basis::kReanchored:
@@ -298,11 +314,7 @@ std::optional<Judge::UpdatedParams> Judge::reanchored_update(int64_t step) {
     for (int id = 0; id < table.size(); ++id) {
       const std::vector<double>& g = anchored->truth.grads[id];
       const Tolerance tol = envelope->tolerance(envelope_error(anchored->low->grads[id], g));
-      double largest = 0.0;
-      for (double x : g) largest = std::max(largest, std::fabs(x));
-      for (size_t i = 0; i < g.size(); ++i) {
-        if (std::fabs(g[i]) <= tol.max_abs_normalized * largest) near[static_cast<size_t>(id)][i] = true;
-      }
+      mark_near_zero(g, tol.max_abs_normalized, near[static_cast<size_t>(id)]);
     }
   }
   const double loose = 2 * truth.lr * adam_step_bound(optim, step);
@@ -368,10 +380,7 @@ ElementBounds Judge::near_zero_bounds(int64_t step, int param, const Recorded& g
     const Recorded g = golden_.read(path);
     const std::optional<Tolerance> tol = tolerances_.for_path(path, false);
     if (!tol) return {};
-    double largest = 0.0;
-    for (double x : g.values) largest = std::max(largest, std::fabs(x));
-    for (size_t i = 0; i < near.size(); ++i)
-      near[i] = near[i] || std::fabs(g.values[i]) <= tol->max_abs_normalized * largest;
+    mark_near_zero(g.values, tol->max_abs_normalized, near);
     loose += 2 * learning_rate(optim, k) * adam_step_bound(optim, k);
   }
   double largest = 0.0;

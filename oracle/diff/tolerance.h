@@ -61,7 +61,6 @@ class ToleranceModel {
   // for an FP64 file, the envelope's precision for an envelope file, else the file's precision.
   Precision master_precision() const { return master_precision_; }
   const std::string& model_json() const { return json_; }  // as recorded, or the FP64 default
-  bool from_file() const { return from_file_; }
   std::optional<double> override_value() const { return override_; }
   // One line for every report, e.g. "fp64 (relative L2 1e-10, max-abs/max|ref| 1e-10)" and the override.
   std::string describe() const;

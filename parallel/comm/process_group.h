@@ -50,7 +50,7 @@ struct TraceContext {
 // One recorded transfer.
 struct TransferRecord {
   std::string op;     // "all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv", ...
-  std::string group;  // "tp", "dp", "pp", "embedding", "world"
+  std::string group;  // "world", "tp", "cp", "dp", "dp_cp", "pp", "embedding"
   int peer = -1;      // global rank of the peer for send/recv, -1 for collectives
   Shape shape;        // logical shape of this rank's buffer
   int64_t bytes = 0;  // payload bytes of this rank's buffer (nccl-tests' "size")
@@ -89,7 +89,7 @@ class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
 
-  virtual const std::string& name() const = 0;  // "tp", "dp", "pp", "embedding", "world"
+  virtual const std::string& name() const = 0;  // "world", "tp", "cp", "dp", "dp_cp", "pp", "embedding"
   virtual int rank() const = 0;                 // rank within the group
   virtual int size() const = 0;
   virtual int global_rank(int group_rank) const = 0;
