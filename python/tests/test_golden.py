@@ -7,7 +7,7 @@ import h5py
 import numpy as np
 import pytest
 
-from touchstone import GoldenFile
+from touchstone import GoldenFile, parameter_names
 
 
 def test_config_steps_and_names(golden_files):
@@ -213,3 +213,24 @@ def test_bad_arguments_are_value_errors(golden_files):
             golden.micro_batches(1, dp=1.5)
         with pytest.raises(ValueError, match="dp_rank"):
             golden.micro_batches(1, dp=2, dp_rank="0")
+
+
+def test_config_mappings_given_to_the_helpers_are_checked(golden_files):
+    """parameter_names, parameter_shape and hf_config_dict take a config from the caller too."""
+    from touchstone.golden import parameter_shape
+    from touchstone.hf import hf_config_dict
+
+    with GoldenFile(golden_files["default"]) as golden:
+        config = json.loads(json.dumps(golden.config))
+    with pytest.raises(ValueError, match="model.num_layers must be an integer"):
+        parameter_names(dict(config["model"], num_layers="2"))
+    with pytest.raises(ValueError, match="model.hidden_size is missing"):
+        parameter_shape({k: v for k, v in config["model"].items() if k != "hidden_size"}, "output_layer.weight")
+    with pytest.raises(ValueError, match="model is not a mapping"):
+        parameter_names(None)
+    config["data"]["eos_token"] = {}
+    with pytest.raises(ValueError, match="data.eos_token must be an integer"):
+        hf_config_dict(config)
+    config["data"]["eos_token"] = 1000
+    with pytest.raises(ValueError, match=r"data.eos_token \(1000\) must be in \[0, model.vocab_size\)"):
+        hf_config_dict(config)

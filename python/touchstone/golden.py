@@ -26,7 +26,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 import h5py
 import numpy as np
 
-from touchstone.golden_config import parse_golden_config
+from touchstone.golden_config import check_model, parse_golden_config
 from touchstone.h5_walk import check_in_child_process
 
 FORMAT = "touchstone-golden"
@@ -40,6 +40,7 @@ _H5PY_REFUSALS = (OSError, KeyError, ValueError, TypeError, RuntimeError, NotImp
 
 def parameter_names(model: Mapping[str, Any]) -> List[str]:
     """The contract's parameter names in data-flow order (docs/golden-format.md "Parameters")."""
+    check_model(model)
     names = ["embedding.word_embeddings.weight"]
     for layer in range(int(model["num_layers"])):
         prefix = f"decoder.layers.{layer}."
@@ -55,6 +56,7 @@ def parameter_names(model: Mapping[str, Any]) -> List[str]:
 
 def parameter_shape(model: Mapping[str, Any], name: str) -> Tuple[int, ...]:
     """The full shape of the contract parameter `name` (ValueError for a name the model lacks)."""
+    check_model(model)
     V, H, F = int(model["vocab_size"]), int(model["hidden_size"]), int(model["ffn_hidden_size"])
     NH, NKV = int(model["num_heads"]), int(model["num_kv_heads"])
     D = H // NH

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Dict
+from typing import Any, Dict, Mapping
 
 MAX_COUNT = 2147483647  # common/config.h kMaxCount
 LOSS_NORMALIZATIONS = ("global_token_mean", "per_microbatch_mean")
@@ -27,7 +27,7 @@ _KEYS: Dict[str, Dict[str, Any]] = {
               "seq_length": ("integer", 1), "norm_eps": ("number", None), "rope_theta": ("number", None),
               "init_std": ("number", None), "tie_embeddings": ("boolean", None),
               "attention_dropout": ("number", None), "hidden_dropout": ("number", None)},
-    "data": {"document_masking": ("boolean", None)},
+    "data": {"document_masking": ("boolean", None), "eos_token": ("integer", 0), "pad_token": ("integer", 0)},
     "train": {"global_batch_size": ("integer", 1), "micro_batch_size": ("integer", 1),
               "loss_normalization": ("string", None)},
     "optim": {},
@@ -63,25 +63,48 @@ def _checked(origin: str, key: str, value: Any, kind: str, minimum: Any) -> None
 def parse_golden_config(text: str, path: str) -> Dict[str, Any]:
     """The config of the golden file at `path` from the JSON `text` of its attribute, every key the
     package reads checked (ValueError "<path> (attribute config): <key> ...")."""
-    origin = f"{path} (attribute config)"
     try:
         config = json.loads(text)
     except (ValueError, RecursionError):
         raise ValueError(f"{path}: root attribute config is not valid JSON") from None
-    if not isinstance(config, dict):
+    if isinstance(config, dict):
+        for section in _KEYS:
+            if not isinstance(config.get(section), dict):
+                raise ValueError(f"{path}: attribute config has no section '{section}'")
+    check_config(config, f"{path} (attribute config)")
+    return config
+
+
+def check_config(config: Any, origin: str = "config") -> None:
+    """Checks a full config (GoldenFile.config's layout): ValueError "<origin>: <key> ..."."""
+    if not isinstance(config, Mapping):
         raise ValueError(f"{origin}: the config must be a JSON object")
-    for section, keys in _KEYS.items():
-        if not isinstance(config.get(section), dict):
-            raise ValueError(f"{path}: attribute config has no section '{section}'")
-        for key, (kind, minimum) in keys.items():
-            if key in _OPTIONAL and key not in config[section]:
-                continue
-            if key not in config[section]:
-                raise ValueError(f"{origin}: {section}.{key} is missing")
-            _checked(origin, f"{section}.{key}", config[section][key], kind, minimum)
-    m, t = config["model"], config["train"]
-    # The rules of common/config.cpp validate_config that the shapes and loss weights depend on.
-    rules = [
+    for section in _KEYS:
+        if not isinstance(config.get(section), Mapping):
+            raise ValueError(f"{origin}: the config has no section '{section}'")
+    for section in ("data", "train"):
+        _check_section(config[section], section, origin)
+    check_model(config["model"], origin)
+    m, d, t = config["model"], config["data"], config["train"]
+    # The rules of common/config.cpp validate_config that the loss weights and the HF config depend on.
+    _check_rules(origin, [
+        (d["eos_token"] < m["vocab_size"], "data.eos_token", f"({d['eos_token']}) must be in [0, model.vocab_size)"),
+        (d["pad_token"] < m["vocab_size"], "data.pad_token", f"({d['pad_token']}) must be in [0, model.vocab_size)"),
+        (t["global_batch_size"] % t["micro_batch_size"] == 0, "train.global_batch_size",
+         f"({t['global_batch_size']}) must be divisible by train.micro_batch_size ({t['micro_batch_size']})"),
+        (t["loss_normalization"] in LOSS_NORMALIZATIONS, "train.loss_normalization",
+         f"must be \"global_token_mean\" or \"per_microbatch_mean\", got {_quoted(t['loss_normalization'])}"),
+    ])
+
+
+def check_model(model: Any, origin: str = "config") -> None:
+    """Checks the config's model section, which names and shapes are computed from."""
+    if not isinstance(model, Mapping):
+        raise ValueError(f"{origin}: model is not a mapping of the config's model keys")
+    _check_section(model, "model", origin)
+    m = model
+    # The rules of common/config.cpp validate_config that the shapes depend on.
+    _check_rules(origin, [
         (m["hidden_size"] % m["num_heads"] == 0, "model.hidden_size",
          f"({m['hidden_size']}) must be divisible by model.num_heads ({m['num_heads']})"),
         ((m["hidden_size"] // m["num_heads"]) % 2 == 0, "model.hidden_size",
@@ -95,12 +118,19 @@ def parse_golden_config(text: str, path: str) -> Dict[str, Any]:
          f"must be in [0, 1) (got {m.get('attention_dropout')})"),
         (0 <= m.get("hidden_dropout", 0.0) < 1, "model.hidden_dropout",
          f"must be in [0, 1) (got {m.get('hidden_dropout')})"),
-        (t["global_batch_size"] % t["micro_batch_size"] == 0, "train.global_batch_size",
-         f"({t['global_batch_size']}) must be divisible by train.micro_batch_size ({t['micro_batch_size']})"),
-        (t["loss_normalization"] in LOSS_NORMALIZATIONS, "train.loss_normalization",
-         f"must be \"global_token_mean\" or \"per_microbatch_mean\", got {_quoted(t['loss_normalization'])}"),
-    ]
+    ])
+
+
+def _check_section(values: Mapping, section: str, origin: str) -> None:
+    for key, (kind, minimum) in _KEYS[section].items():
+        if key in _OPTIONAL and key not in values:
+            continue
+        if key not in values:
+            raise ValueError(f"{origin}: {section}.{key} is missing")
+        _checked(origin, f"{section}.{key}", values[key], kind, minimum)
+
+
+def _check_rules(origin: str, rules: list) -> None:
     for holds, key, what in rules:
         if not holds:
             raise ValueError(f"{origin}: {key} {what}")
-    return config

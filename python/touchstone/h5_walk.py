@@ -10,7 +10,7 @@ dataset's values — and if the child dies by a signal, fails or does not finish
 per 10 MB), the file is refused. A clean walk means the reader's own calls, a subset of the walk's on
 the same bytes, cannot crash either.
 
-The child is a fresh interpreter (`python -m touchstone.h5_walk PATH`), not a fork: forking a process
+The child is a fresh interpreter (`python -c ... walk_file(PATH)`), not a fork: forking a process
 that holds torch's threads, a CUDA context or HDF5's own state is unsafe, and fork does not exist on
 every platform. A file that walked cleanly is remembered for the life of the process by its identity
 (device, inode, size, modification and change times), so opening it again costs nothing.
@@ -36,6 +36,8 @@ SLICE_BYTES = 64 << 20       # a dataset's values are read this much at a time, 
 MIN_SECONDS = 60
 
 _walked: Set[Tuple[int, ...]] = set()
+# No exit handlers in the child (os._exit): a damaged file can leave h5py in any state.
+_CHILD = "import os, sys\nfrom touchstone.h5_walk import walk_file\nos._exit(walk_file(sys.argv[1]))\n"
 
 
 def _identity(status: os.stat_result) -> Tuple[int, ...]:
@@ -57,7 +59,7 @@ def check_in_child_process(path: str) -> None:
     environment = dict(os.environ)
     environment["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, environment.get("PYTHONPATH")) if p)
     try:
-        result = subprocess.run([sys.executable, "-m", "touchstone.h5_walk", path], env=environment,
+        result = subprocess.run([sys.executable, "-c", _CHILD, path], env=environment,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, timeout=limit)
     except subprocess.TimeoutExpired:
@@ -151,7 +153,7 @@ def _read_values(dataset: Any, budget: dict) -> None:
         dataset[start:start + step]
 
 
-def _walk_file(path: str) -> int:
+def walk_file(path: str) -> int:
     """The child: 0 when the walk finished, whatever h5py refused along the way."""
     import h5py
 
@@ -172,6 +174,3 @@ def _walk_file(path: str) -> int:
             pass
     return 0
 
-
-if __name__ == "__main__":
-    os._exit(_walk_file(sys.argv[1]))  # no exit handlers: a damaged file can leave h5py in any state

@@ -35,6 +35,7 @@ import numpy as np
 
 from touchstone.candidate import Tensors, named_items
 from touchstone.golden import GoldenFile, parameter_names, parameter_shape
+from touchstone.golden_config import check_config, check_model
 
 _LAYER_RENAMES = {  # HF suffix after "model.layers.{i}." -> contract suffix after "decoder.layers.{i}."
     "input_layernorm.weight": "input_layernorm.weight",
@@ -62,6 +63,7 @@ def hf_config_dict(config: Mapping[str, Any], precision: str = "fp64") -> Dict[s
     model has a feature HF's Llama cannot express: hidden dropout (Llama has none) or attention dropout
     (Touchstone's masks come from its own counter-based RNG, which no HF run reproduces).
     """
+    check_config(config)
     model, data = config["model"], config["data"]
     # The same words as `touchstone export hf` (oracle/hf/export.cpp).
     if float(model.get("hidden_dropout", 0.0)) > 0:
@@ -108,6 +110,7 @@ def _cat(parts: Iterable[Any], axis: int) -> Any:
 
 
 def _dims(model: Mapping[str, Any]) -> Tuple[int, int, int, int, int]:
+    check_model(model)
     H, NH, NKV = int(model["hidden_size"]), int(model["num_heads"]), int(model["num_kv_heads"])
     return H, NH, NKV, H // NH, int(model["ffn_hidden_size"])
 
