@@ -144,8 +144,8 @@ class CandidateWriter:
             if generator:
                 self._file.attrs["generator"] = generator
         except FileExistsError:
-            raise ValueError(f"{self.path}: the temporary {self._temporary} exists already (left by a process "
-                             "killed outright: delete it)") from None
+            raise ValueError(f"{self.path}: the temporary {self._temporary} exists already (another writer of "
+                             "this path in this process, or one killed outright: then delete it)") from None
         except OSError as e:
             self.abort()
             raise ValueError(f"{self.path}: cannot be written ({_first_line(e)})") from None

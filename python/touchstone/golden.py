@@ -12,8 +12,11 @@ for, one at a time, so a 1B-parameter file is never held in memory whole.
         expected = golden.expected(1)
         print(expected.loss, expected.num_loss_tokens, expected.grad("output_layer.weight"))
 
-Bad input (not a golden file, another format version, a step or tensor the file does not hold) is a
-`ValueError` whose one-line message names the file and the key.
+Bad input (not a golden file, another format version, a root attribute, config key or dataset of the
+wrong type, shape or range, a step or tensor the file does not hold, a file damaged so that the HDF5
+library would crash on it) is a `ValueError` whose one-line message names the file and the key. Every
+file is first read whole once in a child process (touchstone/h5_walk.py, python/README.md "Damaged
+files"), so that a crash of the library is the child's, not the caller's.
 """
 
 from __future__ import annotations
@@ -173,7 +176,7 @@ class GoldenFile:
 
     def __init__(self, path: "os.PathLike[str] | str"):
         try:
-            self.path = os.fspath(path)
+            self.path = os.fsdecode(os.fspath(path))
         except TypeError:
             raise ValueError(f"{path!r}: not a file path") from None
         # A damaged file can crash the HDF5 library itself: read it whole in a child process first.
