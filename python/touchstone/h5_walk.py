@@ -64,8 +64,9 @@ def check_in_child_process(path: str) -> None:
                                 stderr=subprocess.DEVNULL, timeout=limit)
     except subprocess.TimeoutExpired:
         raise ValueError(f"{path}: damaged HDF5 file (reading it did not finish within {limit} s)") from None
-    except OSError as e:
-        raise ValueError(f"{path}: cannot start the process that checks the file ({e.strerror})") from None
+    except (OSError, ValueError, TypeError) as e:  # TypeError: no sys.executable (an embedded interpreter)
+        raise ValueError(f"{path}: cannot start the process that checks the file "
+                         f"({getattr(e, 'strerror', None) or e})") from None
     if result.returncode < 0:
         raise ValueError(f"{path}: damaged HDF5 file (the HDF5 library crashed reading it: signal "
                          f"{-result.returncode})")
