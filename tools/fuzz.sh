@@ -14,14 +14,15 @@ cd "$(dirname "$0")/.."
 build=build-fuzz
 touchstone=${TOUCHSTONE:-build/tools/touchstone}
 python_target=fuzz_import_megatron_dump
+python_golden=fuzz_golden_file  # the Python package's GoldenFile (fuzz/fuzz_golden_file.py)
 # Inputs per target in `ci`: each takes about 30 s on 2 cores (docs/testing.md lists the rates).
 declare -A ci_runs=([fuzz_h5_reader]=600 [fuzz_golden_reader]=600 [fuzz_checkpoint_file]=600
   [fuzz_safetensors]=100000 [fuzz_jsonl]=100000 [fuzz_config]=50000 [fuzz_ledger]=50000
-  [fuzz_scaling_csv]=100000 [$python_target]=600)
+  [fuzz_scaling_csv]=100000 [$python_target]=600 [$python_golden]=80)
 declare -A dictionary=([fuzz_h5_reader]=hdf5 [fuzz_golden_reader]=hdf5 [fuzz_checkpoint_file]=hdf5
   [fuzz_safetensors]=json [fuzz_jsonl]=json [fuzz_config]=json [fuzz_ledger]=json [fuzz_scaling_csv]=csv)
 targets=(fuzz_h5_reader fuzz_golden_reader fuzz_checkpoint_file fuzz_safetensors fuzz_jsonl fuzz_config
-  fuzz_ledger fuzz_scaling_csv "$python_target")
+  fuzz_ledger fuzz_scaling_csv "$python_target" "$python_golden")
 
 usage() {
   sed -n '5,8p' "$0" | sed 's/^# //' >&2
@@ -41,8 +42,8 @@ run_target() {
   local target=$1 corpus=$2
   shift 2
   mkdir -p "$corpus" "$build/findings"
-  if [ "$target" = "$python_target" ]; then
-    /usr/bin/python3 "fuzz/$target.py" "$@" --findings "$build/findings/$target"
+  if [ "$target" = "$python_target" ] || [ "$target" = "$python_golden" ]; then
+    TOUCHSTONE="$touchstone" /usr/bin/python3 "fuzz/$target.py" "$@" --findings "$build/findings/$target"
     return
   fi
   # A reader that needs more than a few hundred MB for an input of a few hundred KB, or a second for one
@@ -60,7 +61,7 @@ case "${1:-}" in
     for target in "${targets[@]}"; do
       corpus="$build/ci-corpus/$target"
       rm -rf "$corpus"
-      if [ "$target" = "$python_target" ]; then limit=(--iterations "${ci_runs[$target]}"); else limit=(-runs="${ci_runs[$target]}"); fi
+      if [ "$target" = "$python_target" ] || [ "$target" = "$python_golden" ]; then limit=(--iterations "${ci_runs[$target]}"); else limit=(-runs="${ci_runs[$target]}"); fi
       start=$SECONDS
       if run_target "$target" "$corpus" "${limit[@]}" > "$build/$target.log" 2>&1; then
         # libFuzzer's last status line: inputs run, coverage (cov: edges, ft: features), corpus size.
@@ -79,7 +80,7 @@ case "${1:-}" in
   *)
     [ $# -eq 2 ] && [[ -v "ci_runs[$1]" ]] || usage
     build_targets
-    if [ "$1" = "$python_target" ]; then limit=(--seconds "$2"); else limit=(-max_total_time="$2"); fi
+    if [ "$1" = "$python_target" ] || [ "$1" = "$python_golden" ]; then limit=(--seconds "$2"); else limit=(-max_total_time="$2"); fi
     run_target "$1" "$build/corpus/$1" "${limit[@]}"
     ;;
 esac

@@ -50,6 +50,11 @@ Usage:
     import_megatron_dump.py SAVE/params/iter_0000001 --out shards/      (adds the parameters)
     touchstone diff golden.h5 shards/
 
+A dump is loaded with torch.load(weights_only=True): a pickle naming code (which torch.load would run) is
+refused with one line before any of it runs. --trusted-dump loads it as it is, running that code: give it
+only for a dump you trust. Every value must be a dense floating-point tensor (Transformer Engine's
+*_extra_state entries aside): a sparse, meta or quantized tensor, or any other value, is refused naming it.
+
 Exit status 0, or 2 with one line saying why the dump was refused.
 Needs torch, numpy and h5py (Debian: python3-torch, python3-numpy, python3-h5py).
 """
@@ -58,6 +63,7 @@ import argparse
 import json
 import math
 import os
+import pickle
 import re
 import shutil
 import stat
@@ -167,12 +173,25 @@ def find_rank_files(dump: str) -> Tuple[Dict[RankKey, str], int, int]:
     return files, tp, pp
 
 
-def load_rank(path: str) -> Dict[str, torch.Tensor]:
-    """The renamed tensors of one rank file, as saved (dtype kept)."""
+def load_rank(path: str, trusted: bool = False) -> Dict[str, torch.Tensor]:
+    """The renamed tensors of one rank file, as saved (dtype kept).
+
+    torch.load runs whatever code a pickle names unless weights_only=True, which unpickles tensors,
+    dicts, lists and numbers only (torch 1.13 and later; the default from torch 2.6). A dump is someone
+    else's file, so it is loaded that way unless `trusted` (--trusted-dump) says otherwise.
+    """
     try:
-        state = torch.load(path, map_location="cpu")
+        state = torch.load(path, map_location="cpu", weights_only=not trusted)
+    except pickle.UnpicklingError as error:
+        if trusted:
+            raise DumpError(f"{path}: cannot load ({type(error).__name__}: {first_line(error)})")
+        # torch words it "Weights only load failed. ... WeightsUnpickler error: <what>"; <what> is the news.
+        reason = str(error).rpartition("WeightsUnpickler error:")[2].strip() or first_line(error)
+        raise DumpError(f"{path}: holds more than tensors, dicts and numbers ({reason.splitlines()[0][:160]}), "
+                        "so it was not loaded; pass --trusted-dump if you trust it (loading it then runs any code "
+                        "it names)")
     except Exception as error:  # torch reports truncated or foreign files in many ways
-        raise DumpError(f"{path}: cannot load ({type(error).__name__}: {error})")
+        raise DumpError(f"{path}: cannot load ({type(error).__name__}: {first_line(error)})")
     if not isinstance(state, dict) or not isinstance(state.get("model_chunk0"), dict):
         raise DumpError(f"{path}: expected a dict {{'model_chunk0': {{name: tensor}}}}")
     extra = [key for key in state if key != "model_chunk0"]
@@ -182,13 +201,33 @@ def load_rank(path: str) -> Dict[str, torch.Tensor]:
     for name, tensor in state["model_chunk0"].items():
         if not isinstance(name, str):
             raise DumpError(f"{path}: parameter name {name!r} is not a string")
-        if name.endswith("_extra_state") or not torch.is_tensor(tensor):
-            continue
+        if name.endswith("_extra_state"):
+            continue  # Transformer Engine's FP8 metadata: no parameter
+        check_dense(path, name, tensor)
         contract = contract_name(name)
         if contract in tensors:
             raise DumpError(f"{path}: {contract} appears twice")
         tensors[contract] = tensor.detach().cpu()
     return tensors
+
+
+def check_dense(path: str, name: str, tensor: object) -> None:
+    """Refuses a value that is not a dense floating-point tensor in memory (one line naming it): save_grads
+    writes only those, and a sparse, meta or quantized tensor has no values to compare."""
+    if not torch.is_tensor(tensor):
+        raise DumpError(f"{path}: {name}: a value of type {type(tensor).__name__}, not a tensor")
+    if tensor.is_meta:
+        raise DumpError(f"{path}: {name}: a meta tensor, which holds no values")
+    if tensor.layout != torch.strided or tensor.is_quantized:
+        kind = "quantized" if tensor.is_quantized else str(tensor.layout).replace("torch.", "")
+        raise DumpError(f"{path}: {name}: a {kind} tensor, not a dense one")
+    if not tensor.is_floating_point():
+        raise DumpError(f"{path}: {name}: holds {str(tensor.dtype).replace('torch.', '')} values, not floating-point ones")
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 STORED_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -336,6 +375,10 @@ def main() -> int:
     parser.add_argument("--tied-embedding-grads", choices=("summed", "partial"), default="summed",
                         help="summed: both stages' copies already hold the sum (Megatron-LM dumps after the "
                              "embedding all-reduce); partial: each holds its own part")
+    parser.add_argument("--trusted-dump", action="store_true",
+                        help="load the dump with torch.load(weights_only=False): only for a dump you trust, as "
+                             "loading it then runs any code its pickles name (without it, a dump holding more "
+                             "than tensors, dicts and numbers is refused)")
     args = parser.parse_args()
     temporaries: List[Tuple[str, str]] = []
     created = succeeded = False
@@ -346,7 +389,7 @@ def main() -> int:
             raise DumpError(f"{args.dump}: cannot tell the kind and step from the path; give --kind and --step")
         check_loss_scale_option(kind, args.loss_scale)
         files, tp, pp = find_rank_files(args.dump)
-        rank_tensors = {key: load_rank(path) for key, path in files.items()}
+        rank_tensors = {key: load_rank(path, args.trusted_dump) for key, path in files.items()}
         layout = {"format": "touchstone-shards", "format_version": 1, "tp": tp, "pp": pp,
                   "stage_layers": stage_layers(rank_tensors, tp, pp),
                   "tied_embedding_grads": args.tied_embedding_grads}

@@ -102,3 +102,64 @@ def test_non_regular_outputs_are_refused(tmp_path):
         CandidateWriter(tmp_path / "fifo.h5")
     with pytest.raises(ValueError, match="does not exist"):
         CandidateWriter(tmp_path / "missing" / "c.h5")
+
+
+def test_bad_arguments_are_refused_before_anything_is_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for arguments, message in (((("",), {}), "the candidate's output path is empty"),
+                               ((("dir/",), {}), "dir/: names a directory"),
+                               ((("c.h5",), {"dtype": "nonsense"}), "c.h5: dtype 'nonsense' is not a numpy dtype"),
+                               ((("c.h5",), {"golden": "golden.h5"}), "golden is of type str, not GoldenFile"),
+                               ((("c.h5",), {"generator": 3}), "generator is of type int")):
+        args, kwargs = arguments
+        with pytest.raises(ValueError, match=message):
+            CandidateWriter(*args, **kwargs)
+    with pytest.raises(ValueError, match="not a file path"):
+        CandidateWriter(None)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_directory_it_cannot_write_in_is_a_value_error(tmp_path):
+    # /proc refuses new files to every user, root included (a chmod'ed directory does not stop root).
+    with pytest.raises(ValueError, match="^/proc/candidate.h5: cannot be written"):
+        CandidateWriter("/proc/candidate.h5")
+
+
+BAD_STEP_ARGUMENTS = {
+    "loss_vector": ({"loss": np.array([1.0, 2.0])}, r"steps/1/loss: is not a single number \(shape \[2\]\)"),
+    "loss_text": ({"loss": "low"}, "steps/1/loss: holds <U3 values, not real numbers"),
+    "count_negative": ({"num_loss_tokens": -3}, "num_loss_tokens -3.0 is not a whole number"),
+    "token_losses_1d": ({"token_losses": np.zeros(4)}, r"token_losses has shape \[4\], not \[B, T\]"),
+    "sparse": ({"grads": {"decoder.final_layernorm.weight": torch.zeros(64).to_sparse()}},
+               "grads/decoder.final_layernorm.weight: a torch.sparse_coo tensor, not a dense one"),
+    "meta": ({"grads": {"decoder.final_layernorm.weight": torch.zeros(64, device="meta")}},
+             "grads/decoder.final_layernorm.weight: a meta tensor"),
+    "strings": ({"params": {"decoder.final_layernorm.weight": np.array(["x"] * 64)}}, "not real numbers"),
+    "name_not_text": ({"grads": {3: np.zeros(64)}}, "tensor name 3 is not a parameter name"),
+    "name_a_path": ({"grads": {"a/b": np.zeros(64)}}, "tensor name 'a/b' is not a parameter name"),
+    "not_pairs": ({"grads": [np.zeros(64)]}, r"holds a ndarray, not a \(name, tensor\) pair"),
+    "not_tensors": ({"grads": 5}, "steps/1/grads: is of type int"),
+    "step_text": ({"step": "1"}, "step '1' is not a step number"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_STEP_ARGUMENTS))
+def test_bad_step_arguments_are_value_errors_and_nothing_is_written(tmp_path, case):
+    arguments, message = BAD_STEP_ARGUMENTS[case]
+    arguments = dict(arguments)
+    step = arguments.pop("step", 1)
+    out = tmp_path / "c.h5"
+    with pytest.raises(ValueError, match=message) as info:
+        with CandidateWriter(out) as c:
+            c.write_step(step, loss=1.0 if "loss" not in arguments else arguments.pop("loss"), **arguments)
+    assert str(info.value).startswith(f"{out}: ") and "\n" not in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_planted_temporary_is_not_followed(tmp_path):
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"keep")
+    os.symlink(target, tmp_path / f"c.h5.tmp.{os.getpid()}")
+    with pytest.raises(ValueError, match="exists already"):
+        CandidateWriter(tmp_path / "c.h5")
+    assert target.read_bytes() == b"keep"

@@ -145,3 +145,20 @@ def test_another_format_version_is_refused_with_the_same_words(touchstone, golde
     with pytest.raises(ValueError) as info:
         GoldenFile(newer)
     assert result.stderr.strip() == f"touchstone: error: {info.value}"
+
+
+def test_bad_arguments_are_value_errors(golden_files):
+    from touchstone.hf import hf_grads, load_golden_into
+
+    with GoldenFile(golden_files["default"]) as golden:
+        m = golden.model
+        with pytest.raises(ValueError, match="decoder.final_layernorm.weight: a value of type list"):
+            to_hf_state_dict({"decoder.final_layernorm.weight": [0.0] * 64}, m)
+        with pytest.raises(ValueError, match="model.norm.weight: a torch.sparse_coo tensor"):
+            from_hf_state_dict({"model.norm.weight": torch.zeros(64).to_sparse()}, m, strict=False)
+        with pytest.raises(ValueError, match="7: a tensor name must be a str"):
+            from_hf_state_dict({7: np.zeros(64)}, m, strict=False)
+        with pytest.raises(ValueError, match="golden is of type str, not GoldenFile"):
+            load_golden_into(torch.nn.Linear(2, 2), str(golden_files["default"]))
+        with pytest.raises(ValueError, match="hf_model is of type dict, not a torch module"):
+            list(hf_grads({}))

@@ -68,3 +68,16 @@ def test_bad_document_ids():
         attention_allowed(np.zeros(8))
     with pytest.raises(ValueError, match="integer array"):
         attention_allowed(np.zeros((2, 8)))
+
+
+def test_bad_arguments_are_value_errors():
+    with pytest.raises(ValueError, match="document_ids: a torch.sparse_coo tensor"):
+        attention_allowed(torch.from_numpy(IDS).to_sparse())
+    with pytest.raises(ValueError, match="document_ids: a meta tensor"):
+        cu_seqlens(torch.zeros(2, 8, dtype=torch.int64, device="meta"))
+    with pytest.raises(ValueError, match="document_ids: is not an array of numbers"):
+        attention_allowed([[0, 1], [1]])
+    with pytest.raises(ValueError, match="document_masking must be True or False, not 'false'"):
+        sdpa_attention_mask(IDS, "false")
+    with pytest.raises(ValueError, match="dtype must be a torch floating-point dtype"):
+        hf_attention_mask(IDS, True, torch.int64)

@@ -12,8 +12,11 @@ for, one at a time, so a 1B-parameter file is never held in memory whole.
         expected = golden.expected(1)
         print(expected.loss, expected.num_loss_tokens, expected.grad("output_layer.weight"))
 
-Bad input (not a golden file, another format version, a step or tensor the file does not hold) is a
-`ValueError` whose one-line message names the file and the key.
+Bad input (not a golden file, another format version, a root attribute, config key or dataset of the
+wrong type, shape or range, a step or tensor the file does not hold, a file damaged so that the HDF5
+library would crash on it) is a `ValueError` whose one-line message names the file and the key. Every
+file is first read whole once in a child process (touchstone/h5_walk.py, python/README.md "Damaged
+files"), so that a crash of the library is the child's, not the caller's.
 """
 
 from __future__ import annotations
@@ -26,14 +29,21 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 import h5py
 import numpy as np
 
+from touchstone.golden_config import check_model, parse_golden_config
+from touchstone.h5_walk import check_in_child_process
+
 FORMAT = "touchstone-golden"
 FORMAT_VERSION = 1
 BATCH_KEYS = ("tokens", "targets", "position_ids", "document_ids")
 IGNORE_INDEX = -100  # a target without loss (Megatron-LM's loss_mask 0)
+PRECISIONS = ("fp64", "fp32", "bf16")
+# What h5py raises for a file, object or value it cannot read; each becomes a ValueError naming it.
+_H5PY_REFUSALS = (OSError, KeyError, ValueError, TypeError, RuntimeError, NotImplementedError)
 
 
 def parameter_names(model: Mapping[str, Any]) -> List[str]:
     """The contract's parameter names in data-flow order (docs/golden-format.md "Parameters")."""
+    check_model(model)
     names = ["embedding.word_embeddings.weight"]
     for layer in range(int(model["num_layers"])):
         prefix = f"decoder.layers.{layer}."
@@ -49,6 +59,7 @@ def parameter_names(model: Mapping[str, Any]) -> List[str]:
 
 def parameter_shape(model: Mapping[str, Any], name: str) -> Tuple[int, ...]:
     """The full shape of the contract parameter `name` (ValueError for a name the model lacks)."""
+    check_model(model)
     V, H, F = int(model["vocab_size"]), int(model["hidden_size"]), int(model["ffn_hidden_size"])
     NH, NKV = int(model["num_heads"]), int(model["num_kv_heads"])
     D = H // NH
@@ -109,8 +120,8 @@ class Expected:
         self._golden, self.step = golden, step
         self._group = f"steps/{step}"
 
-    def _scalar(self, key: str) -> Any:
-        return self._golden._read(f"{self._group}/{key}")[()]
+    def _scalar(self, key: str, kinds: str = "fiu") -> Any:
+        return self._golden._scalar(f"{self._group}/{key}", kinds)
 
     @property
     def loss(self) -> float:
@@ -119,7 +130,10 @@ class Expected:
 
     @property
     def num_loss_tokens(self) -> int:
-        return int(self._scalar("num_loss_tokens"))
+        count = self._scalar("num_loss_tokens")
+        if not (np.isfinite(count) and count == int(count) and count >= 0):
+            raise ValueError(f"{self._golden.path}: /{self._group}/num_loss_tokens: {count} is not a count")
+        return int(count)
 
     @property
     def grad_norm(self) -> float:
@@ -132,7 +146,13 @@ class Expected:
 
     def token_losses(self) -> np.ndarray:
         """[B, T] cross entropy of every position (0 where the target is -100)."""
-        return self._golden._read(f"{self._group}/token_losses")[()]
+        key = f"{self._group}/token_losses"
+        dataset = self._golden._read(key, "f")
+        batch = (self._golden.global_batch_size, self._golden.model["seq_length"])
+        if tuple(dataset.shape) != batch:
+            raise ValueError(f"{self._golden.path}: /{key} has shape {list(dataset.shape)}, the batch's is "
+                             f"{list(batch)}")
+        return self._golden._values(key, dataset)
 
     def grad(self, name: str) -> np.ndarray:
         """The gradient of `name` before clipping, after the data-parallel reduction."""
@@ -155,51 +175,121 @@ class GoldenFile:
     """A golden file opened read-only. Use as a context manager, or call close()."""
 
     def __init__(self, path: "os.PathLike[str] | str"):
-        self.path = os.fspath(path)
+        try:
+            self.path = os.fsdecode(os.fspath(path))
+        except TypeError:
+            raise ValueError(f"{path!r}: not a file path") from None
+        # A damaged file can crash the HDF5 library itself: read it whole in a child process first.
+        check_in_child_process(self.path)
         try:
             self._file = h5py.File(self.path, "r")
-        except (OSError, ValueError) as e:
+        except _H5PY_REFUSALS as e:
             raise ValueError(f"{self.path}: cannot be read as a golden file ({_first_line(e)})") from None
         try:
             self._check_format()
-            self.config: Dict[str, Any] = json.loads(self._attr("config"))
-        except ValueError:
+            self.config: Dict[str, Any] = parse_golden_config(self._attr("config"), self.path)
+            if self._has_attr("precision"):
+                self._check_precision()
+            _ = self.tolerance_model
+        except BaseException:
             self._file.close()
             raise
-        for section in ("model", "data", "train", "optim"):
-            if not isinstance(self.config.get(section), dict):
-                self._file.close()
-                raise ValueError(f"{self.path}: attribute config has no section '{section}'")
 
     # -- the file and its attributes ---------------------------------------------------------------
 
-    def _attr(self, key: str) -> Any:
-        if key not in self._file.attrs:
+    def _attr(self, key: str, kind: str = "string") -> Any:
+        """Root attribute `key`: one value, a str for kind "string", an int for kind "integer"."""
+        if not self._has_attr(key):
             raise ValueError(f"{self.path}: no root attribute '{key}'")
-        value = self._file.attrs[key]
-        return value.decode() if isinstance(value, bytes) else value
+        try:
+            stored = self._file.attrs.get_id(key)
+            dtype, shape = stored.dtype, stored.shape
+            value = self._file.attrs[key]
+        except _H5PY_REFUSALS as e:
+            raise ValueError(f"{self.path}: root attribute {key}: cannot be read ({_first_line(e)})") from None
+        # One value: a scalar, or a one-element array as some writers produce (the C++ reader's rule).
+        if shape is None or int(np.prod(shape)) != 1:
+            raise ValueError(f"{self.path}: root attribute {key}: is not a single value (shape "
+                             f"{'null' if shape is None else list(shape)})")
+        if shape:
+            value = np.asarray(value).reshape(-1)[0]
+        if kind == "integer":
+            if dtype.kind not in "iu":
+                raise ValueError(f"{self.path}: root attribute {key}: is not an integer ({_type_name(dtype)})")
+            return int(value)
+        if h5py.check_string_dtype(dtype) is None or not isinstance(value, (str, bytes)):
+            raise ValueError(f"{self.path}: root attribute {key}: is not a string ({_type_name(dtype)})")
+        try:
+            return value.decode() if isinstance(value, bytes) else value
+        except UnicodeDecodeError:
+            raise ValueError(f"{self.path}: root attribute {key}: is not UTF-8 text") from None
 
     def _check_format(self) -> None:
-        # The same words as the C++ reader (oracle/golden/golden_reader.cpp).
-        if self._file.attrs.get("format") not in (FORMAT, FORMAT.encode()):
+        # The same words and the same rule as the C++ reader (oracle/golden/golden_reader.cpp): format is
+        # the string "touchstone-golden", format_version an integer (of any width) equal to 1.
+        if not self._has_attr("format") or self._attr_or_none("format") != FORMAT:
             raise ValueError(f'{self.path}: not a golden file (root attribute format is not "{FORMAT}")')
-        version = int(self._attr("format_version"))
+        version = self._attr("format_version", "integer")
         if version != FORMAT_VERSION:
             raise ValueError(f"{self.path}: golden format_version {version} is not supported ({FORMAT_VERSION} is)")
 
-    def _read(self, key: str) -> h5py.Dataset:
-        item = self._file.get(key)
+    def _has_attr(self, key: str) -> bool:
+        try:
+            return key in self._file.attrs
+        except _H5PY_REFUSALS as e:
+            raise ValueError(f"{self.path}: root attribute {key}: cannot be read ({_first_line(e)})") from None
+
+    def _attr_or_none(self, key: str) -> Optional[str]:
+        """String attribute `key`, or None when it is not one string."""
+        try:
+            return self._attr(key)
+        except ValueError:
+            return None
+
+    def _check_precision(self) -> None:
+        precision = self._attr("precision")
+        if precision not in PRECISIONS:
+            raise ValueError(f'{self.path}: root attribute precision: is "{precision[:40]}", not one of '
+                             + ", ".join(f'"{p}"' for p in PRECISIONS))
+
+    def _read(self, key: str, kinds: str = "fiu") -> h5py.Dataset:
+        """Dataset /`key`, whose dtype is of one of numpy's `kinds` ("f" float, "i" and "u" integers)."""
+        try:
+            item = self._file.get(key)
+        except _H5PY_REFUSALS as e:
+            raise ValueError(f"{self.path}: /{key}: cannot be read ({_first_line(e)})") from None
         if not isinstance(item, h5py.Dataset):
             raise ValueError(f"{self.path}: no dataset /{key}")
+        try:
+            dtype, shape = item.dtype, item.shape
+        except _H5PY_REFUSALS as e:
+            raise ValueError(f"{self.path}: /{key}: cannot be read ({_first_line(e)})") from None
+        if dtype.kind not in kinds or shape is None:
+            what = {"f": "floating-point", "iu": "integer"}.get(kinds, "numeric")
+            raise ValueError(f"{self.path}: /{key}: holds {dtype} values {'null' if shape is None else list(shape)}, "
+                             f"not {what} ones")
         return item
+
+    def _values(self, key: str, dataset: h5py.Dataset, selection: Any = ()) -> np.ndarray:
+        try:
+            return dataset[selection]
+        except _H5PY_REFUSALS as e:
+            raise ValueError(f"{self.path}: /{key}: cannot be read ({_first_line(e)})") from None
+
+    def _scalar(self, key: str, kinds: str = "fiu") -> Any:
+        dataset = self._read(key, kinds)
+        if dataset.shape not in ((), (1,)):
+            raise ValueError(f"{self.path}: /{key}: has shape {list(dataset.shape)}, not a single value")
+        return np.asarray(self._values(key, dataset)).reshape(-1)[0]
 
     def _tensor(self, group: str, name: str) -> np.ndarray:
         expected = parameter_shape(self.model, name)
-        dataset = self._read(f"{group}/{name}")
+        key = f"{group}/{name}"
+        dataset = self._read(key, "f")
         if tuple(dataset.shape) != expected:
             raise ValueError(f"{self.path}: /{group}/{name} has shape {list(dataset.shape)}, the model's "
                              f"is {list(expected)}")
-        return dataset[()]
+        return self._values(key, dataset)
 
     def close(self) -> None:
         self._file.close()
@@ -218,7 +308,8 @@ class GoldenFile:
 
     @property
     def precision(self) -> str:
-        return str(self._attr("precision"))
+        self._check_precision()
+        return self._attr("precision")
 
     @property
     def loss_normalization(self) -> str:
@@ -227,6 +318,10 @@ class GoldenFile:
     @property
     def micro_batch_size(self) -> int:
         return int(self.config["train"]["micro_batch_size"])
+
+    @property
+    def global_batch_size(self) -> int:
+        return int(self.config["train"]["global_batch_size"])
 
     @property
     def document_masking(self) -> bool:
@@ -239,19 +334,35 @@ class GoldenFile:
 
     @property
     def tolerance_model(self) -> Dict[str, Any]:
-        return json.loads(self._attr("tolerance_model")) if "tolerance_model" in self._file.attrs else \
-            {"kind": "fp64", "relative_l2": 1e-10}
+        if not self._has_attr("tolerance_model"):
+            return {"kind": "fp64", "relative_l2": 1e-10}
+        text = self._attr("tolerance_model")
+        try:
+            model = json.loads(text)
+        except (ValueError, RecursionError):
+            raise ValueError(f"{self.path}: root attribute tolerance_model: is not valid JSON") from None
+        if not isinstance(model, dict) or not isinstance(model.get("kind"), str):
+            raise ValueError(f"{self.path}: root attribute tolerance_model: is not a JSON object with a "
+                             "string \"kind\"")
+        return model
 
     @property
     def steps(self) -> List[int]:
         """The recorded step numbers, in numeric order."""
-        group = self._file.get("steps")
-        return sorted(int(k) for k in group if k.isdigit()) if isinstance(group, h5py.Group) else []
+        try:
+            group = self._file.get("steps")
+            names = list(group) if isinstance(group, h5py.Group) else []
+        except _H5PY_REFUSALS as e:
+            raise ValueError(f"{self.path}: /steps: cannot be listed ({_first_line(e)})") from None
+        # As the C++ reader: a name that is not a step number (1, 2, ...) is ignored.
+        return sorted(int(k) for k in names if k.isascii() and k.isdigit() and int(k) > 0)
 
     def parameter_names(self) -> List[str]:
         return parameter_names(self.model)
 
     def _check_step(self, step: int, allow_zero: bool = False) -> None:
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+            raise ValueError(f"{self.path}: step {step!r} is not a step number (1, 2, ...)")
         if not (allow_zero and step == 0) and step not in self.steps:
             recorded = self.steps
             raise ValueError(f"{self.path}: step {step} is not recorded (steps "
@@ -280,12 +391,24 @@ class GoldenFile:
         """Step `step`'s global batch (row step-1 of every /batch dataset)."""
         self._check_step(step)
         arrays = {}
+        B, T = self.global_batch_size, int(self.model["seq_length"])
         for key in BATCH_KEYS:
-            dataset = self._read(f"batch/{key}")
-            if dataset.ndim != 3 or dataset.shape[0] < step:
+            dataset = self._read(f"batch/{key}", "iu")
+            if dataset.ndim != 3 or dataset.shape[0] < step or dataset.shape[1:] != (B, T):
                 raise ValueError(f"{self.path}: /batch/{key} has shape {list(dataset.shape)}, which holds no "
-                                 f"batch for step {step}")
-            arrays[key] = np.asarray(dataset[step - 1], dtype=np.int64)
+                                 f"batch for step {step} of [{B}, {T}]")
+            arrays[key] = np.asarray(self._values(f"batch/{key}", dataset, step - 1), dtype=np.int64)
+        # Values a trainer would index with (an embedding row, a RoPE position) must be in range.
+        V = int(self.model["vocab_size"])
+        for key, low, high, extra in (("tokens", 0, V, None), ("targets", 0, V, IGNORE_INDEX),
+                                      ("position_ids", 0, T, None), ("document_ids", -1, 2**63 - 1, None)):
+            values = arrays[key]
+            bad = (values < low) | (values >= high)
+            if extra is not None:
+                bad &= values != extra
+            if bad.any():
+                raise ValueError(f"{self.path}: /batch/{key}: step {step} holds {int(values[bad][0])}, outside "
+                                 f"[{low}, {high})" + (f" (and not {extra})" if extra is not None else ""))
         return Batch(step=step, **arrays)
 
     def micro_batches(self, step: int, dp: int = 1, dp_rank: Optional[int] = None) -> List[MicroBatch]:
@@ -296,10 +419,11 @@ class GoldenFile:
         """
         batch, mbs = self.batch(step), self.micro_batch_size
         B = batch.tokens.shape[0]
-        if dp < 1 or B % (mbs * dp) != 0:
+        if isinstance(dp, bool) or not isinstance(dp, (int, np.integer)) or dp < 1 or B % (mbs * dp) != 0:
             raise ValueError(f"{self.path}: a global batch of {B} windows does not split into micro-batches of "
                              f"{mbs} on {dp} data-parallel ranks")
-        if dp_rank is not None and not 0 <= dp_rank < dp:
+        if dp_rank is not None and (isinstance(dp_rank, bool) or not isinstance(dp_rank, (int, np.integer))
+                                    or not 0 <= dp_rank < dp):
             raise ValueError(f"dp_rank {dp_rank} is not in 0..{dp - 1}")
         per_rank = B // (mbs * dp)
         total = batch.num_loss_tokens
@@ -325,6 +449,10 @@ class GoldenFile:
     def expected(self, step: int) -> Expected:
         self._check_step(step)
         return Expected(self, step)
+
+
+def _type_name(dtype: np.dtype) -> str:
+    return "a string" if h5py.check_string_dtype(dtype) is not None else str(dtype)
 
 
 def _first_line(error: BaseException) -> str:

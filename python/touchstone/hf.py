@@ -35,6 +35,7 @@ import numpy as np
 
 from touchstone.candidate import Tensors, named_items
 from touchstone.golden import GoldenFile, parameter_names, parameter_shape
+from touchstone.golden_config import check_config, check_model
 
 _LAYER_RENAMES = {  # HF suffix after "model.layers.{i}." -> contract suffix after "decoder.layers.{i}."
     "input_layernorm.weight": "input_layernorm.weight",
@@ -62,6 +63,7 @@ def hf_config_dict(config: Mapping[str, Any], precision: str = "fp64") -> Dict[s
     model has a feature HF's Llama cannot express: hidden dropout (Llama has none) or attention dropout
     (Touchstone's masks come from its own counter-based RNG, which no HF run reproduces).
     """
+    check_config(config)
     model, data = config["model"], config["data"]
     # The same words as `touchstone export hf` (oracle/hf/export.cpp).
     if float(model.get("hidden_dropout", 0.0)) > 0:
@@ -108,11 +110,16 @@ def _cat(parts: Iterable[Any], axis: int) -> Any:
 
 
 def _dims(model: Mapping[str, Any]) -> Tuple[int, int, int, int, int]:
+    check_model(model)
     H, NH, NKV = int(model["hidden_size"]), int(model["num_heads"]), int(model["num_kv_heads"])
     return H, NH, NKV, H // NH, int(model["ffn_hidden_size"])
 
 
 def _check_shape(name: str, tensor: Any, shape: Tuple[int, ...]) -> None:
+    if not isinstance(getattr(tensor, "shape", None), tuple) and not hasattr(tensor, "detach"):
+        raise ValueError(f"{name}: a value of type {type(tensor).__name__}, not a numpy array or torch tensor")
+    if hasattr(tensor, "detach") and (getattr(tensor, "is_meta", False) or str(tensor.layout) != "torch.strided"):
+        raise ValueError(f"{name}: a {'meta' if tensor.is_meta else str(tensor.layout)} tensor, not a dense one")
     if tuple(tensor.shape) != tuple(shape):
         raise ValueError(f"{name}: shape {list(tensor.shape)}, the golden model's is {list(shape)}")
 
@@ -163,6 +170,8 @@ def iter_contract_tensors(state: Tensors, model: Mapping[str, Any],
     pending: Dict[str, Dict[str, Any]] = {}
     produced = set()
     for name, tensor in named_items(state):
+        if not isinstance(name, str):
+            raise ValueError(f"{name!r}: a tensor name must be a str")
         hf = name if name.startswith("model.") or name == "lm_head.weight" else "model." + name
         layer = _HF_LAYER.match(hf)
         if layer is not None and int(layer.group(1)) < int(model["num_layers"]):
@@ -224,8 +233,14 @@ def from_hf_state_dict(state: Tensors, model: Mapping[str, Any], strict: bool = 
     return dict(iter_contract_tensors(state, model, strict))
 
 
+def _check_module(hf_model: Any) -> None:
+    if not callable(getattr(hf_model, "named_parameters", None)):
+        raise ValueError(f"hf_model is of type {type(hf_model).__name__}, not a torch module")
+
+
 def hf_grads(hf_model: Any) -> Iterator[Tuple[str, Any]]:
     """(HF name, gradient) of every parameter of `hf_model` that has one (after backward)."""
+    _check_module(hf_model)
     for name, parameter in hf_model.named_parameters():
         if parameter.grad is None:
             raise ValueError(f"{name}: has no gradient (was backward run?)")
@@ -238,6 +253,9 @@ def load_golden_into(hf_model: Any, golden: GoldenFile, step: int = 0) -> None:
     must receive one (ValueError naming the first that does not)."""
     import torch
 
+    _check_module(hf_model)
+    if not isinstance(golden, GoldenFile):
+        raise ValueError(f"golden is of type {type(golden).__name__}, not GoldenFile")
     targets = dict(hf_model.named_parameters())
     filled = set()
     with torch.no_grad():

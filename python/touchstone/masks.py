@@ -23,19 +23,27 @@ from typing import Any, Tuple
 
 import numpy as np
 
+from touchstone.candidate import numeric_array
+
 
 def _document_ids(document_ids: Any) -> np.ndarray:
-    if hasattr(document_ids, "detach"):
-        document_ids = document_ids.detach().cpu().numpy()
-    ids = np.asarray(document_ids)
+    ids = numeric_array(document_ids, "document_ids")
     if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"document_ids must be an integer array [B, T], not {ids.dtype} {list(ids.shape)}")
     return ids.astype(np.int64, copy=False)
 
 
+def _masking(document_masking: Any) -> bool:
+    # A string ("false") or an array would be read as true, or be ambiguous: only a bool is accepted.
+    if not isinstance(document_masking, (bool, np.bool_)):
+        raise ValueError(f"document_masking must be True or False, not {document_masking!r}")
+    return bool(document_masking)
+
+
 def attention_allowed(document_ids: Any, document_masking: bool = True) -> np.ndarray:
     """bool [B, T, T]: element [b, i, j] is True iff query i of window b may attend key j."""
     ids = _document_ids(document_ids)
+    document_masking = _masking(document_masking)
     T = ids.shape[1]
     allowed = np.broadcast_to(np.tril(np.ones((T, T), dtype=bool)), (ids.shape[0], T, T))
     if document_masking:
@@ -52,6 +60,8 @@ def hf_attention_mask(document_ids: Any, document_masking: bool = True, dtype: A
     import torch
 
     dtype = torch.float64 if dtype is None else dtype
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a torch floating-point dtype (the model's), not {dtype!r}")
     allowed = torch.from_numpy(attention_allowed(document_ids, document_masking))[:, None]
     mask = torch.zeros(allowed.shape, dtype=dtype)
     return mask.masked_fill(~allowed, torch.finfo(dtype).min)
@@ -73,6 +83,7 @@ def cu_seqlens(document_ids: Any, document_masking: bool = True) -> Tuple[np.nda
     (its runs would attend to each other under the mask) and is a ValueError.
     """
     ids = _document_ids(document_ids)
+    document_masking = _masking(document_masking)
     B, T = ids.shape
     starts = [0]
     for b in range(B):
