@@ -11,6 +11,8 @@ test_hf_fp64.py and test_hf_recipe.py.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 import transformers
@@ -21,7 +23,7 @@ from test_hf_fp64 import (EXACT, ROUNDED, build_model, cross_entropy_sum, errors
 from test_hf_recipe import diff, load_recipe, run_recipe
 from touchstone import attention_allowed
 from touchstone.hf import exact_fp64, llama_config, load_golden_into
-from touchstone.hf_fp64 import SITES
+from touchstone.hf_fp64 import SITES, UnlistedVersionWarning
 
 MAJOR = int(transformers.__version__.split(".")[0])
 pytestmark = pytest.mark.skipif(MAJOR < 5, reason=f"needs transformers >= 5 (SDPA on torch 2, shift_labels=); "
@@ -189,3 +191,13 @@ def test_shift_labels_with_the_loss_site_left_in_is_named(touchstone, golden_fil
     signatures = [v["signature"] for v in report["verdicts"]]
     assert "fp32_in_fp64" in signatures, (signatures, result.stdout[-2000:])
 
+
+
+def test_unlisted_version_with_sdpa_is_accepted_when_the_self_check_passes(monkeypatch):
+    """The version policy with SDPA: the unpatched SDPA attention is checked too, and named so."""
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", "5.99.0")
+    with pytest.warns(UnlistedVersionWarning) as caught:
+        model = exact_fp64(build_model(attention="sdpa"))
+    assert len(caught) == 1
+    assert "every patched site (loss, rmsnorm, rope, softmax (SDPA)) passed" in str(caught[0].message)
+    assert max(errors_against_reference(model, documents=True).values()) <= EXACT

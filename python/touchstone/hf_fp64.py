@@ -146,8 +146,9 @@ def exact_fp64(model: Any, *, sites: Sequence[str] = SITES) -> Any:
     rope = rope_parameters(config)
     if rope.get("rope_type", rope.get("type", "default")) != "default":
         _fail(f"rope_scaling {rope} is not plain RoPE (only the contract's RoPE is patched)")
-    if float(rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0) != 1.0:
-        _fail(f"partial_rotary_factor {rope.get('partial_rotary_factor', config.partial_rotary_factor)} is not 1")
+    partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
+    if partial is not None and float(partial) != 1.0:
+        _fail(f"partial_rotary_factor {partial} is not 1")
 
     rotaries = [m for m in model.modules() if isinstance(m, ml.LlamaRotaryEmbedding)]
     norms = [m for m in model.modules() if isinstance(m, ml.LlamaRMSNorm)]
@@ -203,8 +204,11 @@ def exact_fp64(model: Any, *, sites: Sequence[str] = SITES) -> Any:
         _fail(f"transformers {version} is not in KNOWN_VERSIONS ({', '.join(sorted(KNOWN_VERSIONS))}) and "
               f"fails the self-check: {str(error).replace('touchstone.hf.exact_fp64: ', '')} "
               "(docs/frameworks/hf-float32-sites.md: a new transformers version)")
+    checked = sorted(site for site in chosen if (site != "loss" or patch_loss)) + \
+        (["softmax (SDPA)"] if implementation == "sdpa" else [])
+    checked = [site for site in checked if not (site == "softmax" and implementation == "sdpa")]
     warnings.warn(f"touchstone.hf.exact_fp64: transformers {version} is not in KNOWN_VERSIONS; every patched "
-                  f"site ({', '.join(sorted(chosen))}) passed the float64 self-check, so it is accepted",
+                  f"site ({', '.join(checked)}) passed the float64 self-check, so it is accepted",
                   UnlistedVersionWarning, stacklevel=2)
     return model
 
