@@ -6,8 +6,11 @@ names, the math of docs/contract.md, nothing of transformers). The objective is 
 token-summed cross entropy of the logits over the loss tokens, as touchstone.loss computes it) plus
 transformers' own `labels=` loss, so one backward exercises all four float32 sites.
 
-Run with the transformers of tools/install-deps.sh on the path:
+Eager attention (both API generations have it); SDPA is in test_hf_transformers5.py. Run with the
+transformers of tools/install-deps.sh (4.47.1, Debian's torch 1.13) on the path, or with transformers
+5.x on torch 2:
     PYTHONPATH=python:build/python-deps /usr/bin/python3 -m pytest python/tests/test_hf_fp64.py
+    PYTHONPATH=python /work/venv-probe/bin/python -m pytest python/tests/test_hf_fp64.py
 """
 
 from __future__ import annotations

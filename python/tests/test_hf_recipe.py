@@ -1,6 +1,7 @@
-"""The Hugging Face recipe (tools/examples/hf_candidate.py) with the real transformers 4.47.1: correct
-runs pass `touchstone diff` at 1e-12 in FP64 and against a BF16 envelope; each trap the recipe avoids,
-planted in it, fails the diff and is named by its verdict.
+"""The Hugging Face recipe (tools/examples/hf_candidate.py) with the real transformers (4.47.1 on torch
+1.13, or 5.x on torch 2; eager attention, as the recipe builds it; SDPA is in test_hf_transformers5.py):
+correct runs pass `touchstone diff` at 1e-12 in FP64 and against a BF16 envelope; each trap the recipe
+avoids, planted in it, fails the diff and is named by its verdict.
 
 The traps are planted by replacing one function of the recipe (load_model, attention_mask, micro_loss)
 with the mistaken version a user would write, so everything else is the recipe as documented.
