@@ -6,8 +6,11 @@ names, the math of docs/contract.md, nothing of transformers). The objective is 
 token-summed cross entropy of the logits over the loss tokens, as touchstone.loss computes it) plus
 transformers' own `labels=` loss, so one backward exercises all four float32 sites.
 
-Run with the transformers of tools/install-deps.sh on the path:
+Eager attention (both API generations have it); SDPA is in test_hf_transformers5.py. Run with the
+transformers of tools/install-deps.sh (4.47.1, Debian's torch 1.13) on the path, or with transformers
+5.x on torch 2:
     PYTHONPATH=python:build/python-deps /usr/bin/python3 -m pytest python/tests/test_hf_fp64.py
+    PYTHONPATH=python /work/venv-probe/bin/python -m pytest python/tests/test_hf_fp64.py
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import io
 import math
 import sys
+import warnings
 from typing import Dict
 
 import pytest
@@ -40,9 +44,10 @@ EXACT = 1e-12
 ROUNDED = 1e-9
 
 
-def build_model(seed: int = 0, cls=LlamaForCausalLM):
+def build_model(seed: int = 0, cls=LlamaForCausalLM, attention: str = "eager"):
+    """Eager attention by default: the only one of 4.47 on torch 1.13; transformers 5.x defaults to SDPA."""
     torch.manual_seed(seed)
-    model = cls(LlamaConfig(**CONFIG)).to(torch.float64)
+    model = cls(LlamaConfig(**CONFIG, attn_implementation=attention)).to(torch.float64)
     with torch.no_grad():  # norm weights away from 1, so that they matter
         for name, parameter in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -201,7 +206,7 @@ def test_patch_is_local_to_the_instance():
     buffer = io.BytesIO()  # the patched model pickles (torch.save) and comes back patched
     torch.save(patched, buffer)
     buffer.seek(0)
-    assert errors_against_reference(torch.load(buffer), documents=True)["labels= loss"] <= EXACT
+    assert errors_against_reference(torch.load(buffer, weights_only=False), documents=True)["labels= loss"] <= EXACT
     other = build_model()  # a model built after the patch is untouched
     assert errors_against_reference(other, documents=False)["logits"] > ROUNDED
     assert errors_against_reference(patched, documents=False)["logits"] <= EXACT
@@ -212,12 +217,53 @@ def test_llama_model_without_head():
     assert isinstance(model, LlamaModel)
 
 
-def test_unknown_transformers_version(monkeypatch):
+def unlisted_version(monkeypatch, version: str = "5.99.0") -> str:
     # sys.modules' entry, not the module object imported at the top: importing LlamaForCausalLM makes
     # transformers put a new lazy module object there.
-    monkeypatch.setattr(sys.modules["transformers"], "__version__", "4.99.0")
-    with pytest.raises(ValueError, match=r"touchstone\.hf\.exact_fp64: transformers 4\.99\.0 is not a version "
-                                         r"whose float32 sites are known \(known: .*4\.47\.1.*\)"):
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", version)
+    assert version not in hf_fp64.KNOWN_VERSIONS
+    return version
+
+
+def test_unlisted_version_is_accepted_when_the_self_check_passes(monkeypatch):
+    """The version policy: a transformers version not in KNOWN_VERSIONS whose patched sites all pass
+    the float64 self-check is taken, with one warning naming the version, and computes float64."""
+    unlisted_version(monkeypatch)
+    with pytest.warns(hf_fp64.UnlistedVersionWarning) as caught:
+        model = exact_fp64(build_model())
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)
+    assert str(caught[0].message) == ("touchstone.hf.exact_fp64: transformers 5.99.0 is not in KNOWN_VERSIONS; "
+                                      "every patched site (loss, rmsnorm, rope, softmax) passed the float64 "
+                                      "self-check, so it is accepted")
+    assert max(errors_against_reference(model, documents=True).values()) <= EXACT
+
+
+def test_unlisted_version_is_refused_naming_the_failing_site(monkeypatch):
+    """An unlisted version whose RMSNorm replacement does not take (HF's float32 forward in its place)
+    is refused with a ValueError naming the site, and no warning says it was accepted."""
+    unlisted_version(monkeypatch)
+    monkeypatch.setattr(hf_fp64, "_rmsnorm_forward_fp64", modeling_llama.LlamaRMSNorm.forward)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", hf_fp64.UnlistedVersionWarning)
+        with pytest.raises(ValueError, match=r"touchstone\.hf\.exact_fp64: transformers 5\.99\.0 is not in "
+                                             r"KNOWN_VERSIONS \(.*4\.47\.1.*\) and fails the self-check: .*"
+                                             r'site "rmsnorm", RMSNorm 0: relative error [0-9.e-]+ > 1e-12') as info:
+            exact_fp64(build_model())
+    assert "\n" not in str(info.value) and 'site "rope"' not in str(info.value)
+
+
+def test_unlisted_version_is_refused_when_a_module_no_longer_takes_the_call(monkeypatch):
+    """An API that moved (the attention module's forward no longer takes the copy's arguments): the
+    self-check's call fails, and the refusal names the site."""
+    unlisted_version(monkeypatch)
+
+    def moved(self, hidden_states, **kwargs):
+        raise TypeError("forward() got an unexpected keyword argument 'position_embeddings'")
+
+    for name in ("_attention_forward_fp64", "_attention_forward_fp64_4_47"):
+        monkeypatch.setattr(hf_fp64, name, moved)
+    with pytest.raises(ValueError, match=r'fails the self-check: .*site "softmax", TypeError: forward\(\) got an '
+                                         r"unexpected keyword argument 'position_embeddings'"):
         exact_fp64(build_model())
 
 
@@ -229,8 +275,13 @@ def test_refuses_what_it_cannot_patch():
     with pytest.raises(ValueError, match="unknown site"):
         exact_fp64(build_model(), sites=("rope", "layernorm"))
     model = build_model()
-    model.config._attn_implementation = "sdpa"  # as transformers picks under torch >= 2.1.1
-    with pytest.raises(ValueError, match='attention implementation is "sdpa", not "eager"'):
+    if hasattr(modeling_llama, "eager_attention_forward"):  # transformers >= 4.48: SDPA is taken, not flex
+        model.config._attn_implementation = "flex_attention"
+        refusal = 'attention implementation is "flex_attention", not "eager" or "sdpa"'
+    else:  # 4.47: SDPA is another module class (and needs torch >= 2.1.1)
+        model.config._attn_implementation = "sdpa"
+        refusal = 'attention implementation is "sdpa", not "eager"'
+    with pytest.raises(ValueError, match=refusal):
         exact_fp64(model)
     assert "forward" not in model.model.norm.__dict__  # a refused model is left as it was
     torch.manual_seed(0)

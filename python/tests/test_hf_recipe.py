@@ -1,6 +1,7 @@
-"""The Hugging Face recipe (tools/examples/hf_candidate.py) with the real transformers 4.47.1: correct
-runs pass `touchstone diff` at 1e-12 in FP64 and against a BF16 envelope; each trap the recipe avoids,
-planted in it, fails the diff and is named by its verdict.
+"""The Hugging Face recipe (tools/examples/hf_candidate.py) with the real transformers (4.47.1 on torch
+1.13, or 5.x on torch 2; eager attention, as the recipe builds it; SDPA is in test_hf_transformers5.py):
+correct runs pass `touchstone diff` at 1e-12 in FP64 and against a BF16 envelope; each trap the recipe
+avoids, planted in it, fails the diff and is named by its verdict.
 
 The traps are planted by replacing one function of the recipe (load_model, attention_mask, micro_loss)
 with the mistaken version a user would write, so everything else is the recipe as documented.
@@ -10,6 +11,7 @@ import importlib.util
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -68,6 +70,21 @@ def test_bf16_recipe_passes_the_envelope(touchstone, bf16_envelope_golden, tmp_p
     worst = max((t for t in report["tensors"] if t.get("metrics")), key=lambda t: t["metrics"]["tolerance_ratio"])
     print(f"bf16: worst {worst['path']} at {worst['metrics']['tolerance_ratio']:.2f} of its tolerance "
           f"(basis {worst['basis']})")
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp64", "bf16"])
+def test_recipe_runs_free_of_warnings(golden_files, bf16_envelope_golden, tmp_path, bf16):
+    """The script as a user runs it, under `python -W error`: no warning of Python, torch or
+    transformers (torch 2.x warns at float() of a tensor that requires grad; the recipe detaches)."""
+    golden = bf16_envelope_golden if bf16 else golden_files["default"]
+    package = str(Path(__file__).parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([package] + [p for p in os.environ.get("PYTHONPATH", "")
+                                                                     .split(os.pathsep) if p])}
+    command = [sys.executable, "-W", "error", str(RECIPE), str(golden), "--out", str(tmp_path / "candidate.h5"),
+               "--steps", "1"] + (["--bf16"] if bf16 else [])
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Warning" not in result.stderr, result.stderr[-3000:]
 
 
 # -- the traps ---------------------------------------------------------------------------------------

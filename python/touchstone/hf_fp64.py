@@ -1,43 +1,51 @@
 """Makes a float64 Hugging Face Llama compute in float64 everywhere: `exact_fp64(model)`.
 
 A `LlamaForCausalLM` (or `LlamaModel`) converted with `.to(torch.float64)` still rounds to float32
-at four places in transformers 4.47.1 (transformers/models/llama/modeling_llama.py unless named):
+at four places (docs/frameworks/hf-float32-sites.md lists them with file and line for 4.47.1 and
+5.23.0; transformers/models/llama/modeling_llama.py unless named):
 
-- "rope": `LlamaRotaryEmbedding`. Its `inv_freq` buffer is built by `_compute_default_rope_parameters`
-  (modeling_rope_utils.py) as `1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))`, so it holds
-  float32-rounded values even after `.to(torch.float64)`; its `forward` casts `inv_freq` and the
-  positions with `.float()` and computes the angles, cos and sin in float32 (under autocast disabled,
-  "Force float32"), casting only the result back to the input dtype.
+- "rope": `LlamaRotaryEmbedding`. Its `inv_freq` buffer is built in float32
+  (`_compute_default_rope_parameters` in modeling_rope_utils.py in 4.47,
+  `LlamaRotaryEmbedding.compute_default_rope_parameters` in 5.x), so it holds float32-rounded values
+  even after `.to(torch.float64)`; its `forward` casts `inv_freq` and the positions with `.float()`
+  and computes the angles, cos and sin in float32, casting only the result back to the input dtype.
 - "rmsnorm": `LlamaRMSNorm.forward` does `hidden_states.to(torch.float32)` before the mean of squares
   and the rsqrt, then casts back.
-- "softmax": the eager `LlamaAttention.forward` calls
-  `nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query_states.dtype)`.
+- "softmax": eager attention calls `softmax(attn_weights, dim=-1, dtype=torch.float32)
+  .to(query_states.dtype)`: inside `LlamaAttention.forward` in 4.47, inside the module function
+  `eager_attention_forward` in 5.x. SDPA (`attn_implementation="sdpa"`, the default of 5.x) calls
+  `torch.nn.functional.scaled_dot_product_attention` in the inputs' dtype: no float32 site.
 - "loss": with `labels=`, `LlamaForCausalLM.forward` uses `ForCausalLMLoss` (loss/loss_utils.py),
   which starts with `logits = logits.float()`, so the loss and the gradient of the logits are float32.
 
 With any of them left, logits and gradients differ from a float64 computation by about 1e-8..1e-6
-relative; with all four replaced, by about 1e-15 (docs/frameworks/hf-float32-sites.md has the numbers).
+relative; with all four replaced, by about 1e-15.
 
 `exact_fp64` patches the given model instance only: it replaces the `forward` of each rotary
-embedding, RMSNorm and attention module by a float64 one (and recomputes `inv_freq` in float64), and
-gives the model a subclass of its own class whose `loss_function` is `ForCausalLMLoss` without the
-cast. Nothing global (torch, the transformers module, other models) changes. Everything else of HF's
-forward is kept: HF's `apply_rotary_pos_emb` and `repeat_kv`, its mask handling (a 4-D
-`attention_mask` is added to the scores as given), cache and dropout. The replacements compute what
-docs/contract.md states:
+embedding and RMSNorm module by a float64 one (and recomputes `inv_freq` in float64), the `forward` of
+each eager attention module by HF's with the softmax in the scores' dtype (an SDPA one is left as it
+is), and gives the model a subclass of its own class whose `loss_function` is HF's `ForCausalLMLoss`
+without the cast (with 5.x's `shift_labels=`). Nothing global (torch, the transformers module, other
+models) changes. Everything else of HF's forward is kept: `apply_rotary_pos_emb`, `repeat_kv`, its
+mask handling (a 4-D `attention_mask` is used as given: added to the scores by eager attention,
+passed to SDPA, where a boolean one means "may attend"), cache and dropout. The replacements compute
+what docs/contract.md states:
 
 - RoPE: inv_freq[i] = rope_theta ** (-2 i / D) in float64 (as the C++ reference's `std::pow`),
   angle = position * inv_freq in float64, cos and sin in float64, rotate-half convention (HF's).
 - RMSNorm: weight * (x * rsqrt(mean(x^2) + eps)) in the input dtype.
 - softmax of the scores in the scores' dtype; cross entropy in the logits' dtype.
 
-Before returning, it runs the patched modules of this model on small deterministic float64 inputs
-and compares them with an independent float64 computation (touchstone/hf_fp64_check.py), raising
-RuntimeError if any patched site still rounds to float32. It refuses (ValueError) a transformers
-version whose source has not been read for these sites (`KNOWN_VERSIONS`), a model that is not a
-float64 Llama, an attention implementation other than "eager", and RoPE scaling. It refuses rather
-than forces "eager": under torch 1.13 transformers always builds eager attention (its SDPA needs
-torch >= 2.1.1); under a newer torch build the model with `attn_implementation="eager"`.
+Before returning, it runs the patched modules of this model (and an SDPA attention, unpatched) on
+small deterministic float64 inputs and compares them with an independent float64 computation
+(touchstone/hf_fp64_check.py).
+
+The version policy: for a transformers version in `KNOWN_VERSIONS` (its source was read for these
+sites) a self-check failure is a RuntimeError. Any other version is patched by the API generation
+its modules show (the 4.47 attention or the 5.x `eager_attention_forward`) and accepted only if every
+site passes the self-check, with one warning naming the version; otherwise it is refused with a
+ValueError naming the failing site. Refused (ValueError) too: a model that is not a float64 Llama, an
+attention implementation other than "eager" and "sdpa", and RoPE scaling.
 
 torch and transformers are imported inside the functions, so `import touchstone` works without them.
 """
@@ -45,7 +53,9 @@ torch and transformers are imported inside the functions, so `import touchstone`
 from __future__ import annotations
 
 import functools
+import inspect
 import math
+import warnings
 from typing import TYPE_CHECKING, Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,7 +68,13 @@ KNOWN_VERSIONS: Dict[str, str] = {
     "4.47.0": "diffed against 4.47.1: modeling_llama.py, configuration_llama.py, modeling_rope_utils.py, "
               "loss/loss_utils.py, modeling_attn_mask_utils.py, activations.py and "
               "PreTrainedModel.loss_function identical",
+    "5.23.0": "models/llama/modeling_llama.py, modeling_rope_utils.py, loss/loss_utils.py, "
+              "integrations/sdpa_attention.py, masking_utils.py read; the same four sites (the softmax "
+              "in eager_attention_forward), none in SDPA or in the masks (built in the embeddings' dtype)",
 }
+
+# The attention implementations exact_fp64 takes: eager (its softmax patched) and SDPA (no float32).
+ATTENTION_IMPLEMENTATIONS: Tuple[str, ...] = ("eager", "sdpa")
 
 SITES: Tuple[str, ...] = ("rope", "rmsnorm", "softmax", "loss")
 
@@ -81,13 +97,15 @@ def exact_fp64(model: Any, *, sites: Sequence[str] = SITES) -> Any:
     (the module docstring lists them), checks the result numerically, and returns `model`.
 
     `model`: a `LlamaForCausalLM` or `LlamaModel` whose parameters and buffers are all float64, with
-    `config._attn_implementation == "eager"` and no RoPE scaling. `sites`: the sites to patch, a
-    subset of `SITES` (default all; "loss" applies to `LlamaForCausalLM` only); patching fewer is
-    for tests that show what each site costs. Patches are not undone; calling it again is harmless.
+    `config._attn_implementation` "eager" or "sdpa" and no RoPE scaling. `sites`: the sites to patch,
+    a subset of `SITES` (default all; "loss" applies to `LlamaForCausalLM` only, "softmax" to eager
+    attention only); patching fewer is for tests that show what each site costs. Patches are not
+    undone; calling it again is harmless.
 
-    Raises ValueError for an unknown transformers version or a model it cannot patch (the model is
-    then unchanged), and RuntimeError if a patched site of this model still disagrees with float64
-    after patching (the model is then not to be used).
+    Raises ValueError for a model it cannot patch (the model is then unchanged) or for a transformers
+    version not in `KNOWN_VERSIONS` whose patched sites fail the self-check, and RuntimeError if a
+    patched site of a known version still disagrees with float64 after patching (in both cases the
+    model is then not to be used). An unlisted version that passes is accepted with a warning.
     """
     try:
         import torch
@@ -99,11 +117,7 @@ def exact_fp64(model: Any, *, sites: Sequence[str] = SITES) -> Any:
                           "for PYTHONPATH") from error
 
     version = transformers.__version__
-    if version not in KNOWN_VERSIONS:
-        _fail(f"transformers {version} is not a version whose float32 sites are known "
-              f"(known: {', '.join(sorted(KNOWN_VERSIONS))}); read its models/llama/modeling_llama.py, "
-              "modeling_rope_utils.py and loss/loss_utils.py, compare them with 4.47.1 and add the "
-              "version to touchstone/hf_fp64.py KNOWN_VERSIONS (docs/frameworks/hf-float32-sites.md)")
+    known = version in KNOWN_VERSIONS
     if isinstance(sites, str):
         _fail(f"sites must be a sequence of names, not the string {sites!r}")
     unknown = [site for site in sites if site not in SITES]
@@ -118,14 +132,23 @@ def exact_fp64(model: Any, *, sites: Sequence[str] = SITES) -> Any:
             _fail(f"{name} is {tensor.dtype}, not torch.float64: convert the model with "
                   "model.to(torch.float64) first")
     config = model.config
-    if config._attn_implementation != "eager":
-        _fail(f'attention implementation is "{config._attn_implementation}", not "eager": build or load '
-              'the model with attn_implementation="eager" (only the eager attention is patched)')
-    if getattr(config, "rope_scaling", None) not in (None, {}) and \
-            config.rope_scaling.get("rope_type", config.rope_scaling.get("type")) != "default":
-        _fail(f"rope_scaling {config.rope_scaling} is not plain RoPE (only the contract's RoPE is patched)")
-    if getattr(config, "partial_rotary_factor", 1.0) != 1.0:
-        _fail(f"partial_rotary_factor {config.partial_rotary_factor} is not 1")
+    implementation = config._attn_implementation
+    # The generation of the attention API: 4.47's LlamaAttention.forward computes the scores itself
+    # (SDPA is another class, LlamaSdpaAttention); from 4.48 on, and in 5.x, it calls an attention
+    # function chosen by the config, eager's being the module function eager_attention_forward.
+    functional_attention = hasattr(ml, "eager_attention_forward")
+    if not functional_attention and implementation != "eager":
+        _fail(f'attention implementation is "{implementation}", not "eager": build or load the model with '
+              f'attn_implementation="eager" (transformers {version}: only the eager attention is patched)')
+    if implementation not in ATTENTION_IMPLEMENTATIONS:
+        _fail(f'attention implementation is "{implementation}", not "eager" or "sdpa": build or load the '
+              'model with attn_implementation="eager" or "sdpa" (only those are patched and checked)')
+    rope = rope_parameters(config)
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        _fail(f"rope_scaling {rope} is not plain RoPE (only the contract's RoPE is patched)")
+    partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
+    if partial is not None and float(partial) != 1.0:
+        _fail(f"partial_rotary_factor {partial} is not 1")
 
     rotaries = [m for m in model.modules() if isinstance(m, ml.LlamaRotaryEmbedding)]
     norms = [m for m in model.modules() if isinstance(m, ml.LlamaRMSNorm)]
@@ -134,7 +157,7 @@ def exact_fp64(model: Any, *, sites: Sequence[str] = SITES) -> Any:
         _fail("the model has no rotary embedding, RMSNorm or attention module to patch")
     for module in attentions:
         if type(module) is not ml.LlamaAttention:
-            _fail(f"attention module {type(module).__name__} is not the eager LlamaAttention")
+            _fail(f"attention module {type(module).__name__} is not transformers' LlamaAttention")
     for module in rotaries:
         if module.rope_type != "default":
             _fail(f'rotary embedding of rope_type "{module.rope_type}" is not plain RoPE')
@@ -148,6 +171,7 @@ def exact_fp64(model: Any, *, sites: Sequence[str] = SITES) -> Any:
         if model.loss_function is not ForCausalLMLoss and model.loss_function is not _causal_lm_loss_fp64:
             _fail(f"the model's loss_function is {getattr(model.loss_function, '__name__', model.loss_function)}, "
                   "not transformers' ForCausalLMLoss (config.loss_type is set?)")
+    attention_forward = _attention_forward_fp64 if functional_attention else _attention_forward_fp64_4_47
 
     # Everything is checked: patch (nothing above has changed the model).
     if "rope" in chosen:
@@ -156,22 +180,41 @@ def exact_fp64(model: Any, *, sites: Sequence[str] = SITES) -> Any:
             inv_freq = torch.tensor(contract_inv_freq(theta, dim), dtype=torch.float64,
                                     device=module.inv_freq.device)
             module.register_buffer("inv_freq", inv_freq, persistent=False)
-            module.original_inv_freq = inv_freq
+            module.original_inv_freq = inv_freq.clone() if "original_inv_freq" in module._buffers else inv_freq
             module.forward = functools.partial(_rotary_forward_fp64, module)
     if "rmsnorm" in chosen:
         for module in norms:
             module.forward = functools.partial(_rmsnorm_forward_fp64, module)
-    if "softmax" in chosen:
+    if "softmax" in chosen and implementation == "eager":  # SDPA computes in its inputs' dtype
         for module in attentions:
-            module.forward = functools.partial(_attention_forward_fp64, module)
+            module.forward = functools.partial(attention_forward, module)
     if patch_loss:
         if not getattr(type(model), "_touchstone_exact_fp64_loss", False):
             model.__class__ = _fp64_loss_class(type(model))
 
     from touchstone.hf_fp64_check import verify  # imports this module: here, not at the top
 
-    verify(model, chosen, rotaries, norms, attentions)
+    if known:
+        verify(model, chosen, rotaries, norms, attentions)
+        return model
+    # An unlisted version: accepted when every patched site computes what float64 computes.
+    try:
+        verify(model, chosen, rotaries, norms, attentions)
+    except Exception as error:  # a RuntimeError of the check, or an API the copies no longer fit
+        _fail(f"transformers {version} is not in KNOWN_VERSIONS ({', '.join(sorted(KNOWN_VERSIONS))}) and "
+              f"fails the self-check: {str(error).replace('touchstone.hf.exact_fp64: ', '')} "
+              "(docs/frameworks/hf-float32-sites.md: a new transformers version)")
+    checked = sorted(site for site in chosen if (site != "loss" or patch_loss)) + \
+        (["softmax (SDPA)"] if implementation == "sdpa" else [])
+    checked = [site for site in checked if not (site == "softmax" and implementation == "sdpa")]
+    warnings.warn(f"touchstone.hf.exact_fp64: transformers {version} is not in KNOWN_VERSIONS; every patched "
+                  f"site ({', '.join(checked)}) passed the float64 self-check, so it is accepted",
+                  UnlistedVersionWarning, stacklevel=2)
     return model
+
+
+class UnlistedVersionWarning(UserWarning):
+    """exact_fp64 accepted a transformers version not in KNOWN_VERSIONS (its self-check passed)."""
 
 
 # --- the float64 replacements (bound to one module instance each) -----------------------------------
@@ -182,11 +225,21 @@ def contract_inv_freq(theta: float, dim: int) -> List[float]:
     return [math.pow(theta, -2.0 * i / dim) for i in range(dim // 2)]
 
 
+def rope_parameters(config: Any) -> Dict[str, Any]:
+    """The RoPE settings of a Llama config: 5.x's `rope_parameters` (rope_type, rope_theta, ...), or
+    4.47's `rope_scaling` (None for plain RoPE) with `rope_theta` beside it."""
+    parameters = config.__dict__.get("rope_parameters")  # not getattr: 4.47 has no such attribute
+    if isinstance(parameters, dict):
+        return dict(parameters)
+    scaling = config.__dict__.get("rope_scaling") or {}
+    return {**scaling, "rope_theta": config.__dict__.get("rope_theta")}
+
+
 def rope_theta_and_dim(module: Any) -> Tuple[float, int]:
-    if module.config is not None:
+    if getattr(module, "config", None) is not None:
         config = module.config
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        return float(config.rope_theta), int(head_dim)
+        return float(rope_parameters(config)["rope_theta"]), int(head_dim)
     return float(module.rope_kwargs["base"]), int(module.rope_kwargs["dim"])
 
 
@@ -212,7 +265,7 @@ def _rmsnorm_forward_fp64(self: Any, hidden_states: "torch.Tensor") -> "torch.Te
     return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
 
 
-def _attention_forward_fp64(
+def _attention_forward_fp64_4_47(
     self: Any,
     hidden_states: "torch.Tensor",
     attention_mask: Optional["torch.Tensor"] = None,
@@ -278,17 +331,108 @@ def _attention_forward_fp64(
     return attn_output, attn_weights, past_key_value
 
 
-def _causal_lm_loss_fp64(logits: Any, labels: Any, vocab_size: int, num_items_in_batch: Optional[int] = None,
+def _attention_forward_fp64(
+    self: Any,
+    hidden_states: "torch.Tensor",
+    position_embeddings: Optional[Tuple["torch.Tensor", "torch.Tensor"]] = None,
+    attention_mask: Optional["torch.Tensor"] = None,
+    past_key_values: Optional[Any] = None,
+    **kwargs: Any,
+) -> Tuple[Any, Any]:
+    """transformers 5.23.0 LlamaAttention.forward with eager attention, calling `_eager_attention_fp64`
+    (HF's eager_attention_forward with the softmax in the scores' dtype); every other line as HF's.
+    `past_key_value` is the name of the cache up to 4.55; the self-check catches other differences."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    if past_key_values is None:
+        past_key_values = kwargs.pop("past_key_value", None)
+    input_shape = hidden_states.shape[:-1]
+    hidden_shape = (*input_shape, -1, self.head_dim)
+
+    query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+    key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+    value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+
+    cos, sin = position_embeddings
+    query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+
+    if past_key_values is not None:
+        key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
+
+    attn_output, attn_weights = _eager_attention_fp64(
+        self,
+        query_states,
+        key_states,
+        value_states,
+        attention_mask,
+        dropout=0.0 if not self.training else self.attention_dropout,
+        scaling=self.scaling,
+        **kwargs,
+    )
+
+    attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+    attn_output = self.o_proj(attn_output)
+    return attn_output, attn_weights
+
+
+def _eager_attention_fp64(module: Any, query: "torch.Tensor", key: "torch.Tensor", value: "torch.Tensor",
+                          attention_mask: Optional["torch.Tensor"], scaling: float, dropout: float = 0.0,
+                          **kwargs: Any) -> Tuple[Any, Any]:
+    """transformers 5.23.0 eager_attention_forward with `softmax(attn_weights, dim=-1)` in place of
+    `softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)`."""
+    import torch
+    from torch import nn
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    key_states = repeat_kv(key, module.num_key_value_groups)
+    value_states = repeat_kv(value, module.num_key_value_groups)
+
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+    if attention_mask is not None:  # a 4-D mask, added to the scores as given (HF's semantics)
+        attn_weights = attn_weights + attention_mask
+
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1)          # in the scores' dtype
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value_states)
+    attn_output = attn_output.transpose(1, 2).contiguous()
+
+    return attn_output, attn_weights
+
+
+def _causal_lm_loss_fp64(logits: Any, labels: Any, vocab_size: int, num_items_in_batch: Optional[Any] = None,
                          ignore_index: int = -100, **kwargs: Any) -> Any:
-    """transformers 4.47.1 ForCausalLMLoss without its `logits = logits.float()`: the shifted cross
-    entropy in the logits' dtype (HF's fixed_cross_entropy: mean, or sum / num_items_in_batch)."""
+    """transformers' ForCausalLMLoss without its `logits = logits.float()`: the shifted cross entropy in
+    the logits' dtype (HF's fixed_cross_entropy: mean, or sum / num_items_in_batch). As the installed
+    version computes it: with a `shift_labels` parameter (5.x), `shift_labels=` are the targets as
+    given and `labels` is not read, and without one `labels` is padded with ignore_index and shifted;
+    without that parameter (4.47), logits[:-1] against labels[1:], and a `shift_labels=` reaches
+    fixed_cross_entropy's **kwargs, which ignore it, as in HF."""
     from transformers.loss.loss_utils import fixed_cross_entropy
 
-    shift_logits = logits[..., :-1, :].contiguous()
-    shift_labels = labels[..., 1:].contiguous()
-    shift_logits = shift_logits.view(-1, vocab_size)
-    shift_labels = shift_labels.view(-1).to(shift_logits.device)
-    return fixed_cross_entropy(shift_logits, shift_labels, num_items_in_batch, ignore_index, **kwargs)
+    if not _loss_takes_shift_labels():
+        shift_logits = logits[..., :-1, :].contiguous()
+        shift_labels = labels[..., 1:].contiguous()
+        shift_logits = shift_logits.view(-1, vocab_size)
+        shift_labels = shift_labels.view(-1).to(shift_logits.device)
+        return fixed_cross_entropy(shift_logits, shift_labels, num_items_in_batch, ignore_index, **kwargs)
+
+    from torch import nn
+
+    shift_labels = kwargs.pop("shift_labels", None)
+    if shift_labels is None:
+        # Shift so that tokens < n predict n
+        labels = nn.functional.pad(labels, (0, 1), value=ignore_index)
+        shift_labels = labels[..., 1:].contiguous()
+    logits = logits.view(-1, vocab_size)
+    shift_labels = shift_labels.view(-1).to(logits.device)
+    return fixed_cross_entropy(logits, shift_labels, num_items_in_batch, ignore_index, **kwargs)
+
+
+@functools.lru_cache(maxsize=None)
+def _loss_takes_shift_labels() -> bool:
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    return "shift_labels" in inspect.signature(ForCausalLMLoss).parameters
 
 
 _LOSS_CLASSES: Dict[type, type] = {}
@@ -326,4 +470,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["exact_fp64", "KNOWN_VERSIONS", "SITES", "TOLERANCE"]
+__all__ = ["exact_fp64", "KNOWN_VERSIONS", "SITES", "TOLERANCE", "ATTENTION_IMPLEMENTATIONS",
+           "UnlistedVersionWarning"]

@@ -1,19 +1,21 @@
 """The self-check of `exact_fp64` (touchstone/hf_fp64.py): each patched module of a model run on small
 deterministic float64 inputs and compared with an independent float64 computation written out here
 (RoPE's cos and sin element by element from the contract's formula, RMSNorm, one attention layer with
-its projections, rotate-half RoPE, GQA and a masked softmax, and HF's `labels=` loss), within
-`TOLERANCE`. A site that still rounds to float32 shows 2e-9 to 7e-6 relative and is reported."""
+its projections, rotate-half RoPE, GQA and a masked softmax, and HF's `labels=` loss, with 5.x's
+`shift_labels=` too), within `TOLERANCE`. A site that still rounds to float32 shows 2e-9 to 7e-6
+relative and is reported with its site name; so is a site whose module no longer takes the call
+(an unlisted transformers version whose API moved). An SDPA attention, which exact_fp64 leaves as it
+is, is checked the same way, with an additive mask and with none (SDPA's causal path)."""
 
 from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING, Any, Iterable, List, Set, Tuple
 
-from touchstone.hf_fp64 import TOLERANCE, contract_inv_freq, rope_theta_and_dim
+from touchstone.hf_fp64 import TOLERANCE, _loss_takes_shift_labels, contract_inv_freq, rope_theta_and_dim
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-
 
 
 def _relative_error(got: Any, want: Any) -> float:
@@ -89,7 +91,7 @@ def _reference_attention(module: Any, h: Any, cos: Any, sin: Any, allowed: Any) 
 
 def verify(model: Any, chosen: Set[str], rotaries: List[Any], norms: List[Any], attentions: List[Any]) -> None:
     """Runs each patched module of `model` on small float64 inputs and compares it with the
-    independent computations above; RuntimeError listing every disagreement."""
+    independent computations above; RuntimeError listing every disagreement, by site."""
     import torch
     from transformers.models.llama import modeling_llama as ml
 
@@ -100,52 +102,84 @@ def verify(model: Any, chosen: Set[str], rotaries: List[Any], norms: List[Any], 
     # Positions up to 4000: a float32 inv_freq or angle is off there by ~1e-4 absolute.
     positions = [0, 1, 2, 5, 17, 100, 1023, 4000]
     T = len(positions)
+
+    def site(name: str, check: Any) -> None:
+        site_errors: List[str] = []
+        try:
+            check(site_errors)
+        except Exception as error:  # an unlisted version whose modules take other arguments
+            site_errors.append(f"{type(error).__name__}: {error}")
+        errors.extend(f'site "{name}", {message}' for message in site_errors)
+
     with torch.no_grad():
         x = _inputs((1, T, hidden), 1, device)
         position_ids = torch.tensor([positions], dtype=torch.long, device=device)
-        if "rope" in chosen:
+
+        def check_rope(out: List[str]) -> None:
             for index, module in enumerate(rotaries):
                 theta, dim = rope_theta_and_dim(module)
                 want_cos, want_sin = _reference_cos_sin(theta, dim, positions)
                 cos, sin = module(x, position_ids)
-                _check(f"rotary embedding {index} cos", cos[0], want_cos.to(device), errors)
-                _check(f"rotary embedding {index} sin", sin[0], want_sin.to(device), errors)
-        if "rmsnorm" in chosen:
+                _check(f"rotary embedding {index} cos", cos[0], want_cos.to(device), out)
+                _check(f"rotary embedding {index} sin", sin[0], want_sin.to(device), out)
+
+        def check_rmsnorm(out: List[str]) -> None:
             for index, module in enumerate(norms):
                 want = x * (1.0 / torch.sqrt((x * x).sum(-1, keepdim=True) / hidden + module.variance_epsilon))
-                _check(f"RMSNorm {index}", module(x), want * module.weight, errors)
-        if "softmax" in chosen:
+                _check(f"RMSNorm {index}", module(x), want * module.weight, out)
+
+        def check_attention(out: List[str]) -> None:
             theta, dim = rope_theta_and_dim(rotaries[0])
             cos, sin = _reference_cos_sin(theta, dim, positions)
             cos, sin = cos.to(device), sin.to(device)
+            causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
             # causal over the first 5 positions, then a new document (as packed data) from the 6th
-            allowed = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+            allowed = causal.clone()
             allowed[5:, :5] = False
             additive = torch.zeros(T, T, dtype=torch.float64, device=device)
             additive = additive.masked_fill(~allowed, torch.finfo(torch.float64).min)[None, None]
+            masks = [("additive mask", additive, allowed)]
+            if config._attn_implementation == "sdpa":  # no mask: SDPA's is_causal path, as HF calls it
+                masks.append(("no mask", None, causal))
             for index, module in enumerate(attentions):
                 was_training = module.training
                 module.eval()
                 try:
-                    got = module(hidden_states=x, attention_mask=additive, position_ids=position_ids,
-                                 position_embeddings=(cos[None], sin[None]))[0]
+                    for what, mask, pattern in masks:
+                        got = module(hidden_states=x, attention_mask=mask, position_ids=position_ids,
+                                     position_embeddings=(cos[None], sin[None]))[0]
+                        _check(f"attention layer {index} ({config._attn_implementation}, {what})", got[0],
+                               _reference_attention(module, x[0], cos, sin, pattern), out)
                 finally:
                     module.train(was_training)
-                _check(f"attention layer {index}", got[0], _reference_attention(module, x[0], cos, sin, allowed),
-                       errors)
-        if "loss" in chosen and isinstance(model, ml.LlamaForCausalLM):
+
+        def check_loss(out: List[str]) -> None:
             vocab = config.vocab_size
             logits = _inputs((1, T, vocab), 2, device) * 4.0
             labels = torch.tensor([[(7 * i + 3) % vocab for i in range(T)]], device=device)
             labels[0, 3] = -100
+
+            def reference(rows: Any, targets: Any) -> Any:
+                keep = targets != -100
+                top = rows.max(dim=-1, keepdim=True).values
+                logsumexp = torch.log(torch.exp(rows - top).sum(dim=-1)) + top[:, 0]
+                picked = rows[torch.arange(rows.shape[0], device=device), targets.clamp(min=0)]
+                return ((logsumexp - picked) * keep).sum() / keep.sum()
+
             got = model.loss_function(logits=logits, labels=labels, vocab_size=vocab)
-            shifted, targets = logits[0, :-1], labels[0, 1:]
-            keep = targets != -100
-            top = shifted.max(dim=-1, keepdim=True).values
-            logsumexp = torch.log(torch.exp(shifted - top).sum(dim=-1)) + top[:, 0]
-            picked = shifted[torch.arange(T - 1, device=device), targets.clamp(min=0)]
-            want = ((logsumexp - picked) * keep).sum() / keep.sum()
-            _check("loss (labels=)", got, want, errors)
+            _check("loss (labels=)", got, reference(logits[0, :-1], labels[0, 1:]), out)
+            if _loss_takes_shift_labels():  # 5.x: shift_labels= are the targets of every position
+                got = model.loss_function(logits=logits, labels=labels, vocab_size=vocab, shift_labels=labels)
+                _check("loss (shift_labels=)", got, reference(logits[0], labels[0]), out)
+
+        if "rope" in chosen:
+            site("rope", check_rope)
+        if "rmsnorm" in chosen:
+            site("rmsnorm", check_rmsnorm)
+        if "softmax" in chosen or config._attn_implementation == "sdpa":
+            site("softmax", check_attention)
+        if "loss" in chosen and isinstance(model, ml.LlamaForCausalLM):
+            site("loss", check_loss)
     if errors:
         raise RuntimeError("touchstone.hf.exact_fp64: after patching, the model still disagrees with float64 "
                            "(a float32 site is left?): " + "; ".join(errors))

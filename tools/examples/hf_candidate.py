@@ -46,7 +46,7 @@ def run(golden, out_path, steps=None, bf16=False):  # bf16: FP32 master weights,
                 with torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
                     share = micro_loss(model, inputs, micro)
                 share.backward()
-                loss += float(share)
+                loss += float(share.detach())  # detached: a scalar of a tensor with grad warns on torch 2.x
             expected = golden.expected(step)  # for the learning rate of the golden schedule only
             out.write_step(step, loss=loss, num_loss_tokens=golden.batch(step).num_loss_tokens,
                            grads=from_hf_state_dict(hf_grads(model), golden.model))  # before clipping
