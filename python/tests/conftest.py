@@ -1,8 +1,10 @@
-"""Shared fixtures: the touchstone binary (environment variable TOUCHSTONE, set by CTest) and golden
-files written by it once per test session."""
+"""Shared fixtures: the touchstone binary (environment variable TOUCHSTONE, set by CTest), golden files
+written by it once per test session, and the check that the Python stack is the one CTest meant
+(TOUCHSTONE_STACK: "debian" or "torch2", tests/frameworks/CMakeLists.txt)."""
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,24 @@ CONFIGS = {
     "nomask": ["data.document_masking=false"],
     "gqa8_nomask": ["model.num_heads=8", "model.num_kv_heads=2", "data.document_masking=false"],
 }
+
+
+@pytest.fixture(scope="session", autouse=True)
+def python_stack():
+    """Fails every test when the interpreter is not the stack TOUCHSTONE_STACK names, so that a test of
+    today's stack never passes on Debian's by a wrong path (and the reverse). Unset: run by hand, any stack."""
+    import numpy
+
+    stack = os.environ.get("TOUCHSTONE_STACK")
+    in_venv = sys.prefix != sys.base_prefix
+    debian_numpy = numpy.__file__.startswith("/usr/lib/python3/dist-packages/")
+    if stack == "debian" and (in_venv or not debian_numpy):
+        pytest.fail(f"TOUCHSTONE_STACK=debian, but {sys.executable} runs numpy from {numpy.__file__}")
+    if stack == "torch2" and (not in_venv or debian_numpy):
+        pytest.fail(f"TOUCHSTONE_STACK=torch2, but {sys.executable} is not today's venv (numpy from {numpy.__file__})")
+    if stack not in (None, "debian", "torch2"):
+        pytest.fail(f"TOUCHSTONE_STACK={stack!r}: expected debian or torch2")
+    return stack
 
 
 def touchstone_binary() -> str:

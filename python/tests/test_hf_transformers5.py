@@ -1,12 +1,12 @@
 """transformers 5.x (on torch 2.x): SDPA attention, `shift_labels=` and the recipe under both attentions.
 
-What only the 5.x API has, so every test here is selected by version explicitly: with transformers
-older than 5 (the old stack's 4.47.1 on torch 1.13, which has no SDPA and no `shift_labels=`) they
-are skipped with that reason; with 5.x (the venv's 5.23.0) every one of them runs. The tests that
-both generations run (eager FP64 on three configs, BF16, the traps, the version policy) are in
+What only the 5.x API has, so this file runs on today's stack only (CTest runs it there alone,
+tests/frameworks/CMakeLists.txt) and fails, never skips, under an older transformers (Debian's
+4.47.1 on torch 1.13 has no SDPA path to test and no `shift_labels=`). The tests that both
+generations run (eager FP64 on three configs, BF16, the traps, the version policy) are in
 test_hf_fp64.py and test_hf_recipe.py.
 
-    PYTHONPATH=python /work/venv-probe/bin/python -m pytest python/tests/test_hf_transformers5.py
+    PYTHONPATH=python build/venv/bin/python -m pytest python/tests/test_hf_transformers5.py
 """
 
 from __future__ import annotations
@@ -26,8 +26,13 @@ from touchstone.hf import exact_fp64, llama_config, load_golden_into
 from touchstone.hf_fp64 import SITES, UnlistedVersionWarning
 
 MAJOR = int(transformers.__version__.split(".")[0])
-pytestmark = pytest.mark.skipif(MAJOR < 5, reason=f"needs transformers >= 5 (SDPA on torch 2, shift_labels=); "
-                                                  f"this is {transformers.__version__}")
+
+
+@pytest.fixture(autouse=True)
+def transformers_5():
+    if MAJOR < 5:
+        pytest.fail(f"needs transformers >= 5 (SDPA on torch 2, shift_labels=), this is {transformers.__version__}: "
+                    "run it with today's stack (build/venv/bin/python)")
 
 
 # -- SDPA: exact_fp64 patches RoPE and RMSNorm, and leaves the attention to SDPA ----------------------
