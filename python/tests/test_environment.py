@@ -7,6 +7,7 @@ the numpy 2 of the venv (TOUCHSTONE_VENV) first on the path.
 """
 import glob
 import os
+import shutil
 import subprocess
 import sys
 
@@ -45,3 +46,31 @@ def test_the_installed_pairing_imports():
     result = subprocess.run([sys.executable, "-c", "import touchstone, h5py, numpy; print(numpy.__version__)"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_pip_install_puts_every_module_of_the_package_in_place(tmp_path):
+    # `pip install ./python` on the running stack (no build isolation: the stack's own setuptools and
+    # wheel, nothing fetched), then the installed copy alone imports and holds every module of the tree.
+    # From a copy: pip builds in the source tree (build/, *.egg-info), which the other stack's run of this
+    # test may be doing at the same time.
+    package = tmp_path / "python"
+    shutil.copytree(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), package,
+                    ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info", "tests"))
+    target = tmp_path / "site"
+    result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                             "--no-index", "--disable-pip-version-check", "--target", str(target), str(package)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    source = os.path.join(package, "touchstone")
+    expected = sorted(os.path.relpath(os.path.join(d, f), source) for d, _, files in os.walk(source)
+                      for f in files if f.endswith(".py"))
+    installed_root = target / "touchstone"
+    installed = sorted(os.path.relpath(os.path.join(d, f), installed_root) for d, _, files in os.walk(installed_root)
+                       for f in files if f.endswith(".py"))
+    assert installed == expected
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(target)
+    imported = subprocess.run([sys.executable, "-c", "import touchstone; print(touchstone.__file__)"],
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert imported.returncode == 0, imported.stderr
+    assert imported.stdout.strip().startswith(str(target)), imported.stdout
