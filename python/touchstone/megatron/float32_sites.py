@@ -11,7 +11,12 @@ moved or added there would silently round the run to float32 again.
 | `cross_entropy` | `VocabParallelCrossEntropy.calculate_logits_max` casts the logits `.float()` | `fp64_cross_entropy()`: the same function without the cast, while the block runs |
 | `loss_func` | Megatron-LM's `loss_func` (pretrain_gpt.py) takes `output_tensor.view(-1).float()` | `run.loss_func` keeps the dtype (with the site kept, it casts as Megatron-LM does) |
 | `num_tokens` | `finalize_model_grads` scales by `1.0 / num_tokens` of an integer tensor: a float32 1/N | `fp64_finalize_model_grads`: the token count handed over as a float64 tensor |
-| `grad_norm` | `get_grad_norm_fp32` sums squares in float32 (`local_multi_tensor_l2_norm` returns float32), and `clip_grad_by_total_norm_fp32` asserts float32 gradients | `fp64_grad_norm()`: both replaced in megatron.core.optimizer.optimizer by float64 versions while the block runs |
+| `grad_norm` | `get_grad_norm_fp32` accumulates the norm in a float32 tensor (`local_multi_tensor_l2_norm` returns float32) | `fp64_grad_norm()`: replaced in megatron.core.optimizer.optimizer by a float64 version while the block runs |
+
+Not a float32 site but a refusal: `clip_grad_by_total_norm_fp32` asserts `param.grad.type() ==
+'torch.cuda.FloatTensor'`, so a float64 run cannot clip at all. `fp64_clipping()` (always applied by
+`process_fixes`) replaces it, in megatron.core.optimizer.optimizer only, by the same scaling (coefficient
+`max_norm / (total_norm + 1e-6)`, applied when < 1, in the gradients' dtype) without the assertion.
 
 `sites` arguments name the fixes to apply (`SITES`, all by default); leaving one out runs Megatron-Core's
 float32 code there, which the tests use to show each fix is needed. Every fix is checked against a
@@ -21,7 +26,10 @@ float64 formula by `check_fixes` (RuntimeError when a fixed site still rounds).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
+import os
+import runpy
 from typing import Any, Callable, Iterable, Iterator, List, Optional
 
 import torch
@@ -38,9 +46,12 @@ KNOWN_VERSIONS = {
 
 
 def megatron_version() -> str:
-    from megatron.core import package_info
-
-    return str(package_info.__version__)
+    """megatron.core's version, read from its package_info.py without importing megatron.core (which
+    takes seconds: the launcher checks the version before it spawns the ranks)."""
+    spec = importlib.util.find_spec("megatron.core")
+    if spec is None or not spec.origin:
+        raise ValueError("megatron.core cannot be imported: put Megatron-Core on PYTHONPATH")
+    return str(runpy.run_path(os.path.join(os.path.dirname(spec.origin), "package_info.py"))["__version__"])
 
 
 def check_version() -> str:
@@ -161,16 +172,26 @@ def clip_by_total_norm_fp64(parameters, max_norm, total_norm, use_decoupled_grad
 
 
 @contextlib.contextmanager
-def fp64_grad_norm() -> Iterator[None]:
-    """The optimizers' gradient norm and clipping in float64, while the block runs."""
+def _replaced(name: str, value: Callable) -> Iterator[None]:
+    """megatron.core.optimizer.optimizer.<name> (the name its optimizers call) is `value` in the block."""
     from megatron.core.optimizer import optimizer as module
 
-    saved = module.get_grad_norm_fp32, module.clip_grad_by_total_norm_fp32
-    module.get_grad_norm_fp32, module.clip_grad_by_total_norm_fp32 = grad_norm_fp64, clip_by_total_norm_fp64
+    saved = getattr(module, name)
+    setattr(module, name, value)
     try:
         yield
     finally:
-        module.get_grad_norm_fp32, module.clip_grad_by_total_norm_fp32 = saved
+        setattr(module, name, saved)
+
+
+def fp64_grad_norm():
+    """The optimizers' gradient norm in float64, while the block runs."""
+    return _replaced("get_grad_norm_fp32", grad_norm_fp64)
+
+
+def fp64_clipping():
+    """The optimizers' clipping without its float32 assertion, while the block runs."""
+    return _replaced("clip_grad_by_total_norm_fp32", clip_by_total_norm_fp64)
 
 
 # -- the fixes applied, and checked ------------------------------------------------------------------
@@ -178,9 +199,11 @@ def fp64_grad_norm() -> Iterator[None]:
 
 @contextlib.contextmanager
 def process_fixes(sites: Iterable[str]) -> Iterator[None]:
-    """The process-wide fixes among `sites` (cross_entropy, grad_norm), undone when the block ends."""
+    """The process-wide fixes among `sites` (cross_entropy, grad_norm) and `fp64_clipping`, undone
+    when the block ends."""
     sites = check_sites(sites)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(fp64_clipping())
         if "cross_entropy" in sites:
             stack.enter_context(fp64_cross_entropy())
         if "grad_norm" in sites:
@@ -197,12 +220,15 @@ def _close(name: str, got: torch.Tensor, want: torch.Tensor, bound: float = 1e-1
     return err
 
 
-def check_fixes(model: Any, theta: float, sites: Iterable[str], tp_group: Any = None) -> dict:
+def check_fixes(model: Any, theta: float, sites: Iterable[str], tp_group: Any = None,
+                finalize: Optional[Callable] = None, ddp_model: Any = None) -> dict:
     """Runs each fixed site of `model` on deterministic float64 inputs against a float64 formula.
 
     Returns {site: relative error}; RuntimeError when a fixed site computes otherwise. Call it inside
-    `process_fixes(sites)`. The cross entropy is checked on this rank's vocabulary shard gathered over
-    `tp_group`.
+    `process_fixes(sites)`. The cross entropy is checked with this rank's vocabulary shard of logits
+    over `tp_group`. With `finalize` (the finalize_model_grads_func to be installed) and `ddp_model`
+    on a single rank, num_tokens is checked through it: every gradient 1, 3 tokens, must give 1/3 in
+    float64 (the DDP buffer is left holding 1/3: zero it before training).
     """
     sites = check_sites(sites)
     g = torch.Generator().manual_seed(7)
@@ -210,6 +236,8 @@ def check_fixes(model: Any, theta: float, sites: Iterable[str], tp_group: Any = 
     with torch.no_grad():
         if "norm" in sites:
             for i, module in enumerate(norm_modules(model)):
+                if module.weight.dtype != torch.float64:  # the loaded golden weights would be rounded
+                    raise RuntimeError(f"float32 site norm: RMSNorm weight ({i}) is {module.weight.dtype}")
                 x = torch.randn(3, 2, module.weight.numel(), dtype=torch.float64, generator=g)
                 w = module.weight.detach().to(torch.float64)
                 eps = module.eps
@@ -234,7 +262,16 @@ def check_fixes(model: Any, theta: float, sites: Iterable[str], tp_group: Any = 
         got = vocab_parallel_cross_entropy(local, target)
         want = torch.logsumexp(full, -1) - full.gather(-1, target[..., None])[..., 0]
         errors["cross_entropy"] = _close("cross_entropy", got, want)
-    if "num_tokens" in sites:
+    if "num_tokens" in sites and finalize is not None:
+        if torch.distributed.get_world_size() != 1:
+            raise ValueError("the num_tokens site is checked through finalize_model_grads on one rank only")
+        params = [p for p in ddp_model.parameters() if p.requires_grad]
+        for p in params:
+            p.main_grad.fill_(1.0)
+        finalize([ddp_model], torch.tensor(3, dtype=torch.int))
+        got = torch.stack([p.main_grad.flatten()[0] for p in params])
+        errors["num_tokens"] = _close("num_tokens", got, torch.full_like(got, 1.0 / 3.0), 0.0)
+    elif "num_tokens" in sites:
         count = torch.tensor(12345, dtype=torch.int)
         got = 1.0 / torch.clamp(fp64_num_tokens(count), min=1)
         errors["num_tokens"] = _close("num_tokens", got, torch.tensor(1.0 / 12345, dtype=torch.float64), 0.0)

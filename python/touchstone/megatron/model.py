@@ -35,20 +35,26 @@ import torch
 from touchstone.golden import GoldenFile
 
 
+def check_layout(golden: GoldenFile, tp: int, pp: int) -> None:
+    """ValueError (one line, naming the key) for a golden model that cannot be cut into tp x pp."""
+    m = golden.model
+    L, NKV, V, F = int(m["num_layers"]), int(m["num_kv_heads"]), int(m["vocab_size"]), int(m["ffn_hidden_size"])
+    for what, size, name, by in ((NKV, tp, "model.num_kv_heads", "tp"), (V, tp, "model.vocab_size", "tp"),
+                                 (F, tp, "model.ffn_hidden_size", "tp"), (L, pp, "model.num_layers", "pp")):
+        if what % size:
+            raise ValueError(f"{golden.path}: {name} {what} is not a multiple of {by} {size}")
+    if float(m["attention_dropout"]) != 0.0 or float(m["hidden_dropout"]) != 0.0:
+        raise ValueError(f"{golden.path}: model.attention_dropout and model.hidden_dropout must be 0")
+
+
 def transformer_config(golden: GoldenFile, tp: int, pp: int, dtype: torch.dtype) -> Any:
     """The TransformerConfig of the golden model for tp x pp (ValueError for what cannot be cut so)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
+    check_layout(golden, tp, pp)
     m = golden.model
     L, H, NH, NKV = int(m["num_layers"]), int(m["hidden_size"]), int(m["num_heads"]), int(m["num_kv_heads"])
     V, F = int(m["vocab_size"]), int(m["ffn_hidden_size"])
-    for what, size, name in ((NKV, tp, "model.num_kv_heads"), (V, tp, "model.vocab_size"),
-                             (F, tp, "model.ffn_hidden_size"), (L, pp, "model.num_layers")):
-        if what % size:
-            raise ValueError(f"{golden.path}: {name} {what} is not a multiple of {'tp' if size == tp else 'pp'} "
-                             f"{size}")
-    if float(m["attention_dropout"]) != 0.0 or float(m["hidden_dropout"]) != 0.0:
-        raise ValueError(f"{golden.path}: model.attention_dropout and model.hidden_dropout must be 0")
     return TransformerConfig(
         num_layers=L, hidden_size=H, num_attention_heads=NH, num_query_groups=NKV, kv_channels=H // NH,
         ffn_hidden_size=F, normalization="RMSNorm", layernorm_epsilon=float(m["norm_eps"]),

@@ -92,13 +92,21 @@ def forward_step(data_iterator: Any, model: Any, keep_float32_loss: bool = False
     return output_tensor, partial(loss_func, batch["loss_mask"], keep_float32=keep_float32_loss)
 
 
+def check_golden(golden: GoldenFile, tp: int, pp: int) -> None:
+    """ValueError (one line) for a golden file this module cannot replay at tp x pp."""
+    if golden.precision != "fp64":
+        raise ValueError(f"{golden.path}: precision {golden.precision}; only FP64 golden files are replayed")
+    convention = golden.config["optim"].get("schedule_convention")
+    if convention != "megatron":
+        raise ValueError(f"{golden.path}: optim.schedule_convention is {convention}; make the golden file "
+                         "with --set optim.schedule_convention=megatron")
+    mmodel.check_layout(golden, tp, pp)
+
+
 def _schedule(golden: GoldenFile, optimizer: Any) -> Any:
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     o, gbs = golden.config["optim"], int(golden.config["train"]["global_batch_size"])
-    if o.get("schedule_convention") != "megatron":
-        raise ValueError(f"{golden.path}: optim.schedule_convention is {o.get('schedule_convention')}; "
-                         "make the golden file with --set optim.schedule_convention=megatron")
     return OptimizerParamScheduler(
         optimizer, init_lr=float(o["warmup_init"]), max_lr=float(o["lr"]), min_lr=float(o["min_lr"]),
         lr_warmup_steps=int(o["warmup_steps"]) * gbs, lr_decay_steps=int(o["decay_steps"]) * gbs,
@@ -145,8 +153,7 @@ def _train(golden: GoldenFile, out_dir: str, tp: int, pp: int, steps: Optional[i
     from megatron.core.tensor_parallel.random import initialize_rng_tracker
 
     version = float32_sites.check_version()
-    if golden.precision != "fp64":
-        raise ValueError(f"{golden.path}: precision {golden.precision}; only FP64 golden files are replayed")
+    check_golden(golden, tp, pp)
     dtype = torch.float64
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
@@ -261,8 +268,9 @@ def launch(golden_path: str, out_dir: str, tp: int = 1, pp: int = 1, dp: int = 1
             raise ValueError(f"--{name} {size} is not a size (1, 2, ...)")
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
         raise ValueError(f"{out_dir}: exists and is not an empty directory (the candidate shards go there)")
-    with GoldenFile(golden_path):  # refuses a file that is not a golden file before anything starts
-        pass
+    float32_sites.check_version()  # refused here, before a rank starts, as is what follows
+    with GoldenFile(golden_path) as golden:
+        check_golden(golden, tp, pp)
     os.makedirs(out_dir, exist_ok=True)
     world = tp * pp * dp
     mp.start_processes(train_rank, args=(world, free_port(), golden_path, out_dir, tp, pp, steps, sites),

@@ -1,0 +1,171 @@
+"""Megatron-Core itself against golden files: touchstone.megatron's candidates must pass
+`touchstone diff --tolerance 1e-12` (parameters included) at every layout, and fail when one float32
+site is left unfixed.
+
+Needs TOUCHSTONE (the binary) and TOUCHSTONE_MEGATRON_DIR, a directory holding Megatron-Core 0.19.2
+and 0.16.1 as `<dir>/0.19.2/megatron/core` and `<dir>/0.16.1/megatron/core` (pip --target or an
+unpacked wheel). Each candidate runs tools/examples/megatron_candidate.py in processes of its own with
+PYTHONPATH=<dir>/<version>:python, so both versions are tested from one pytest process. Missing
+either is a failure, never a skip.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import make_golden, touchstone_binary
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "tools" / "examples" / "megatron_candidate.py"
+SITE_CHECK = Path(__file__).resolve().parent / "megatron_site_check.py"
+SITES = ("norm", "rope", "cross_entropy", "loss_func", "num_tokens", "grad_norm")
+
+# Two steps of Megatron-LM's stepping (docs/frameworks/megatron.md "The learning-rate schedule").
+# "default": GQA 4 heads on 2, untied, global_token_mean (--calculate-per-token-loss), micro-batch 2.
+# "tied_gqa": tied embeddings, 8 heads on 2 KV heads, per_microbatch_mean (Megatron-LM's default loss).
+GOLDEN = {
+    "default": ["optim.schedule_convention=megatron", "train.steps=2"],
+    "tied_gqa": ["optim.schedule_convention=megatron", "train.steps=2", "model.tie_embeddings=true",
+                 "model.num_heads=8", "model.num_kv_heads=2", "train.loss_normalization=per_microbatch_mean"],
+}
+
+
+def megatron_dir(version: str) -> Path:
+    root = os.environ.get("TOUCHSTONE_MEGATRON_DIR")
+    if not root:
+        pytest.fail("set TOUCHSTONE_MEGATRON_DIR to the directory holding Megatron-Core 0.19.2/ and 0.16.1/")
+    path = Path(root) / version
+    if not (path / "megatron" / "core" / "__init__.py").is_file():
+        pytest.fail(f"TOUCHSTONE_MEGATRON_DIR={root}: no Megatron-Core {version} at {path}/megatron/core")
+    return path
+
+
+def environment(version: str) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(megatron_dir(version)), str(ROOT / "python")])
+    env["PYTHONWARNINGS"] = "ignore"
+    return env
+
+
+@pytest.fixture(scope="module")
+def goldens(golden_dir):
+    return {name: make_golden(golden_dir, f"megatron_{name}", settings) for name, settings in GOLDEN.items()}
+
+
+@pytest.fixture(scope="module")
+def candidates(tmp_path_factory):
+    """(golden, version, layout, kept site) -> candidate directory, each made once."""
+    made = {}
+    root = tmp_path_factory.mktemp("megatron")
+
+    def make(golden: Path, version: str = "0.19.2", tp: int = 1, pp: int = 1, dp: int = 1, keep: str = ""):
+        key = (str(golden), version, tp, pp, dp, keep)
+        if key not in made:
+            out = root / f"{golden.stem}_{version}_tp{tp}_pp{pp}_dp{dp}_{keep or 'fixed'}"
+            command = [sys.executable, str(RECIPE), str(golden), "--out", str(out), "--tp", str(tp), "--pp",
+                       str(pp), "--dp", str(dp)] + (["--keep-float32", keep] if keep else [])
+            done = subprocess.run(command, env=environment(version), capture_output=True, text=True,
+                                  timeout=600)
+            assert done.returncode == 0, done.stderr[-3000:]
+            made[key] = (out, done.stderr)
+        return made[key]
+
+    return make
+
+
+def diff(golden: Path, candidate: Path):
+    report = candidate.parent / f"{candidate.name}.json"
+    done = subprocess.run([touchstone_binary(), "diff", str(golden), str(candidate), "--tolerance", "1e-12",
+                           "--json", str(report)], capture_output=True, text=True, timeout=300)
+    return done, json.loads(report.read_text()) if report.exists() else None
+
+
+LAYOUTS = [("default", 1, 1, 1), ("default", 2, 1, 1), ("default", 1, 2, 1), ("default", 1, 1, 2),
+           ("default", 2, 2, 1), ("tied_gqa", 1, 1, 1), ("tied_gqa", 2, 2, 1)]
+
+
+@pytest.mark.parametrize("config,tp,pp,dp", LAYOUTS, ids=[f"{c}-tp{t}pp{p}dp{d}" for c, t, p, d in LAYOUTS])
+def test_fp64_layouts_pass(goldens, candidates, config, tp, pp, dp):
+    out, _ = candidates(goldens[config], tp=tp, pp=pp, dp=dp)
+    layout = json.loads((out / "shards.json").read_text())
+    assert (layout["tp"], layout["pp"]) == (tp, pp)
+    assert sorted(p.name for p in out.glob("rank_*.h5")) == sorted(
+        f"rank_tp{t}_pp{p}.h5" for t in range(tp) for p in range(pp))
+    done, _ = diff(goldens[config], out)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr
+    summary = done.stdout.strip().splitlines()[-1]
+    assert " 0 fail; 0 not compared" in summary, summary
+    for step in (0, 1, 2):  # init, both steps' gradients and updated parameters, every scalar
+        assert f"\n     {step}  " in done.stdout
+    assert "params/decoder.layers.1.mlp.linear_fc1.weight" in done.stdout
+    assert "\n     2  loss " in done.stdout and "\n     2  grad_norm " in done.stdout
+
+
+def test_megatron_core_0_16_1_tp1(goldens, candidates):
+    out, _ = candidates(goldens["default"], version="0.16.1")
+    done, _ = diff(goldens["default"], out)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr
+    assert "(megatron.core 0.16.1)" in done.stdout
+
+
+@pytest.mark.parametrize("site", SITES)
+def test_each_float32_site_fails_the_diff_unfixed(goldens, candidates, site):
+    out, _ = candidates(goldens["default"], keep=site)
+    done, _ = diff(goldens["default"], out)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr
+    assert " fail; 0 not compared" in done.stdout and " 0 fail;" not in done.stdout
+
+
+def test_float32_site_fixes_checked_numerically(goldens):
+    done = subprocess.run([sys.executable, str(SITE_CHECK), str(goldens["default"])], env=environment("0.19.2"),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["version"] == "0.19.2"
+    fixed, unfixed = result["fixed"], result["unfixed"]
+    assert set(fixed) == set(SITES) == set(unfixed)
+    for site in ("norm", "cross_entropy"):
+        assert fixed[site] <= 1e-15, (site, fixed[site])
+    for site in ("rope", "num_tokens", "grad_norm"):
+        assert fixed[site] == 0.0, (site, fixed[site])
+    assert fixed["loss_func"] == {"dtype": "torch.float64", "error": 0.0, "count": 10}
+    assert "RMSNorm weight (0) is torch.float32" in unfixed["norm"]
+    assert "computes in torch.float32" in unfixed["rope"] and "computes in torch.float32" in unfixed["cross_entropy"]
+    for site in ("num_tokens", "grad_norm"):
+        assert "differs from the float64 formula" in unfixed[site], unfixed[site]
+    assert unfixed["loss_func"]["dtype"] == "torch.float32" and unfixed["loss_func"]["error"] > 1e-12
+
+
+def test_unread_version_refused(tmp_path, goldens):
+    # A copy of 0.19.2 whose package_info says 0.17.0: a version whose float32 sites were not read.
+    fake = tmp_path / "megatron_fake"
+    core = megatron_dir("0.19.2") / "megatron"
+    (fake / "megatron").mkdir(parents=True)
+    for entry in core.iterdir():
+        if entry.name != "core":
+            (fake / "megatron" / entry.name).symlink_to(entry)
+    (fake / "megatron" / "core").mkdir()
+    for entry in (core / "core").iterdir():
+        if entry.name != "package_info.py":
+            (fake / "megatron" / "core" / entry.name).symlink_to(entry)
+    info = (core / "core" / "package_info.py").read_text()
+    (fake / "megatron" / "core" / "package_info.py").write_text(info + "\n__version__ = '0.17.0'\n")
+    env = environment("0.19.2")
+    env["PYTHONPATH"] = os.pathsep.join([str(fake), str(ROOT / "python")])
+    done = subprocess.run([sys.executable, str(RECIPE), str(goldens["default"]), "--out", str(tmp_path / "c")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0
+    assert "megatron.core 0.17.0: its float32 sites have not been read (read: 0.16.1, 0.19.2)" in done.stderr
+
+
+def test_golden_of_the_default_schedule_convention_refused(golden_dir, tmp_path):
+    golden = make_golden(golden_dir, "megatron_touchstone_convention", ["train.steps=1"])
+    done = subprocess.run([sys.executable, str(RECIPE), str(golden), "--out", str(tmp_path / "c")],
+                          env=environment("0.19.2"), capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0
+    assert "optim.schedule_convention is touchstone; make the golden file with --set " \
+           "optim.schedule_convention=megatron" in done.stderr
