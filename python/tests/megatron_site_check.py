@@ -34,6 +34,48 @@ def build(golden, sites):
     return model, ddp
 
 
+def optimizer_check(golden):
+    """Which optimizer get_megatron_optimizer builds on the CPU, and two of its steps (with the
+    OptimizerParamScheduler, which sets each group's rate and weight decay) against the contract's
+    AdamW (docs/contract.md "Update") computed here in float64, parameter by parameter."""
+    import megatron.core.optimizer as megatron_optimizer
+
+    model, ddp = build(golden, float32_sites.SITES)
+    optimizer = run._optimizer(golden, ddp, torch.float64)
+    scheduler = run._schedule(golden, optimizer)  # sets each group's lr and weight decay, as in a run
+    inner = run.inner_optimizers(optimizer)
+    o = golden.config["optim"]
+    b1, b2, eps, wd = (float(o[k]) for k in ("beta1", "beta2", "eps", "weight_decay"))
+    params = [p for p in ddp.parameters()]
+    want = {id(p): p.detach().clone() for p in params}
+    m = {id(p): torch.zeros_like(p) for p in params}
+    v = {id(p): torch.zeros_like(p) for p in params}
+    g = torch.Generator().manual_seed(3)
+    worst = 0.0
+    for step in (1, 2):
+        lr = inner[0].param_groups[0]["lr"]
+        for p in params:  # small enough that the norm stays below clip_grad: nothing is clipped
+            grad = torch.randn(p.shape, dtype=torch.float64, generator=g) * 1e-4
+            p.main_grad.copy_(grad)
+            decay = wd if p.dim() >= 2 else 0.0
+            k = id(p)
+            m[k] = b1 * m[k] + (1 - b1) * grad
+            v[k] = b2 * v[k] + (1 - b2) * grad * grad
+            want[k] = want[k] * (1 - lr * decay) - lr * (m[k] / (1 - b1 ** step)) / (
+                torch.sqrt(v[k] / (1 - b2 ** step)) + eps)
+        success, norm, _ = optimizer.step()
+        assert success and norm < float(o["clip_grad"]), norm
+        scheduler.step(increment=int(golden.config["train"]["global_batch_size"]))
+        for p in params:
+            k = id(p)
+            worst = max(worst, float((p.detach() - want[k]).abs().max() / want[k].abs().max()))
+    return {"using_pytorch_optimizer": bool(megatron_optimizer.USING_PYTORCH_OPTIMIZER),
+            "megatron": [type(optimizer).__name__] + [type(c).__name__ for c in
+                                                       getattr(optimizer, "chained_optimizers", [])],
+            "torch": sorted({type(i).__module__ + "." + type(i).__name__ for i in inner}),
+            "max_relative_error": worst}
+
+
 def main(golden_path):
     from megatron.core import parallel_state
     from megatron.core.distributed import finalize_model_grads
@@ -61,6 +103,8 @@ def main(golden_path):
                     result["unfixed"][site] = None
                 except RuntimeError as e:
                     result["unfixed"][site] = str(e)
+        with float32_sites.process_fixes(float32_sites.SITES):
+            result["optimizer"] = optimizer_check(golden)
         # loss_func: pretrain_gpt.py's casts the per-token losses to float32; ours keeps float64.
         losses = torch.rand(2, 5, dtype=torch.float64) * 7
         mask = torch.ones(2, 5, dtype=torch.float64)

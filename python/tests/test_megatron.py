@@ -138,6 +138,14 @@ def test_float32_site_fixes_checked_numerically(goldens):
     for site in ("num_tokens", "grad_norm"):
         assert "differs from the float64 formula" in unfixed[site], unfixed[site]
     assert unfixed["loss_func"]["dtype"] == "torch.float32" and unfixed["loss_func"]["error"] > 1e-12
+    # Without Transformer Engine and Apex, get_megatron_optimizer's Adam is torch's AdamW, and two of
+    # its steps are the contract's AdamW (bias correction, decoupled decay on the 2-D tensors only).
+    optimizer = result["optimizer"]
+    assert optimizer["using_pytorch_optimizer"] is True
+    assert optimizer["megatron"][0] in ("ChainedOptimizer", "FP32Optimizer")
+    assert set(optimizer["megatron"][1:]) <= {"FP32Optimizer"}
+    assert optimizer["torch"] == ["torch.optim.adamw.AdamW"]
+    assert optimizer["max_relative_error"] <= 1e-15, optimizer
 
 
 def test_unread_version_refused(tmp_path, goldens):
