@@ -46,7 +46,9 @@ def megatron_dir(version: str) -> Path:
 
 def environment(version: str) -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(megatron_dir(version)), str(ROOT / "python")])
+    # Megatron-Core first, then this package, then what the caller had (CTest's TOUCHSTONE_PYTHON_DEPS).
+    env["PYTHONPATH"] = os.pathsep.join([str(megatron_dir(version)), str(ROOT / "python")] +
+                                        ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
     env["PYTHONWARNINGS"] = "ignore"
     return env
 
@@ -56,22 +58,42 @@ def goldens(golden_dir):
     return {name: make_golden(golden_dir, f"megatron_{name}", settings) for name, settings in GOLDEN.items()}
 
 
+LAYOUTS = [("default", 1, 1, 1), ("default", 2, 1, 1), ("default", 1, 2, 1), ("default", 1, 1, 2),
+           ("default", 2, 2, 1), ("tied_gqa", 1, 1, 1), ("tied_gqa", 2, 2, 1)]
+
+# Every candidate the tests diff: (version, config, tp, pp, dp, float32 site left unfixed or "").
+CANDIDATES = ([("0.19.2", c, t, p, d, "") for c, t, p, d in LAYOUTS] + [("0.16.1", "default", 1, 1, 1, "")] +
+              [("0.19.2", "default", 1, 1, 1, site) for site in SITES])
+
+LAUNCH = """
+import json, sys
+from touchstone.megatron.run import launch_jobs
+launch_jobs(json.loads(sys.argv[1]))
+"""
+
+
 @pytest.fixture(scope="module")
-def candidates(tmp_path_factory):
-    """(golden, version, layout, kept site) -> candidate directory, each made once."""
+def candidates(goldens, tmp_path_factory):
+    """key of CANDIDATES -> its candidate directory. The candidates of one Megatron-Core version and
+    world size run in one launch (launch_jobs), made when the first of them is asked for: Megatron-Core
+    takes longer to import than these runs take to train."""
     made = {}
     root = tmp_path_factory.mktemp("megatron")
 
-    def make(golden: Path, version: str = "0.19.2", tp: int = 1, pp: int = 1, dp: int = 1, keep: str = ""):
-        key = (str(golden), version, tp, pp, dp, keep)
+    def out(key):
+        version, config, tp, pp, dp, keep = key
+        return root / f"{config}_{version}_tp{tp}_pp{pp}_dp{dp}_{keep or 'fixed'}"
+
+    def make(key):
         if key not in made:
-            out = root / f"{golden.stem}_{version}_tp{tp}_pp{pp}_dp{dp}_{keep or 'fixed'}"
-            command = [sys.executable, str(RECIPE), str(golden), "--out", str(out), "--tp", str(tp), "--pp",
-                       str(pp), "--dp", str(dp)] + (["--keep-float32", keep] if keep else [])
-            done = subprocess.run(command, env=environment(version), capture_output=True, text=True,
-                                  timeout=600)
+            version, world = key[0], key[2] * key[3] * key[4]
+            group = [k for k in CANDIDATES if k[0] == version and k[2] * k[3] * k[4] == world and k not in made]
+            jobs = [{"golden": str(goldens[k[1]]), "out": str(out(k)), "tp": k[2], "pp": k[3], "dp": k[4],
+                     "sites": [s for s in SITES if s != k[5]]} for k in group]
+            done = subprocess.run([sys.executable, "-c", LAUNCH, json.dumps(jobs)], env=environment(version),
+                                  capture_output=True, text=True, timeout=800)
             assert done.returncode == 0, done.stderr[-3000:]
-            made[key] = (out, done.stderr)
+            made.update({k: out(k) for k in group})
         return made[key]
 
     return make
@@ -84,13 +106,9 @@ def diff(golden: Path, candidate: Path):
     return done, json.loads(report.read_text()) if report.exists() else None
 
 
-LAYOUTS = [("default", 1, 1, 1), ("default", 2, 1, 1), ("default", 1, 2, 1), ("default", 1, 1, 2),
-           ("default", 2, 2, 1), ("tied_gqa", 1, 1, 1), ("tied_gqa", 2, 2, 1)]
-
-
 @pytest.mark.parametrize("config,tp,pp,dp", LAYOUTS, ids=[f"{c}-tp{t}pp{p}dp{d}" for c, t, p, d in LAYOUTS])
 def test_fp64_layouts_pass(goldens, candidates, config, tp, pp, dp):
-    out, _ = candidates(goldens[config], tp=tp, pp=pp, dp=dp)
+    out = candidates(("0.19.2", config, tp, pp, dp, ""))
     layout = json.loads((out / "shards.json").read_text())
     assert (layout["tp"], layout["pp"]) == (tp, pp)
     assert sorted(p.name for p in out.glob("rank_*.h5")) == sorted(
@@ -106,7 +124,7 @@ def test_fp64_layouts_pass(goldens, candidates, config, tp, pp, dp):
 
 
 def test_megatron_core_0_16_1_tp1(goldens, candidates):
-    out, _ = candidates(goldens["default"], version="0.16.1")
+    out = candidates(("0.16.1", "default", 1, 1, 1, ""))
     done, _ = diff(goldens["default"], out)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr
     assert "(megatron.core 0.16.1)" in done.stdout
@@ -114,7 +132,7 @@ def test_megatron_core_0_16_1_tp1(goldens, candidates):
 
 @pytest.mark.parametrize("site", SITES)
 def test_each_float32_site_fails_the_diff_unfixed(goldens, candidates, site):
-    out, _ = candidates(goldens["default"], keep=site)
+    out = candidates(("0.19.2", "default", 1, 1, 1, site))
     done, _ = diff(goldens["default"], out)
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr
     assert " fail; 0 not compared" in done.stdout and " 0 fail;" not in done.stdout

@@ -1,6 +1,8 @@
 """Trains Megatron-Core's GPTModel on a golden file's batches and writes the candidate: `launch(...)`.
 
-One process per rank (gloo on 127.0.0.1, `launch` spawns them), each running `train_rank`:
+One process per rank (gloo on 127.0.0.1, a free port; `launch` spawns them, `launch_jobs` runs several
+candidates of one world size in one set of ranks, one import of Megatron-Core for all), each running
+`train_rank`:
 
 1. Megatron-Core's process groups (`parallel_state.initialize_model_parallel(tp, pp)`; dp is what
    remains), its RNG tracker without dropout (`initialize_rng_tracker(inference_rng_tracker=True)`).
@@ -132,15 +134,24 @@ def inner_optimizers(optimizer: Any) -> List[torch.optim.Optimizer]:
     return [o.optimizer for o in chained if getattr(o, "optimizer", None) is not None]
 
 
-def train_rank(rank: int, world: int, port: int, golden_path: str, out_dir: str, tp: int, pp: int,
-               steps: Optional[int], sites: Sequence[str]) -> None:
-    """One rank of the run (see the module docstring)."""
+def train_rank(rank: int, world: int, port: int, jobs: Sequence[Dict[str, Any]]) -> None:
+    """One rank of the runs `jobs` (see the module docstring), one after the other in this process.
+
+    Each job is {golden, out, tp, pp, steps, sites} with tp x pp x dp = world; between jobs
+    Megatron-Core's process groups are destroyed, so one import of Megatron-Core serves them all.
+    """
+    from megatron.core import parallel_state
+
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                          world_size=world)
     try:
-        with cpu_shims(), GoldenFile(golden_path) as golden, float32_sites.process_fixes(sites):
-            _train(golden, out_dir, tp, pp, steps, list(sites))
+        for job in jobs:
+            try:
+                with cpu_shims(), GoldenFile(job["golden"]) as golden, float32_sites.process_fixes(job["sites"]):
+                    _train(golden, job["out"], job["tp"], job["pp"], job["steps"], list(job["sites"]))
+            finally:
+                parallel_state.destroy_model_parallel()
     finally:
         torch.distributed.destroy_process_group()
 
@@ -260,18 +271,38 @@ def free_port() -> int:
 def launch(golden_path: str, out_dir: str, tp: int = 1, pp: int = 1, dp: int = 1, steps: Optional[int] = None,
            sites: Iterable[str] = float32_sites.SITES) -> None:
     """Spawns tp x pp x dp gloo ranks on 127.0.0.1 that write the candidate shards into `out_dir`."""
+    launch_jobs([{"golden": golden_path, "out": out_dir, "tp": tp, "pp": pp, "dp": dp, "steps": steps,
+                  "sites": sites}])
+
+
+def launch_jobs(jobs: Sequence[Dict[str, Any]]) -> None:
+    """Runs several candidates of one world size (tp x pp x dp) in one set of spawned ranks, in turn.
+
+    Each job: {"golden", "out", "tp", "pp", "dp", "steps" (None: all), "sites" (the fixes applied)}.
+    Everything is checked (version, golden files, layouts, output directories) before a rank starts.
+    """
     import torch.multiprocessing as mp
 
-    sites = float32_sites.check_sites(sites)
-    for name, size in (("tp", tp), ("pp", pp), ("dp", dp)):
-        if int(size) < 1:
-            raise ValueError(f"--{name} {size} is not a size (1, 2, ...)")
-    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
-        raise ValueError(f"{out_dir}: exists and is not an empty directory (the candidate shards go there)")
     float32_sites.check_version()  # refused here, before a rank starts, as is what follows
-    with GoldenFile(golden_path) as golden:
-        check_golden(golden, tp, pp)
-    os.makedirs(out_dir, exist_ok=True)
-    world = tp * pp * dp
-    mp.start_processes(train_rank, args=(world, free_port(), golden_path, out_dir, tp, pp, steps, sites),
-                       nprocs=world, join=True, start_method="spawn")
+    checked, worlds = [], set()
+    for job in jobs:
+        tp, pp, dp = (int(job.get(k, 1)) for k in ("tp", "pp", "dp"))
+        for name, size in (("tp", tp), ("pp", pp), ("dp", dp)):
+            if size < 1:
+                raise ValueError(f"--{name} {size} is not a size (1, 2, ...)")
+        out = os.fspath(job["out"])
+        if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+            raise ValueError(f"{out}: exists and is not an empty directory (the candidate shards go there)")
+        with GoldenFile(job["golden"]) as golden:
+            check_golden(golden, tp, pp)
+        worlds.add(tp * pp * dp)
+        checked.append({"golden": os.fspath(job["golden"]), "out": out, "tp": tp, "pp": pp,
+                        "steps": job.get("steps"), "sites": float32_sites.check_sites(
+                            job.get("sites", float32_sites.SITES))})
+    if len(worlds) != 1:
+        raise ValueError(f"jobs of world sizes {sorted(worlds)}: one launch runs one world size")
+    for job in checked:
+        os.makedirs(job["out"], exist_ok=True)
+    world = worlds.pop()
+    mp.start_processes(train_rank, args=(world, free_port(), checked), nprocs=world, join=True,
+                       start_method="spawn")
