@@ -84,6 +84,16 @@ def main(golden_path):
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{run.free_port()}", rank=0,
                                          world_size=1)
     result = {"version": float32_sites.check_version(), "fixed": {}, "unfixed": {}}
+    before = (torch.cuda.current_device, torch.cuda.synchronize, torch.cuda.current_stream,
+              torch.Tensor.cuda, torch.Tensor.type)
+    with cpu_shims():
+        result["shims"] = {"cuda_device": torch.zeros(1, device="cuda").device.type,
+                           "index_device": torch.ones(2, device=torch.cuda.current_device()).device.type,
+                           "type": torch.zeros(1, dtype=torch.float64).type()}
+    after = (torch.cuda.current_device, torch.cuda.synchronize, torch.cuda.current_stream,
+             torch.Tensor.cuda, torch.Tensor.type)
+    result["shims"]["undone"] = all(a is b for a, b in zip(before, after)) and \
+        torch.zeros(1, dtype=torch.float64).type() == "torch.DoubleTensor"
     with cpu_shims(), GoldenFile(golden_path) as golden:
         parallel_state.initialize_model_parallel(1, 1)
         initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)

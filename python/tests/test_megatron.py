@@ -62,7 +62,9 @@ LAYOUTS = [("default", 1, 1, 1), ("default", 2, 1, 1), ("default", 1, 2, 1), ("d
            ("default", 2, 2, 1), ("tied_gqa", 1, 1, 1), ("tied_gqa", 2, 2, 1)]
 
 # Every candidate the tests diff: (version, config, tp, pp, dp, float32 site left unfixed or "").
+# "no_tp_attributes": 0.16.1 as it is, the tensor-parallel attributes of the loaded weights left unset.
 CANDIDATES = ([("0.19.2", c, t, p, d, "") for c, t, p, d in LAYOUTS] + [("0.16.1", "default", 1, 1, 1, "")] +
+              [("0.16.1", "default", 2, 1, 1, ""), ("0.16.1", "default", 2, 1, 1, "no_tp_attributes")] +
               [("0.19.2", "default", 1, 1, 1, site) for site in SITES])
 
 LAUNCH = """
@@ -77,7 +79,7 @@ def candidates(goldens, tmp_path_factory):
     """key of CANDIDATES -> its candidate directory. The candidates of one Megatron-Core version and
     world size run in one launch (launch_jobs), made when the first of them is asked for: Megatron-Core
     takes longer to import than these runs take to train."""
-    made = {}
+    made, stderr = {}, {}
     root = tmp_path_factory.mktemp("megatron")
 
     def out(key):
@@ -89,13 +91,16 @@ def candidates(goldens, tmp_path_factory):
             version, world = key[0], key[2] * key[3] * key[4]
             group = [k for k in CANDIDATES if k[0] == version and k[2] * k[3] * k[4] == world and k not in made]
             jobs = [{"golden": str(goldens[k[1]]), "out": str(out(k)), "tp": k[2], "pp": k[3], "dp": k[4],
-                     "sites": [s for s in SITES if s != k[5]]} for k in group]
+                     "sites": [s for s in SITES if s != k[5]], "set_tp_attributes": k[5] != "no_tp_attributes"}
+                    for k in group]
             done = subprocess.run([sys.executable, "-c", LAUNCH, json.dumps(jobs)], env=environment(version),
                                   capture_output=True, text=True, timeout=800)
             assert done.returncode == 0, done.stderr[-3000:]
             made.update({k: out(k) for k in group})
+            stderr[(version, world)] = done.stderr
         return made[key]
 
+    make.stderr = stderr
     return make
 
 
@@ -130,6 +135,22 @@ def test_megatron_core_0_16_1_tp1(goldens, candidates):
     assert "(megatron.core 0.16.1)" in done.stdout
 
 
+def test_megatron_core_0_16_1_tp2_needs_the_tensor_parallel_attributes(goldens, candidates):
+    # 0.16.1 marks no loaded weight tensor-parallel, so its gradient norm counts tp rank 0's shards
+    # only (0.5409 for 0.7080 here); with the attributes set as 0.19.2 sets them, the run passes.
+    out = candidates(("0.16.1", "default", 2, 1, 1, ""))
+    done, _ = diff(goldens["default"], out)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr
+    assert "megatron.core 0.16.1: set the tensor-parallel attributes of 10 parameters itself" in \
+        candidates.stderr[("0.16.1", 2)]
+    done, report = diff(goldens["default"], candidates(("0.16.1", "default", 2, 1, 1, "no_tp_attributes")))
+    assert done.returncode == 1
+    assert report["first_failure"] == "steps/1/grad_norm", report["first_failure"]
+    norms = {t["path"]: t["metrics"] for t in report["tensors"] if t["path"].endswith("grad_norm")}
+    assert 0.2 < norms["steps/1/grad_norm"]["relative_l2"] < 0.3, norms
+    assert all(t["status"] == "pass" for t in report["tensors"] if not t["path"].endswith("grad_norm"))
+
+
 @pytest.mark.parametrize("site", SITES)
 def test_each_float32_site_fails_the_diff_unfixed(goldens, candidates, site):
     out = candidates(("0.19.2", "default", 1, 1, 1, site))
@@ -144,6 +165,9 @@ def test_float32_site_fixes_checked_numerically(goldens):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["version"] == "0.19.2"
+    # The CPU shims place and name tensors as Megatron-Core expects, and are gone after the block.
+    assert result["shims"] == {"cuda_device": "cpu", "index_device": "cpu", "type": "torch.cuda.DoubleTensor",
+                               "undone": True}
     fixed, unfixed = result["fixed"], result["unfixed"]
     assert set(fixed) == set(SITES) == set(unfixed)
     for site in ("norm", "cross_entropy"):

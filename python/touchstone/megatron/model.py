@@ -27,7 +27,7 @@ do, and says so (docs/frameworks/megatron.md, "Megatron-Core 0.16.1 at TP > 1").
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, Tuple
+from typing import Any, Iterator, Tuple
 
 import numpy as np
 import torch
@@ -139,17 +139,9 @@ def set_tensor_parallel_attributes(model: Any) -> int:
     return marked
 
 
-def stage_params(model: Any, golden: GoldenFile, pp: int, stage: int,
-                 attr: str = "data") -> Iterator[Tuple[str, torch.Tensor]]:
-    """(shard name, tensor) of this stage: Megatron-LM's layout, layer numbers local to the stage.
-
-    The names are those of docs/diffing.md "per-rank shards" (Megatron-Core's own, local layers);
-    `attr` "data" gives the parameters, "main_grad" the gradients in the DDP buffer.
-    """
+def stage_params(model: Any, attr: str = "data") -> Iterator[Tuple[str, torch.Tensor]]:
+    """(shard name, tensor) of this rank: Megatron-Core's own names, layer numbers local to the stage
+    (docs/diffing.md "per-rank shards"); `attr` "data" gives the parameters, "main_grad" the
+    gradients in the DDP buffer."""
     for local, param in model.named_parameters():
         yield local, getattr(param, attr)
-
-
-def layer_counts(golden: GoldenFile, pp: int) -> Dict[str, Any]:
-    L = int(golden.model["num_layers"])
-    return {"stage_layers": [L // pp] * pp}

@@ -94,8 +94,8 @@ def forward_step(data_iterator: Any, model: Any, keep_float32_loss: bool = False
     return output_tensor, partial(loss_func, batch["loss_mask"], keep_float32=keep_float32_loss)
 
 
-def check_golden(golden: GoldenFile, tp: int, pp: int) -> None:
-    """ValueError (one line) for a golden file this module cannot replay at tp x pp."""
+def check_golden(golden: GoldenFile, tp: int, pp: int, dp: int = 1) -> None:
+    """ValueError (one line) for a golden file this module cannot replay at tp x pp x dp."""
     if golden.precision != "fp64":
         raise ValueError(f"{golden.path}: precision {golden.precision}; only FP64 golden files are replayed")
     convention = golden.config["optim"].get("schedule_convention")
@@ -103,6 +103,10 @@ def check_golden(golden: GoldenFile, tp: int, pp: int) -> None:
         raise ValueError(f"{golden.path}: optim.schedule_convention is {convention}; make the golden file "
                          "with --set optim.schedule_convention=megatron")
     mmodel.check_layout(golden, tp, pp)
+    gbs, mbs = int(golden.config["train"]["global_batch_size"]), golden.micro_batch_size
+    if gbs % (mbs * dp):
+        raise ValueError(f"{golden.path}: train.global_batch_size {gbs} is not a multiple of "
+                         f"train.micro_batch_size {mbs} x dp {dp}")
 
 
 def _schedule(golden: GoldenFile, optimizer: Any) -> Any:
@@ -149,14 +153,16 @@ def train_rank(rank: int, world: int, port: int, jobs: Sequence[Dict[str, Any]])
         for job in jobs:
             try:
                 with cpu_shims(), GoldenFile(job["golden"]) as golden, float32_sites.process_fixes(job["sites"]):
-                    _train(golden, job["out"], job["tp"], job["pp"], job["steps"], list(job["sites"]))
+                    _train(golden, job["out"], job["tp"], job["pp"], job["steps"], list(job["sites"]),
+                           job["set_tp_attributes"])
             finally:
                 parallel_state.destroy_model_parallel()
     finally:
         torch.distributed.destroy_process_group()
 
 
-def _train(golden: GoldenFile, out_dir: str, tp: int, pp: int, steps: Optional[int], sites: List[str]) -> None:
+def _train(golden: GoldenFile, out_dir: str, tp: int, pp: int, steps: Optional[int], sites: List[str],
+           set_tp_attributes: bool = True) -> None:
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed import finalize_model_grads
@@ -164,7 +170,6 @@ def _train(golden: GoldenFile, out_dir: str, tp: int, pp: int, steps: Optional[i
     from megatron.core.tensor_parallel.random import initialize_rng_tracker
 
     version = float32_sites.check_version()
-    check_golden(golden, tp, pp)
     dtype = torch.float64
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
     initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
@@ -181,7 +186,7 @@ def _train(golden: GoldenFile, out_dir: str, tp: int, pp: int, steps: Optional[i
         float32_sites.fix_norms(model)
     if "rope" in sites and getattr(model, "rotary_pos_emb", None) is not None:
         float32_sites.fix_rope(model, theta)
-    if tp > 1 and version == "0.16.1":
+    if tp > 1 and version == "0.16.1" and set_tp_attributes:
         marked = mmodel.set_tensor_parallel_attributes(model)
         if marked and torch.distributed.get_rank() == 0:
             print(f"megatron.core 0.16.1: set the tensor-parallel attributes of {marked} parameters itself "
@@ -211,7 +216,7 @@ def _train(golden: GoldenFile, out_dir: str, tp: int, pp: int, steps: Optional[i
                              dtype=np.float64) if writes else None
     with writer if writer is not None else contextlib.nullcontext():
         if writer is not None:
-            writer.write_init(mmodel.stage_params(model, golden, pp, stage, "data"))
+            writer.write_init(mmodel.stage_params(model, "data"))
         for step in golden.steps[:steps]:
             micros = golden.micro_batches(step, dp=dp, dp_rank=dp_rank)
             data = iter([megatron_batch(m, golden.document_masking) for m in micros])
@@ -222,7 +227,7 @@ def _train(golden: GoldenFile, out_dir: str, tp: int, pp: int, steps: Optional[i
                 data_iterator=data, model=[ddp_model], num_microbatches=num_micro, seq_length=T,
                 micro_batch_size=mbs, decoder_seq_length=T, forward_only=False)
             if writer is not None:  # the gradients before clipping (the step clips them in place)
-                writer.write_step(step, grads=mmodel.stage_params(model, golden, pp, stage, "main_grad"))
+                writer.write_step(step, grads=mmodel.stage_params(model, "main_grad"))
             lr = inner_optimizers(optimizer)[0].param_groups[0]["lr"]
             success, grad_norm, _ = optimizer.step()
             if not success:
@@ -233,13 +238,13 @@ def _train(golden: GoldenFile, out_dir: str, tp: int, pp: int, steps: Optional[i
                 scalars = _loss(losses, golden, num_micro, dp)
                 scalars.update(grad_norm=float(grad_norm), lr=float(lr))
             if writer is not None:
-                writer.write_step(step, params=mmodel.stage_params(model, golden, pp, stage, "data"),
+                writer.write_step(step, params=mmodel.stage_params(model, "data"),
                                   **(scalars if tp_rank == 0 else {}))
     torch.distributed.barrier()
     if torch.distributed.get_rank() == 0:
         layout = {"format": "touchstone-shards", "format_version": 1, "tp": tp, "pp": pp,
                   "tie_embeddings": bool(golden.model["tie_embeddings"]), "tied_embedding_grads": "summed"}
-        layout.update(mmodel.layer_counts(golden, pp))
+        layout["stage_layers"] = [int(golden.model["num_layers"]) // pp] * pp
         with open(os.path.join(out_dir, "shards.json"), "w") as f:
             json.dump(layout, f, indent=1)
 
@@ -278,7 +283,9 @@ def launch(golden_path: str, out_dir: str, tp: int = 1, pp: int = 1, dp: int = 1
 def launch_jobs(jobs: Sequence[Dict[str, Any]]) -> None:
     """Runs several candidates of one world size (tp x pp x dp) in one set of spawned ranks, in turn.
 
-    Each job: {"golden", "out", "tp", "pp", "dp", "steps" (None: all), "sites" (the fixes applied)}.
+    Each job: {"golden", "out", "tp", "pp", "dp", "steps" (None: all), "sites" (the fixes applied),
+    "set_tp_attributes" (default true: on Megatron-Core 0.16.1 at tp > 1 mark the sharded weights
+    tensor-parallel, which 0.16.1 does not do for loaded weights; false shows its defect)}.
     Everything is checked (version, golden files, layouts, output directories) before a rank starts.
     """
     import torch.multiprocessing as mp
@@ -294,10 +301,11 @@ def launch_jobs(jobs: Sequence[Dict[str, Any]]) -> None:
         if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
             raise ValueError(f"{out}: exists and is not an empty directory (the candidate shards go there)")
         with GoldenFile(job["golden"]) as golden:
-            check_golden(golden, tp, pp)
+            check_golden(golden, tp, pp, dp)
         worlds.add(tp * pp * dp)
         checked.append({"golden": os.fspath(job["golden"]), "out": out, "tp": tp, "pp": pp,
-                        "steps": job.get("steps"), "sites": float32_sites.check_sites(
+                        "steps": job.get("steps"), "set_tp_attributes": bool(job.get("set_tp_attributes", True)),
+                        "sites": float32_sites.check_sites(
                             job.get("sites", float32_sites.SITES))})
     if len(worlds) != 1:
         raise ValueError(f"jobs of world sizes {sorted(worlds)}: one launch runs one world size")
