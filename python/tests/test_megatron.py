@@ -58,8 +58,8 @@ def goldens(golden_dir):
     return {name: make_golden(golden_dir, f"megatron_{name}", settings) for name, settings in GOLDEN.items()}
 
 
-LAYOUTS = [("default", 1, 1, 1), ("default", 2, 1, 1), ("default", 1, 2, 1), ("default", 1, 1, 2),
-           ("default", 2, 2, 1), ("tied_gqa", 1, 1, 1), ("tied_gqa", 2, 2, 1)]
+LAYOUTS = [(config, tp, pp, dp) for config in ("default", "tied_gqa")
+           for tp, pp, dp in ((1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1))]
 
 # Every candidate the tests diff: (version, config, tp, pp, dp, float32 site left unfixed or "").
 # "no_tp_attributes": 0.16.1 as it is, the tensor-parallel attributes of the loaded weights left unset.
@@ -126,13 +126,15 @@ def test_fp64_layouts_pass(goldens, candidates, config, tp, pp, dp):
         assert f"\n     {step}  " in done.stdout
     assert "params/decoder.layers.1.mlp.linear_fc1.weight" in done.stdout
     assert "\n     2  loss " in done.stdout and "\n     2  grad_norm " in done.stdout
+    schedule = "forward_backward_pipelining_without_interleaving" if pp > 1 else "forward_backward_no_pipelining"
+    assert f"touchstone.megatron (megatron.core 0.19.2, {schedule})" in done.stdout
 
 
 def test_megatron_core_0_16_1_tp1(goldens, candidates):
     out = candidates(("0.16.1", "default", 1, 1, 1, ""))
     done, _ = diff(goldens["default"], out)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr
-    assert "(megatron.core 0.16.1)" in done.stdout
+    assert "(megatron.core 0.16.1, forward_backward_no_pipelining)" in done.stdout
 
 
 def test_megatron_core_0_16_1_tp2_needs_the_tensor_parallel_attributes(goldens, candidates):

@@ -212,8 +212,10 @@ def _train(golden: GoldenFile, out_dir: str, tp: int, pp: int, steps: Optional[i
 
     writes = dp_rank == 0
     path = os.path.join(out_dir, f"rank_tp{tp_rank}_pp{stage}.h5")
-    writer = CandidateWriter(path, generator=f"touchstone.megatron (megatron.core {version})",
-                             dtype=np.float64) if writes else None
+    # The generator names the schedule Megatron-Core chose (1F1B at pp > 1:
+    # forward_backward_pipelining_without_interleaving), so a report says what ran.
+    generator = f"touchstone.megatron (megatron.core {version}, {forward_backward.__name__})"
+    writer = CandidateWriter(path, generator=generator, dtype=np.float64) if writes else None
     with writer if writer is not None else contextlib.nullcontext():
         if writer is not None:
             writer.write_init(mmodel.stage_params(model, "data"))
