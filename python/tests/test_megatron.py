@@ -4,9 +4,10 @@ site is left unfixed.
 
 Needs TOUCHSTONE (the binary) and TOUCHSTONE_MEGATRON_DIR, a directory holding Megatron-Core 0.19.2
 and 0.16.1 as `<dir>/0.19.2/megatron/core` and `<dir>/0.16.1/megatron/core` (pip --target or an
-unpacked wheel). Each candidate runs tools/examples/megatron_candidate.py in processes of its own with
-PYTHONPATH=<dir>/<version>:python, so both versions are tested from one pytest process. Missing
-either is a failure, never a skip.
+unpacked wheel). Each candidate runs in processes of its own with PYTHONPATH=<dir>/<version>:python,
+so both versions are tested from one pytest process. Missing either is a failure, never a skip.
+Those processes run under TOUCHSTONE_MEGATRON_PYTHON when it is set (an interpreter with torch >= 2.4,
+numpy and h5py: Megatron-Core needs a newer torch than Debian's 1.13), else under pytest's own.
 """
 
 import json
@@ -44,11 +45,18 @@ def megatron_dir(version: str) -> Path:
     return path
 
 
+def python() -> str:
+    """The interpreter of the Megatron-Core processes (pytest's own needs no torch)."""
+    return os.environ.get("TOUCHSTONE_MEGATRON_PYTHON") or sys.executable
+
+
 def environment(version: str) -> dict:
     env = dict(os.environ)
-    # Megatron-Core first, then this package, then what the caller had (CTest's TOUCHSTONE_PYTHON_DEPS).
+    # Megatron-Core first, then this package, then what the caller had (CTest's TOUCHSTONE_PYTHON_DEPS),
+    # unless the processes run under an interpreter of their own, which brings its own packages.
+    inherited = os.environ.get("PYTHONPATH") if not os.environ.get("TOUCHSTONE_MEGATRON_PYTHON") else None
     env["PYTHONPATH"] = os.pathsep.join([str(megatron_dir(version)), str(ROOT / "python")] +
-                                        ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+                                        ([inherited] if inherited else []))
     env["PYTHONWARNINGS"] = "ignore"
     return env
 
@@ -93,7 +101,7 @@ def candidates(goldens, tmp_path_factory):
             jobs = [{"golden": str(goldens[k[1]]), "out": str(out(k)), "tp": k[2], "pp": k[3], "dp": k[4],
                      "sites": [s for s in SITES if s != k[5]], "set_tp_attributes": k[5] != "no_tp_attributes"}
                     for k in group]
-            done = subprocess.run([sys.executable, "-c", LAUNCH, json.dumps(jobs)], env=environment(version),
+            done = subprocess.run([python(), "-c", LAUNCH, json.dumps(jobs)], env=environment(version),
                                   capture_output=True, text=True, timeout=800)
             assert done.returncode == 0, done.stderr[-3000:]
             made.update({k: out(k) for k in group})
@@ -162,7 +170,7 @@ def test_each_float32_site_fails_the_diff_unfixed(goldens, candidates, site):
 
 
 def test_float32_site_fixes_checked_numerically(goldens):
-    done = subprocess.run([sys.executable, str(SITE_CHECK), str(goldens["default"])], env=environment("0.19.2"),
+    done = subprocess.run([python(), str(SITE_CHECK), str(goldens["default"])], env=environment("0.19.2"),
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -208,7 +216,7 @@ def test_unread_version_refused(tmp_path, goldens):
     (fake / "megatron" / "core" / "package_info.py").write_text(info + "\n__version__ = '0.17.0'\n")
     env = environment("0.19.2")
     env["PYTHONPATH"] = os.pathsep.join([str(fake), str(ROOT / "python")])
-    done = subprocess.run([sys.executable, str(RECIPE), str(goldens["default"]), "--out", str(tmp_path / "c")],
+    done = subprocess.run([python(), str(RECIPE), str(goldens["default"]), "--out", str(tmp_path / "c")],
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode != 0
     assert "megatron.core 0.17.0: its float32 sites have not been read (read: 0.16.1, 0.19.2)" in done.stderr
@@ -216,7 +224,7 @@ def test_unread_version_refused(tmp_path, goldens):
 
 def test_golden_of_the_default_schedule_convention_refused(golden_dir, tmp_path):
     golden = make_golden(golden_dir, "megatron_touchstone_convention", ["train.steps=1"])
-    done = subprocess.run([sys.executable, str(RECIPE), str(golden), "--out", str(tmp_path / "c")],
+    done = subprocess.run([python(), str(RECIPE), str(golden), "--out", str(tmp_path / "c")],
                           env=environment("0.19.2"), capture_output=True, text=True, timeout=600)
     assert done.returncode != 0
     assert "optim.schedule_convention is touchstone; make the golden file with --set " \
