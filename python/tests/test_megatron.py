@@ -218,14 +218,27 @@ def test_unread_version_refused(tmp_path, goldens):
     env["PYTHONPATH"] = os.pathsep.join([str(fake), str(ROOT / "python")])
     done = subprocess.run([python(), str(RECIPE), str(goldens["default"]), "--out", str(tmp_path / "c")],
                           env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode != 0
-    assert "megatron.core 0.17.0: its float32 sites have not been read (read: 0.16.1, 0.19.2)" in done.stderr
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        "megatron_candidate.py: error: megatron.core 0.17.0: its float32 sites have not been read (read: 0.16.1, "
+        "0.19.2); see docs/frameworks/megatron-float32-sites.md"]
+    assert not (tmp_path / "c").exists()
 
 
 def test_golden_of_the_default_schedule_convention_refused(golden_dir, tmp_path):
     golden = make_golden(golden_dir, "megatron_touchstone_convention", ["train.steps=1"])
     done = subprocess.run([python(), str(RECIPE), str(golden), "--out", str(tmp_path / "c")],
                           env=environment("0.19.2"), capture_output=True, text=True, timeout=600)
-    assert done.returncode != 0
-    assert "optim.schedule_convention is touchstone; make the golden file with --set " \
-           "optim.schedule_convention=megatron" in done.stderr
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        f"megatron_candidate.py: error: {golden}: optim.schedule_convention is touchstone; make the golden "
+        "file with --set optim.schedule_convention=megatron"]
+
+
+def test_layout_the_golden_batch_cannot_take_refused(goldens, tmp_path):
+    done = subprocess.run([python(), str(RECIPE), str(goldens["default"]), "--out", str(tmp_path / "c"), "--dp",
+                           "3"], env=environment("0.19.2"), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        f"megatron_candidate.py: error: {goldens['default']}: train.global_batch_size 8 is not a multiple of "
+        "train.micro_batch_size 2 x dp 3"]
