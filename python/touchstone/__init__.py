@@ -7,6 +7,8 @@
   `cu_seqlens` for packed kernels).
 - `touchstone.loss`: the golden objective from logits (torch).
 - `touchstone.hf`: Hugging Face Llama names, layouts and config both ways, `exact_fp64`.
+- `touchstone.megatron`: Megatron-Core itself replaying a golden file on the CPU (imported on its own:
+  it needs torch and Megatron-Core).
 
 numpy and h5py are required; torch, safetensors and transformers only by the functions that use them.
 Bad input is a ValueError with a one-line message naming the file, key or tensor.
