@@ -213,7 +213,7 @@ def test_unread_version_refused(tmp_path, goldens):
         if entry.name != "package_info.py":
             (fake / "megatron" / "core" / entry.name).symlink_to(entry)
     info = (core / "core" / "package_info.py").read_text()
-    (fake / "megatron" / "core" / "package_info.py").write_text(info + "\n__version__ = '0.17.0'\n")
+    (fake / "megatron" / "core" / "package_info.py").write_text(info + "\nVERSION = (0, 17, 0, '')\n")
     env = environment("0.19.2")
     env["PYTHONPATH"] = os.pathsep.join([str(fake), str(ROOT / "python")])
     done = subprocess.run([python(), str(RECIPE), str(goldens["default"]), "--out", str(tmp_path / "c")],

@@ -51,7 +51,13 @@ def megatron_version() -> str:
     spec = importlib.util.find_spec("megatron.core")
     if spec is None or not spec.origin:
         raise ValueError("megatron.core cannot be imported: put Megatron-Core on PYTHONPATH")
-    return str(runpy.run_path(os.path.join(os.path.dirname(spec.origin), "package_info.py"))["__version__"])
+    # From VERSION, not __version__: 0.19.2's __version__ appends "+<commit>" of whatever git repository
+    # holds the installed files (a checkout they were unpacked into, like build/megatron-core here).
+    info = runpy.run_path(os.path.join(os.path.dirname(spec.origin), "package_info.py"))
+    version = info.get("VERSION")
+    if not isinstance(version, tuple) or len(version) < 3:
+        raise ValueError(f"{spec.origin}: package_info.py has no VERSION (major, minor, patch, pre-release)")
+    return ".".join(map(str, version[:3])) + "".join(map(str, version[3:]))
 
 
 def check_version() -> str:
