@@ -6,6 +6,7 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "common/config.h"
 #include "common/errors.h"
 #include "parallel/pipeline/schedule.h"
 #include "plan/fp64_trainer_memory.h"
@@ -63,9 +64,9 @@ void validate_activations(const MemoryPlanInput& in) {
   const bool fp64 = in.activations == ActivationModel::kTouchstoneFp64;
   if (in.activations != ActivationModel::kNone) {
     require(m.seq >= 1, "the sequence length must be >= 1 to compute activations");
-    require(m.seq % (2 * in.cp) == 0, "context parallelism: 2 x the context-parallel size (" +
-                                          str(2 * in.cp) + ") must divide the sequence length (" +
-                                          str(m.seq) + "), which is cut into 2 x cp chunks");
+    require(context_parallel_fits_window(in.cp, m.seq),
+            "context parallelism: 2 x the context-parallel size (" + str(2 * in.cp) +
+                ") must divide the sequence length (" + str(m.seq) + "), which is cut into 2 x cp chunks");
     require(in.cp == 1 || in.flash_attention || fp64,
             "context parallelism: the megatron-16bit model needs flash attention with a context-parallel "
             "size above 1 (Megatron-LM runs context-parallel attention through fused kernels only)");

@@ -186,6 +186,19 @@ class PlanCli(unittest.TestCase):
         self.assert_refused(["memory", "--params", "1e9", "--stage-layers", "1,1"], "--stage-layers needs --layers")
         self.assert_refused(["memory", "--set", "train.stepz=1"], "--set train.stepz=1: unknown config key")
 
+    def test_memory_window_of_any_length_without_context_parallelism(self):
+        # cp = 1 cuts no window: an odd sequence length is planned, and `touchstone golden` (whose memory
+        # check is the planner's) runs it, as `touchstone config` accepts it.
+        shape = ["--layers", "4", "--hidden", "64", "--heads", "4", "--ffn", "176", "--vocab", "256"]
+        self.assertIn("all in-flight micro-batches stored", self.ok("memory", *shape, "--seq-length", "63"))
+        self.ok("memory", *shape, "--seq-length", "63", "--recipe", "fp64")
+        self.assert_refused(["memory", *shape, "--seq-length", "63", "--cp", "2", "--flash-attention"],
+                            "2 x the context-parallel size (4) must divide the sequence length (63)")
+        golden = subprocess.run([TOUCHSTONE, "golden", "--set", "model.seq_length=17", "--set", "train.steps=1",
+                                 "--out", os.path.join(self.dir.name, "g.h5")],
+                                capture_output=True, text=True, timeout=300)
+        self.assertEqual(golden.returncode, 0, golden.stderr + golden.stdout)
+
     # ---- scaling ----
     def test_scaling_acceptance_example(self):
         svg = os.path.join(self.dir.name, "scaling.svg")

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "common/config.h"
 #include "common/errors.h"
 #include "kernels/backend.h"
 #include "oracle/run.h"
@@ -269,6 +270,25 @@ TEST(PlanMemory, InvalidLayoutsAreInputErrors) {
             "size above 1 (Megatron-LM runs context-parallel attention through fused kernels only)");
   in.flash_attention = true;
   EXPECT_EQ(error_of(in), "");
+}
+
+// Context parallelism's rule (common/config.h) cuts windows only when cp > 1: at cp = 1 an odd window
+// is planned as the trainer's config accepts it, by both activation models and by the prediction that
+// `touchstone golden` checks its memory with.
+TEST(PlanMemory, WindowOfAnyLengthFitsWithoutContextParallelism) {
+  MemoryPlanInput in = shaped_input();
+  in.shape.seq = 63;
+  EXPECT_EQ(error_of(in), "");
+  in.activations = ActivationModel::kTouchstoneFp64;
+  in.recipe = find_recipe("fp64");
+  in.tp = 1;
+  EXPECT_EQ(error_of(in), "");
+  in.cp = 2;
+  EXPECT_NE(error_of(in).find("2 x the context-parallel size (4) must divide the sequence length (63)"),
+            std::string::npos);
+  Config config;
+  config.model.seq_length = 17;
+  EXPECT_NO_THROW(predict_single_process_step(config));
 }
 
 // ---- the FP64 trainer: prediction against the measured peak --------------------------------------------
