@@ -245,6 +245,13 @@ class PlanCli(unittest.TestCase):
         missing_dir = os.path.join(self.dir.name, "no", "x.svg")
         self.assert_refused(["scaling", "--csv", ACCEPTANCE_CSV, "--svg", missing_dir], "does not exist")
 
+    def test_scaling_counts_past_exact_doubles_are_refused(self):
+        huge = self.write("huge.csv", HEADER + "\n512,8,8,8,1920,1,1800,3512,20,1e30,0,1\n")
+        self.assert_refused(["scaling", "--csv", huge], "huge.csv:2: column tokens: 1e30 must be <= 2^53")
+        short = self.write("short.csv", HEADER + "\n512,8,8,8,1920,1,0,1e-300,20,308160000,0,1\n")
+        self.assert_refused(["scaling", "--csv", short],
+                            "short.csv:2: tokens / (window_end_s - window_start_s) = inf tokens/s, more than 2^53")
+
     # ---- calendar ----
     def test_calendar_acceptance(self):
         out = self.ok("calendar", "--tokens", "10T", "--throughput", "1.6M", "--throughput-kind", "compute",
