@@ -286,6 +286,25 @@ class PlanCli(unittest.TestCase):
         self.assert_refused(["calendar", "--tokens", "10Q", "--throughput", "1.6M", "--throughput-kind",
                              "compute"], "unknown suffix")
 
+    def test_calendar_far_dates_and_huge_counts_are_refused(self):
+        # 10T tokens at 1.6 tokens/s: 72,337,962.96 days, about the year 200,079; past 9999-12-31 the end
+        # date is refused, and the days alone are printed without --start-date.
+        slow = ["calendar", "--tokens", "10T", "--throughput", "1.6", "--throughput-kind", "compute"]
+        self.assert_refused([*slow, "--start-date", "2025-01-06"],
+                            "end date: 72337962.96 calendar days from 2025-01-06 00:00 UTC end past 9999-12-31")
+        self.assertIn("Calendar time:       72337962.96 days", self.ok(*slow))
+        self.assert_refused(["calendar", "--tokens", "10T", "--throughput", "1", "--throughput-kind", "compute",
+                             "--start-date", "2025-01-06"], "end past 9999-12-31")
+        self.assert_refused(["calendar", "--tokens", "1e308", "--throughput", "1", "--throughput-kind",
+                             "compute"], "tokens to train: 1e308 is more than 9.007199254740992e15")
+        self.assert_refused(["calendar", "--tokens", "10T", "--throughput", "1e-310", "--throughput-kind",
+                             "compute"], "calendar time: the remaining tokens over the throughput take inf days")
+        self.assert_refused([*slow, "--start-date", "-001-01-01"], "is not a date of the form YYYY-MM-DD")
+        self.assert_refused([*slow, "--start-date", " 202-01-01"], "is not a date of the form YYYY-MM-DD")
+        out = self.ok("calendar", "--tokens", "10T", "--throughput", "1.6M", "--throughput-kind", "compute",
+                      "--tokens-done", "-0")
+        self.assertIn(" 0 done,", out)
+
 
 if __name__ == "__main__":
     TOUCHSTONE = os.path.abspath(sys.argv.pop(1))

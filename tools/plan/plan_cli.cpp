@@ -2,6 +2,7 @@
 #include "tools/plan/plan_cli.h"
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -52,7 +53,11 @@ std::chrono::sys_days parse_start_date(const std::string& text) {
   int year = 0;
   unsigned month = 0, day = 0;
   char tail = 0;
-  if (text.size() != 10 || std::sscanf(text.c_str(), "%4d-%2u-%2u%c", &year, &month, &day, &tail) != 3) {
+  // Digits where the form has them: sscanf alone would also read "-001-01-01" or " 202-01-01".
+  const auto digit = [&](size_t i) { return std::isdigit(static_cast<unsigned char>(text[i])) != 0; };
+  const bool shaped = text.size() == 10 && text[4] == '-' && text[7] == '-' && digit(0) && digit(1) &&
+                      digit(2) && digit(3) && digit(5) && digit(6) && digit(8) && digit(9);
+  if (!shaped || std::sscanf(text.c_str(), "%4d-%2u-%2u%c", &year, &month, &day, &tail) != 3) {
     throw InputError("--start-date: \"" + text + "\" is not a date of the form YYYY-MM-DD");
   }
   const std::chrono::year_month_day date{std::chrono::year{year}, std::chrono::month{month},
