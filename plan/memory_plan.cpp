@@ -9,6 +9,8 @@
 #include "common/config.h"
 #include "common/errors.h"
 #include "parallel/pipeline/schedule.h"
+#include "plan/checked.h"
+#include "plan/format.h"
 #include "plan/fp64_trainer_memory.h"
 
 namespace touchstone::plan {
@@ -79,6 +81,11 @@ void validate_activations(const MemoryPlanInput& in) {
           "flash attention applies to the megatron-16bit activation model only (Touchstone's trainer stores "
           "the attention probabilities)");
   if (!fp64) return;
+  // The replay builds the trainer's own parameter table, whose sizes are 64-bit integers: bounded as
+  // counts a double holds exactly, so that no tensor's size overflows.
+  require(total_params(m) <= kMaxExactCount,
+          "the touchstone-fp64 activation model replays the trainer's parameter table: " +
+              scientific(total_params(m)) + " parameters is more than 2^53");
   require(in.trainer_precision == Precision::kFp64,
           "the touchstone-fp64 activation model replays the trainer in precision \"" +
               option_name(Precision::kFp64) + "\", not \"" + option_name(in.trainer_precision) +
@@ -91,6 +98,50 @@ void validate_activations(const MemoryPlanInput& in) {
   require(in.virtual_stages == 1 || in.schedule == PipelineSchedule::kOneForwardOneBackward,
           "virtual stages run interleaved 1F1B: the schedule must be \"" +
               option_name(PipelineSchedule::kOneForwardOneBackward) + "\"");
+}
+
+// The trainer's own limits (common/config.h) on every count and process size, then the products the
+// plan sizes its vectors and loops with: checked before any is formed, so none overflows and the plan
+// stays a size a report can hold.
+void check_sizes(const MemoryPlanInput& in) {
+  checked_range(in.tp, 1, kMaxProcesses, "the tensor-parallel size");
+  checked_range(in.cp, 1, kMaxProcesses, "the context-parallel size");
+  checked_range(in.pp, 1, kMaxProcesses, "the pipeline-parallel size");
+  checked_range(in.virtual_stages, 1, kMaxProcesses, "the virtual stages");
+  for (int64_t dp : in.dps) {
+    checked_range(dp, 1, kMaxProcesses, "a data-parallel size");
+    checked_product({in.tp, in.cp, in.pp, dp}, kMaxProcesses, "the GPUs tp x cp x pp x dp");
+  }
+  checked_product({in.pp, in.virtual_stages}, kMaxProcesses, "the virtual stages pp x virtual stages");
+  checked_product({in.pp, static_cast<int64_t>(in.dps.size())}, kMaxProcesses,
+                  "the report's stage rows pp x data-parallel sizes");
+  checked_range(in.micro_batch, 1, kMaxCount, "the micro-batch size");
+  checked_range(in.global_batch, 0, kMaxCount, "the global batch");
+  checked_range(in.vocab_multiple, 1, kMaxCount, "the vocabulary multiple");
+  checked_finite(in.total_params, kMaxExactCount, "the parameter count");
+  checked_finite(in.gpu_memory_gb, kMaxExactCount, "the GPU memory in GB");
+  const ModelShape& m = in.shape;
+  for (const int64_t count : {m.layers, m.hidden, m.heads, m.kv_heads, m.ffn, m.vocab, m.seq})
+    checked_range(count, 0, kMaxCount,
+                  "a model size (layers, hidden, heads, KV heads, ffn, vocabulary, sequence)");
+  for (const int64_t layers : in.stage_layers) checked_range(layers, 1, kMaxCount, "a stage layer count");
+}
+
+// The replayed schedules (interleaved 1F1B, and every schedule of the FP64 trainer) take one step per
+// chunk and micro-batch on every stage: their sum is bounded so that a plan never runs for hours.
+void check_replay_size(const MemoryPlanInput& in) {
+  const bool replayed = in.activations == ActivationModel::kTouchstoneFp64 ||
+                        (in.activations == ActivationModel::kMegatron16Bit && in.virtual_stages > 1);
+  if (!replayed) return;
+  for (int64_t dp : in.dps) {
+    const int64_t micro_batches = in.global_batch > 0 ? in.global_batch / (dp * in.micro_batch) : 2 * in.pp;
+    const int64_t per_stage = checked_add(in.shape.layers,
+                                          checked_product({micro_batches, in.virtual_stages}, kMaxReplaySteps,
+                                                          "the replay: micro-batches x virtual stages"),
+                                          "the replay: layers + micro-batches x virtual stages");
+    checked_product({in.pp, per_stage}, kMaxReplaySteps,
+                    "the replay: pp x (layers + micro-batches x virtual stages)");
+  }
 }
 
 }  // namespace
@@ -107,6 +158,7 @@ void validate(const MemoryPlanInput& in) {
   require(in.gpu_memory_gb >= 0, "the GPU memory must be > 0");
   require(in.vocab_multiple >= 1, "the vocabulary multiple must be >= 1, got " + str(in.vocab_multiple));
   require(in.total_params >= 0, "the parameter count must be > 0");
+  check_sizes(in);
   const bool shaped = in.shape.known();
   require(shaped || in.total_params > 0,
           "the plan needs the parameter count or the model's shape (layers, hidden size, heads, ffn size, "
@@ -120,6 +172,7 @@ void validate(const MemoryPlanInput& in) {
     validate_stages(in);
     validate_activations(in);
   }
+  if (shaped) check_replay_size(in);
   if (in.global_batch > 0) {
     for (int64_t dp : in.dps) {
       require(in.global_batch % (dp * in.micro_batch) == 0,
@@ -246,7 +299,9 @@ LayoutPlan plan_layout(const MemoryPlanInput& in, int64_t dp) {
     s.last = stage == in.pp - 1;
     double params = 0;
     if (in.total_params > 0) {
-      params = in.total_params / static_cast<double>(in.tp * in.pp);  // no shapes: every stage alike
+      // No shapes: every stage alike.
+      params =
+          in.total_params / static_cast<double>(checked_product({in.tp, in.pp}, kMaxProcesses, "tp x pp"));
     } else {
       params = static_cast<double>(s.layers) * layer_params_per_rank(in.shape, in.tp);
       if (s.first) params += embedding_params_per_rank(in.shape, in.tp, vocab);

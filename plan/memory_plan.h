@@ -66,6 +66,10 @@ struct MemoryPlanInput {
   double gpu_memory_gb = 0;    // > 0: flag stages that do not fit
 };
 
+// Schedule steps a plan replays (one per chunk and micro-batch on every stage it replays, plus one per
+// layer): at most 2^24, a few seconds, so that no plan runs for hours.
+inline constexpr int64_t kMaxReplaySteps = int64_t{1} << 24;
+
 // Throws InputError for an impossible layout (PP larger than the layers, DP not dividing the batch, a
 // head count TP does not divide, ...), saying what each value means (the tensor-parallel size, ...).
 void validate(const MemoryPlanInput& input);

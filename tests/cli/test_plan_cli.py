@@ -102,7 +102,7 @@ class PlanCli(unittest.TestCase):
         self.assert_refused(["memory", *shape, "--virtual-stages", "2", "--stage-layers", "2,2,2,2"],
                             "the stage layer counts list 4 stages but the pipeline-parallel size x virtual "
                             "stages is 8")
-        self.assert_refused(["memory", *shape, "--virtual-stages", "0"], "--virtual-stages: must be >= 1")
+        self.assert_refused(["memory", *shape, "--virtual-stages", "0"], "--virtual-stages: must be in [1, 1048576], got 0")
         # The FP64 trainer's own layout, every rank: the peak is named by chunk.
         out = self.ok("memory", "--set", "parallel.pp=2", "--set", "parallel.virtual_stages=2", "--set",
                       "model.num_layers=4", "--ranks")
@@ -151,7 +151,7 @@ class PlanCli(unittest.TestCase):
                  "--seq-length", "64", "--global-batch", "8"]
         out = self.ok("memory", *shape, "--cp", "2", "--cp-comm", "allgather", "--flash-attention")
         self.assertIn("context-parallel K/V buffers of one layer", out)
-        self.assert_refused(["memory", *shape, "--cp", "0"], "--cp: must be >= 1, got 0")
+        self.assert_refused(["memory", *shape, "--cp", "0"], "--cp: must be in [1, 1048576], got 0")
         self.assert_refused(["memory", *shape, "--cp", "2", "--cp-comm", "ring", "--flash-attention"],
                             '--cp-comm: unknown value "ring" ("p2p" or "allgather")')
         self.assert_refused(["memory", *shape, "--cp", "3", "--flash-attention"],
@@ -175,8 +175,8 @@ class PlanCli(unittest.TestCase):
         self.assert_refused(["memory", *shape, "--tp", "8"],
                             "the tensor-parallel size (8) must divide the heads (4) and the KV heads (4)")
         # One flag's value, or a flag that needs another: the error names the flags.
-        self.assert_refused(["memory", *shape, "--tp", "0"], "--tp: must be >= 1, got 0")
-        self.assert_refused(["memory", *shape, "--dp", "1,0"], "--dp: must be >= 1, got 0")
+        self.assert_refused(["memory", *shape, "--tp", "0"], "--tp: must be in [1, 1048576], got 0")
+        self.assert_refused(["memory", *shape, "--dp", "1,0"], "--dp: must be in [1, 1048576], got 0")
         self.assert_refused(["memory", "--params", "-5"], "--params: must be > 0")
         self.assert_refused(["memory", "--params", "1e9", "--recipe", "int4"],
                             "--recipe: unknown recipe \"int4\" (known: bf16, fp16, fp32, fp64)")
@@ -198,6 +198,36 @@ class PlanCli(unittest.TestCase):
                                  "--out", os.path.join(self.dir.name, "g.h5")],
                                 capture_output=True, text=True, timeout=300)
         self.assertEqual(golden.returncode, 0, golden.stderr + golden.stdout)
+
+    def test_memory_huge_values_are_refused_before_any_is_formed(self):
+        shape = ["--layers", "4", "--hidden", "64", "--heads", "4", "--ffn", "176", "--vocab", "256",
+                 "--seq-length", "64"]
+        int64_max = "9223372036854775807"
+        self.assert_refused(["memory", "--params", "500e9", "--pp", int64_max],
+                            "--pp: must be in [1, 1048576], got " + int64_max)
+        self.assert_refused(["memory", "--params", "500e9", "--tp", "4294967296", "--pp", "4294967296"],
+                            "--tp: must be in [1, 1048576], got 4294967296")
+        self.assert_refused(["memory", "--params", "500e9", "--tp", "1024", "--pp", "1024", "--dp", "1,2"],
+                            "--tp x --cp x --pp x --dp: 1024 x 1 x 1024 x 2 is more than 1048576")
+        self.assert_refused(["memory", *shape, "--vocab-multiple", int64_max],
+                            "--vocab-multiple: must be in [1, 2147483647], got " + int64_max)
+        self.assert_refused(["memory", "--params", "1e9", "--pp", "2", "--virtual-stages", "4611686018427387904"],
+                            "--virtual-stages: must be in [1, 1048576], got 4611686018427387904")
+        self.assert_refused(["memory", "--params", "1e9", "--pp", "1024", "--virtual-stages", "2048"],
+                            "--pp x --virtual-stages: 1024 x 2048 is more than 1048576")
+        self.assert_refused(["memory", "--params", "1e30"], "--params: 1e30 is more than 9.007199254740992e15")
+        self.assert_refused(["memory", "--params", "1e308T"], "--params: \"1e308T\" is not a finite number")
+        self.assert_refused(["memory", "--params", "1e9", "--gpu-memory-gb", "nan"], "--gpu-memory-gb")
+        self.assert_refused(["memory", "--params", "1e9", "--gpu-memory-gb", "0"], "--gpu-memory-gb: must be > 0")
+        self.assert_refused(["memory", "--params", "1e9", "--gpu-memory-gb", "-0"], "--gpu-memory-gb: must be > 0")
+        # A value given is never read as "not given".
+        self.assert_refused(["memory", *shape, "--global-batch", "0"], "--global-batch: must be in [1, 2147483647], got 0")
+        self.assert_refused(["memory", *shape, "--global-batch", "-4"], "--global-batch: must be in [1, 2147483647], got -4")
+        self.assert_refused(["memory", "--params", "1e9", "--layers", "-5"], "--layers: must be in [1, 2147483647], got -5")
+        self.assert_refused(["memory", *shape, "--kv-heads", "0"], "--kv-heads: must be in [1, 2147483647], got 0")
+        # The interleaved schedule is replayed step by step: an immense batch is refused, not run for hours.
+        self.assert_refused(["memory", *shape, "--pp", "2", "--virtual-stages", "2", "--global-batch", "2000000000"],
+                            "the replay: micro-batches x virtual stages: 2000000000 x 2 is more than 16777216")
 
     # ---- scaling ----
     def test_scaling_acceptance_example(self):

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include "common/config.h"
 #include "common/errors.h"
@@ -289,6 +290,49 @@ TEST(PlanMemory, WindowOfAnyLengthFitsWithoutContextParallelism) {
   Config config;
   config.model.seq_length = 17;
   EXPECT_NO_THROW(predict_single_process_step(config));
+}
+
+// Every size is bounded and every product checked before a vector is sized or a number printed: none
+// overflows into a wrong plan, an allocation failure or a negative count in a message.
+TEST(PlanMemory, SizesAndProductsAreCheckedBeforeAnyIsFormed) {
+  MemoryPlanInput in = acceptance_500b();
+  in.pp = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(error_of(in), "the pipeline-parallel size: must be in [1, 1048576], got 9223372036854775807");
+  in = acceptance_500b();
+  in.tp = in.pp = 1024;
+  in.dps = {2};
+  EXPECT_EQ(error_of(in), "the GPUs tp x cp x pp x dp: 1024 x 1 x 1024 x 2 is more than 1048576");
+  in = shaped_input();
+  in.virtual_stages = int64_t{1} << 62;
+  EXPECT_EQ(error_of(in), "the virtual stages: must be in [1, 1048576], got 4611686018427387904");
+  in.virtual_stages = 2048;
+  in.pp = 1024;
+  in.tp = 1;
+  in.dps = {1};
+  EXPECT_EQ(error_of(in), "the virtual stages pp x virtual stages: 1024 x 2048 is more than 1048576");
+  in = shaped_input();
+  in.vocab_multiple = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(error_of(in), "the vocabulary multiple: must be in [1, 2147483647], got 9223372036854775807");
+  EXPECT_THROW(padded_vocab(256, std::numeric_limits<int64_t>::max(), 2), InputError);
+  EXPECT_EQ(padded_vocab(250, 128, 2), 256);
+  in = acceptance_500b();
+  in.total_params = 1e300;
+  EXPECT_EQ(error_of(in), "the parameter count: 1e300 is more than 9.007199254740992e15");
+  in = acceptance_500b();
+  in.gpu_memory_gb = std::nan("");
+  EXPECT_EQ(error_of(in), "the GPU memory must be > 0");
+  in.gpu_memory_gb = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(error_of(in), "the GPU memory in GB: inf is not a finite number");
+  // The interleaved schedule is replayed step by step: a batch of 2^31 micro-batches is refused.
+  in = shaped_input();
+  in.virtual_stages = 2;
+  in.tp = 1;
+  in.dps = {1};
+  in.global_batch = kMaxCount - 1;
+  EXPECT_NE(
+      error_of(in).find("the replay: micro-batches x virtual stages: 2147483646 x 2 is more than 16777216"),
+      std::string::npos)
+      << error_of(in);
 }
 
 // ---- the FP64 trainer: prediction against the measured peak --------------------------------------------
