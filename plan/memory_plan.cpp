@@ -113,7 +113,8 @@ void check_sizes(const MemoryPlanInput& in) {
     checked_product({in.tp, in.cp, in.pp, dp}, kMaxProcesses, "the GPUs tp x cp x pp x dp");
   }
   checked_product({in.pp, in.virtual_stages}, kMaxProcesses, "the virtual stages pp x virtual stages");
-  checked_product({in.pp, static_cast<int64_t>(in.dps.size())}, kMaxProcesses,
+  // One row per stage and DP size: 2^16 rows print in a second; a million would take minutes to read.
+  checked_product({in.pp, static_cast<int64_t>(in.dps.size())}, int64_t{1} << 16,
                   "the report's stage rows pp x data-parallel sizes");
   checked_range(in.micro_batch, 1, kMaxCount, "the micro-batch size");
   checked_range(in.global_batch, 0, kMaxCount, "the global batch");
@@ -287,10 +288,12 @@ LayoutPlan plan_layout(const MemoryPlanInput& in, int64_t dp) {
   plan.micro_batches = in.global_batch > 0 ? in.global_batch / (dp * in.micro_batch) : 0;
   const std::vector<int64_t> layers = virtual_stage_layer_counts(in);
   const int64_t vocab = in.shape.known() ? padded_vocab(in.shape.vocab, in.vocab_multiple, in.tp) : 0;
+  int64_t first_layer = 0;  // summed as the stages go: summing every stage's predecessors is O(pp^2)
   for (int64_t stage = 0; stage < in.pp; ++stage) {
     StageMemory s;
     s.stage = stage;
-    s.first_layer = std::accumulate(layers.begin(), layers.begin() + stage, int64_t{0});
+    s.first_layer = first_layer;
+    first_layer += layers[static_cast<size_t>(stage)];
     std::vector<int64_t> chunk_layers;  // chunk c is virtual stage c x pp + stage
     for (int64_t c = 0; c < in.virtual_stages; ++c)
       chunk_layers.push_back(layers[static_cast<size_t>(c * in.pp + stage)]);

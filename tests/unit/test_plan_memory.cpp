@@ -323,6 +323,15 @@ TEST(PlanMemory, SizesAndProductsAreCheckedBeforeAnyIsFormed) {
   EXPECT_EQ(error_of(in), "the GPU memory must be > 0");
   in.gpu_memory_gb = std::numeric_limits<double>::infinity();
   EXPECT_EQ(error_of(in), "the GPU memory in GB: inf is not a finite number");
+  // One printed row per stage and DP size: at most 2^16.
+  in = acceptance_500b();
+  in.tp = 1;
+  in.pp = 65536;
+  in.dps = {1, 2};
+  EXPECT_EQ(error_of(in), "the report's stage rows pp x data-parallel sizes: 65536 x 2 is more than 65536");
+  in.dps = {1};
+  EXPECT_EQ(error_of(in), "");
+  EXPECT_EQ(plan_layout(in, 1).stages.back().stage, 65535);
   // The interleaved schedule is replayed step by step: a batch of 2^31 micro-batches is refused.
   in = shaped_input();
   in.virtual_stages = 2;
