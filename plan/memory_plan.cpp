@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 
@@ -147,6 +148,20 @@ void check_replay_size(const MemoryPlanInput& in) {
 
 }  // namespace
 
+int64_t fp64_stored_layer_micro_batches(const MemoryPlanInput& in, int64_t dp) {
+  const std::vector<int64_t> layers = virtual_stage_layer_counts(in);
+  int64_t largest = 0;
+  for (int64_t stage = 0; stage < in.pp; ++stage) {
+    int64_t sum = 0;
+    for (int64_t c = 0; c < in.virtual_stages; ++c) sum += layers[static_cast<size_t>(c * in.pp + stage)];
+    largest = std::max(largest, sum);
+  }
+  const int64_t m = in.global_batch > 0 ? in.global_batch / (dp * in.micro_batch) : in.pp;
+  const int64_t held = in.schedule == PipelineSchedule::kAllForwardAllBackward ? m : std::min(m, in.pp);
+  return checked_product({largest, std::max<int64_t>(held, 1)}, std::numeric_limits<int64_t>::max(),
+                         "the FP64 replay: stored layers x micro-batches");
+}
+
 void validate(const MemoryPlanInput& in) {
   require(in.tp >= 1, "the tensor-parallel size must be >= 1, got " + str(in.tp));
   require(in.cp >= 1, "the context-parallel size must be >= 1, got " + str(in.cp));
@@ -174,6 +189,12 @@ void validate(const MemoryPlanInput& in) {
     validate_activations(in);
   }
   if (shaped) check_replay_size(in);
+  if (shaped && in.activations == ActivationModel::kTouchstoneFp64) {
+    for (int64_t dp : in.dps) {
+      checked_product({fp64_stored_layer_micro_batches(in, dp)}, kMaxFp64StoredLayerMicroBatches,
+                      "the touchstone-fp64 replay: the layers of a stage x the micro-batches it stores");
+    }
+  }
   if (in.global_batch > 0) {
     for (int64_t dp : in.dps) {
       require(in.global_batch % (dp * in.micro_batch) == 0,

@@ -70,6 +70,13 @@ struct MemoryPlanInput {
 // layer): at most 2^24, a few seconds, so that no plan runs for hours.
 inline constexpr int64_t kMaxReplaySteps = int64_t{1} << 24;
 
+// The FP64 trainer's replay visits the buffers live at each allocation, so its time grows with the
+// square of what a stage stores at once: its layers x the micro-batches it holds (all m under AFAB, at
+// most pp otherwise; m unknown counts as pp). The largest stage's count, for one DP size.
+int64_t fp64_stored_layer_micro_batches(const MemoryPlanInput& input, int64_t dp);
+// At most 256 replayed in one plan (a few seconds), and 2^16 for their squares summed over --ranks.
+inline constexpr int64_t kMaxFp64StoredLayerMicroBatches = 256;
+
 // Throws InputError for an impossible layout (PP larger than the layers, DP not dividing the batch, a
 // head count TP does not divide, ...), saying what each value means (the tensor-parallel size, ...).
 void validate(const MemoryPlanInput& input);
