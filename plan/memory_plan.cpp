@@ -148,7 +148,7 @@ void check_replay_size(const MemoryPlanInput& in) {
 
 }  // namespace
 
-int64_t fp64_stored_layer_micro_batches(const MemoryPlanInput& in, int64_t dp) {
+int64_t fp64_replayed_layer_micro_batches(const MemoryPlanInput& in, int64_t dp) {
   const std::vector<int64_t> layers = virtual_stage_layer_counts(in);
   int64_t largest = 0;
   for (int64_t stage = 0; stage < in.pp; ++stage) {
@@ -157,9 +157,16 @@ int64_t fp64_stored_layer_micro_batches(const MemoryPlanInput& in, int64_t dp) {
     largest = std::max(largest, sum);
   }
   const int64_t m = in.global_batch > 0 ? in.global_batch / (dp * in.micro_batch) : in.pp;
-  const int64_t held = in.schedule == PipelineSchedule::kAllForwardAllBackward ? m : std::min(m, in.pp);
-  return checked_product({largest, std::max<int64_t>(held, 1)}, std::numeric_limits<int64_t>::max(),
-                         "the FP64 replay: stored layers x micro-batches");
+  return checked_product({largest, std::max<int64_t>(m, 1)}, std::numeric_limits<int64_t>::max(),
+                         "the FP64 replay: layers x micro-batches");
+}
+
+void check_fp64_replay_size(const MemoryPlanInput& in) {
+  if (!in.shape.known() || in.activations != ActivationModel::kTouchstoneFp64) return;
+  for (int64_t dp : in.dps) {
+    checked_product({fp64_replayed_layer_micro_batches(in, dp)}, kMaxFp64ReplayedLayerMicroBatches,
+                    "the touchstone-fp64 replay: the layers of a stage x the micro-batches per replica");
+  }
 }
 
 void validate(const MemoryPlanInput& in) {
@@ -189,12 +196,6 @@ void validate(const MemoryPlanInput& in) {
     validate_activations(in);
   }
   if (shaped) check_replay_size(in);
-  if (shaped && in.activations == ActivationModel::kTouchstoneFp64) {
-    for (int64_t dp : in.dps) {
-      checked_product({fp64_stored_layer_micro_batches(in, dp)}, kMaxFp64StoredLayerMicroBatches,
-                      "the touchstone-fp64 replay: the layers of a stage x the micro-batches it stores");
-    }
-  }
   if (in.global_batch > 0) {
     for (int64_t dp : in.dps) {
       require(in.global_batch % (dp * in.micro_batch) == 0,

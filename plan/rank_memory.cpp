@@ -12,6 +12,15 @@
 
 namespace touchstone::plan {
 
+void check_rank_replay_size(const Config& config) {
+  const MemoryPlanInput in = plan_input_from_config(config);
+  validate(in);
+  const int64_t replayed = fp64_replayed_layer_micro_batches(in, config.parallel.dp);
+  checked_product({config.parallel.world_size(), replayed, replayed},
+                  kMaxFp64ReplayedLayerMicroBatches * kMaxFp64ReplayedLayerMicroBatches,
+                  "the per-rank replay: ranks x (a stage's layers x micro-batches)^2");
+}
+
 std::vector<RankMemory> predict_rank_memory(const Config& config) {
   const MemoryPlanInput in = plan_input_from_config(config);
   validate(in);
@@ -25,10 +34,6 @@ std::vector<RankMemory> predict_rank_memory(const Config& config) {
                                        "the per-rank replay: layers + micro-batches x virtual stages");
   checked_product({static_cast<int64_t>(layout.world_size()), per_rank}, kMaxReplaySteps,
                   "the per-rank replay: ranks x (layers + micro-batches x virtual stages)");
-  const int64_t stored = fp64_stored_layer_micro_batches(in, dp);
-  checked_product({static_cast<int64_t>(layout.world_size()), stored, stored},
-                  kMaxFp64StoredLayerMicroBatches * kMaxFp64StoredLayerMicroBatches,
-                  "the per-rank replay: ranks x (a stage's stored layers x micro-batches)^2");
   std::vector<RankMemory> ranks;
   for (int world_rank = 0; world_rank < layout.world_size(); ++world_rank) {
     const GridCoordinates c = coordinates_of(layout, world_rank);

@@ -229,6 +229,17 @@ class PlanCli(unittest.TestCase):
         self.assert_refused(["memory", *shape, "--pp", "2", "--virtual-stages", "2", "--global-batch", "2000000000"],
                             "the replay: micro-batches x virtual stages: 2000000000 x 2 is more than 16777216")
 
+    def test_memory_refusal_after_the_plan_prints_no_partial_report(self):
+        # --breakdown and --ranks are checked after the plan is made: the report is printed whole or not at all.
+        result = run("memory", "--params", "1e9", "--breakdown")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(result.stdout, "")
+        result = run("memory", "--set", "model.num_layers=32", "--set", "train.global_batch_size=512", "--ranks")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("the touchstone-fp64 replay: the layers of a stage x the micro-batches per replica: 8192",
+                      result.stderr)
+        self.assertEqual(result.stdout, "")
+
     # ---- scaling ----
     def test_scaling_acceptance_example(self):
         svg = os.path.join(self.dir.name, "scaling.svg")

@@ -332,18 +332,25 @@ TEST(PlanMemory, SizesAndProductsAreCheckedBeforeAnyIsFormed) {
   in.dps = {1};
   EXPECT_EQ(error_of(in), "");
   EXPECT_EQ(plan_layout(in, 1).stages.back().stage, 65535);
-  // The FP64 trainer's replay grows with the square of a stage's stored layer-micro-batches: 1024
-  // layers on one stage took a minute and a half, and are refused.
+  // The FP64 trainer's replay grows with the square of a stage's layers x micro-batches: 32 layers of
+  // 256 micro-batches took a minute and a half, and are refused.
   Config config;
-  config.model.num_layers = 1024;
-  EXPECT_EQ(error_of(plan_input_from_config(config)),
-            "the touchstone-fp64 replay: the layers of a stage x the micro-batches it stores: 1024 is more "
-            "than 256");
-  config.model.num_layers = 8;
-  config.parallel.schedule = PipelineSchedule::kAllForwardAllBackward;
-  config.train.global_batch_size = 64;
-  EXPECT_EQ(fp64_stored_layer_micro_batches(plan_input_from_config(config), 1),
-            8 * 64 / config.train.micro_batch_size);
+  config.model.num_layers = 32;
+  config.train.global_batch_size = 512;
+  config.train.micro_batch_size = 2;
+  EXPECT_EQ(error_of(plan_input_from_config(config)), "");  // a run's own memory check replays it
+  try {
+    check_fp64_replay_size(plan_input_from_config(config));
+    ADD_FAILURE() << "8192 layer-micro-batches were not refused";
+  } catch (const InputError& e) {
+    EXPECT_STREQ(
+        e.what(),
+        "the touchstone-fp64 replay: the layers of a stage x the micro-batches per replica: 8192 is more "
+        "than 1024");
+  }
+  EXPECT_THROW(check_rank_replay_size(config), InputError);
+  config.parallel.pp = 2;
+  EXPECT_EQ(fp64_replayed_layer_micro_batches(plan_input_from_config(config), 1), 16 * 256);
   // The interleaved schedule is replayed step by step: a batch of 2^31 micro-batches is refused.
   in = shaped_input();
   in.virtual_stages = 2;

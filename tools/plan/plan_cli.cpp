@@ -9,6 +9,7 @@
 #include <fstream>
 #include <optional>
 #include <ostream>
+#include <sstream>
 
 #include "common/config.h"
 #include "common/errors.h"
@@ -389,14 +390,22 @@ int PlanCommandImpl::run_memory(std::ostream& out) const {
     }
   }
   const MemoryPlanInput in = memory_input();
-  print_memory_plan(in, out);
-  if (m_.ranks) print_rank_memory(predict_rank_memory(config()), out);
+  // The whole report is made before any of it is printed: a refusal of --ranks or --breakdown leaves no
+  // partial report.
+  std::ostringstream report;
+  print_memory_plan(in, report);
+  if (m_.ranks) {
+    const Config layout = config();
+    check_rank_replay_size(layout);
+    print_rank_memory(predict_rank_memory(layout), report);
+  }
   if (m_.breakdown) {
     if (in.activations != ActivationModel::kTouchstoneFp64) {
       throw InputError("--breakdown lists the tensors of --activations touchstone-fp64 only");
     }
-    print_memory_breakdown(in, out);
+    print_memory_breakdown(in, report);
   }
+  out << report.str();
   return 0;
 }
 
