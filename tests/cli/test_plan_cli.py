@@ -240,6 +240,12 @@ class PlanCli(unittest.TestCase):
                       result.stderr)
         self.assertEqual(result.stdout, "")
 
+    def test_path_names_too_long_are_input_errors(self):
+        long_name = os.path.join(self.dir.name, "a" * 300)
+        self.assert_refused(["memory", "--config", long_name], "--config " + long_name + ": File name too long")
+        self.assert_refused(["scaling", "--csv", ACCEPTANCE_CSV, "--svg", os.path.join(long_name, "x.svg")],
+                            "File name too long")
+
     # ---- scaling ----
     def test_scaling_acceptance_example(self):
         svg = os.path.join(self.dir.name, "scaling.svg")
