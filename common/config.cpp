@@ -256,6 +256,10 @@ void check_ranges(const Config& c) {
 
 }  // namespace
 
+bool context_parallel_fits_window(int64_t cp, int64_t seq_length) {
+  return cp == 1 || seq_length % (2 * cp) == 0;
+}
+
 void validate_config(const Config& c, int world_size) {
   check_ranges(c);
   const ModelConfig& m = c.model;
@@ -347,7 +351,7 @@ void validate_config(const Config& c, int world_size) {
                 std::to_string(per_rank) + ") to be a multiple of parallel.pp (" + std::to_string(p.pp) +
                 "), as Megatron-LM's interleaved schedule does");
   }
-  require(p.cp == 1 || m.seq_length % (2 * p.cp) == 0, "parallel.cp",
+  require(context_parallel_fits_window(p.cp, m.seq_length), "parallel.cp",
           "(" + std::to_string(p.cp) + ") needs model.seq_length (" + std::to_string(m.seq_length) +
               ") divisible by 2 x parallel.cp: each cp rank holds two chunks of every window");
   require(!p.sequence_parallel || (m.seq_length / p.cp) % p.tp == 0, "parallel.sequence_parallel",

@@ -149,6 +149,11 @@ const std::vector<IntegerLimit>& integer_limits();
 // `world_size` is the number of processes the run was launched with.
 void validate_config(const Config& config, int world_size);
 
+// Context parallelism's rule on the window, for the trainer's config and the planners alike: with
+// cp > 1 every window is cut into 2 x cp chunks (each rank holds two, which balances causal attention),
+// so 2 x cp must divide the sequence length; cp = 1 cuts nothing and fits every length.
+bool context_parallel_fits_window(int64_t cp, int64_t seq_length);
+
 nlohmann::json to_json(const Config& config);
 
 }  // namespace touchstone

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
+#include <system_error>
 
 #include "common/errors.h"
 #include "common/signals.h"
@@ -69,7 +70,12 @@ void check_output_path(const std::string& path, const std::string& option) {
   const std::string why = refusal(path);
   if (!why.empty()) throw InputError(option + " " + path + ": " + why);
   const std::string parent = parent_directory(path);
-  if (!std::filesystem::is_directory(parent)) {
+  std::error_code error;  // a name too long for the file system is bad input, not an exception
+  const bool directory = std::filesystem::is_directory(parent, error);
+  if (error && error != std::errc::no_such_file_or_directory) {
+    throw InputError(option + " " + path + ": " + error.message());
+  }
+  if (!directory) {
     throw InputError(option + " " + path + ": directory " + parent + " does not exist");
   }
   // access() also answers EROFS for a read-only file system, which a root process meets too.

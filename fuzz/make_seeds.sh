@@ -10,7 +10,7 @@ touchstone=${1:?usage: make_seeds.sh TOUCHSTONE OUT}
 out=${2:?usage: make_seeds.sh TOUCHSTONE OUT}
 here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$out"
-mkdir -p "$out"/{fuzz_h5_reader,fuzz_golden_reader,fuzz_checkpoint_file,fuzz_safetensors,fuzz_jsonl,fuzz_config,fuzz_ledger,fuzz_scaling_csv}
+mkdir -p "$out"/{fuzz_h5_reader,fuzz_golden_reader,fuzz_checkpoint_file,fuzz_safetensors,fuzz_jsonl,fuzz_config,fuzz_ledger,fuzz_scaling_csv,fuzz_plan_cli}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -37,6 +37,7 @@ cp "$here"/seeds/jsonl/* "$out/fuzz_jsonl/"
 cp "$here"/seeds/config/* "$out/fuzz_config/"
 "$touchstone" config "${tiny[@]}" > "$out/fuzz_config/tiny.json"
 cp "$here"/seeds/scaling_csv/* "$here"/../docs/examples/*.csv "$out/fuzz_scaling_csv/"
+cp "$here"/seeds/plan_cli/* "$out/fuzz_plan_cli/"
 for regressions in "$here"/regressions/*/; do
   cp "$regressions"* "$out/$(basename "$regressions")/"
 done

@@ -7,6 +7,7 @@
 #include <ostream>
 
 #include "common/errors.h"
+#include "plan/checked.h"
 #include "plan/format.h"
 
 namespace touchstone::plan {
@@ -26,6 +27,24 @@ std::string format_time(std::chrono::sys_seconds time) {
   return text;
 }
 
+// The end of `days` from `start`, refused past 9999-12-31 23:59 UTC: the last time a four-digit year
+// prints (std::chrono's years stop at 32767 and would wrap; a plan that long has no meaningful date).
+std::string end_time(std::chrono::sys_days start, double calendar_days) {
+  using namespace std::chrono;
+  const sys_days last_day{year{9999} / December / 31};
+  const auto seconds_left = static_cast<double>(duration_cast<seconds>(last_day + days{1} - start).count());
+  const double duration_s = std::round(calendar_days * kSecondsPerDay);
+  if (!(duration_s < seconds_left)) {
+    throw InputError("end date: " + fixed(calendar_days, 2) + " calendar days from " +
+                     format_time(sys_seconds{start}) +
+                     " end past 9999-12-31, the last date a calendar prints (without a start date the plan "
+                     "gives the days alone)");
+  }
+  const int64_t whole_s =
+      checked_integer(duration_s, 0, static_cast<int64_t>(seconds_left), "calendar time in seconds");
+  return format_time(sys_seconds{start} + seconds{whole_s});
+}
+
 }  // namespace
 
 CalendarPlan plan_calendar(const CalendarInput& in) {
@@ -33,6 +52,9 @@ CalendarPlan plan_calendar(const CalendarInput& in) {
     throw InputError("throughput: must be > 0 tokens/s, got " + scientific(in.throughput));
   if (!(in.tokens > 0)) throw InputError("tokens to train: must be > 0, got " + scientific(in.tokens));
   if (in.tokens_done < 0) throw InputError("tokens done: must be >= 0, got " + scientific(in.tokens_done));
+  // Token counts are printed digit by digit: past 2^53 a double no longer holds them exactly.
+  checked_finite(in.tokens, kMaxExactCount, "tokens to train");
+  checked_finite(in.throughput, kMaxExactCount, "throughput");
   if (in.tokens_done > in.tokens) {
     throw InputError("tokens done: " + short_quantity(in.tokens_done) + " is more than the " +
                      short_quantity(in.tokens) + " tokens to train");
@@ -53,11 +75,14 @@ CalendarPlan plan_calendar(const CalendarInput& in) {
     plan.efficiency = in.calendar_efficiency.value_or(1.0);
   }
   plan.calendar_days = days / plan.efficiency;
+  // A tiny throughput or efficiency makes the days overflow, or grow past what prints as a count.
+  if (!(plan.calendar_days <= kMaxExactCount)) {
+    throw InputError("calendar time: the remaining tokens over the throughput take " +
+                     scientific(plan.calendar_days) + " days, more than 2^53");
+  }
   if (in.start_date) {
-    const std::chrono::sys_seconds start{*in.start_date};
-    const auto duration = std::chrono::seconds{std::llround(plan.calendar_days * kSecondsPerDay)};
-    plan.start = format_time(start);
-    plan.end = format_time(start + duration);
+    plan.start = format_time(std::chrono::sys_seconds{*in.start_date});
+    plan.end = end_time(*in.start_date, plan.calendar_days);
   }
   return plan;
 }

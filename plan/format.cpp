@@ -10,20 +10,34 @@
 
 namespace touchstone::plan {
 
+namespace {
+
+// printf's text of one double with a precision, however long: "%.2f" of 1e300 has 303 characters.
+std::string printed(const char* format, int precision, double value) {
+  const int length = std::snprintf(nullptr, 0, format, precision, value);
+  std::string text(static_cast<size_t>(length) + 1, '\0');
+  std::snprintf(text.data(), text.size(), format, precision, value);
+  text.pop_back();
+  return text;
+}
+
+}  // namespace
+
 std::string fixed(double value, int decimals) {
   const double scale = std::pow(10.0, decimals);
   // Scaling first makes a decimal tie (140.625 -> 14062.5) an exact binary tie, which std::round sends
-  // away from zero; the result then prints without further rounding.
-  const double rounded = std::round(value * scale) / scale;
-  char text[64];
-  std::snprintf(text, sizeof text, "%.*f", decimals, rounded == 0.0 ? 0.0 : rounded);
-  return text;
+  // away from zero; the result then prints without further rounding. From 2^52 on a double has no
+  // fraction to round, and scaling it could overflow.
+  const double rounded = std::abs(value) >= 0x1p52 ? value : std::round(value * scale) / scale;
+  return printed("%.*f", decimals, rounded == 0.0 ? 0.0 : rounded);
 }
 
 std::string gigabytes(double bytes) { return fixed(bytes / 1e9, 2); }
 
 std::string scientific(double value, int max_digits) {
   if (value == 0.0) return "0";
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
   if (std::abs(value) < 1e4) {
     char text[64];
     std::snprintf(text, sizeof text, "%.*g", std::min(max_digits, 6), value);
@@ -45,11 +59,11 @@ std::string scientific(double value, int max_digits) {
 }
 
 std::string grouped(double value) {
-  const auto whole = static_cast<long long>(std::llround(value));
-  // Negated as unsigned: -LLONG_MIN does not fit (a CSV value near 2^63 reaches it; found by
-  // fuzz_scaling_csv).
-  const unsigned long long magnitude = whole < 0 ? 0ULL - static_cast<unsigned long long>(whole) : whole;
-  std::string digits = std::to_string(magnitude);
+  // Printed from the double itself, never through an integer type: a count past 2^63 keeps its digits
+  // instead of wrapping (a CSV value near 2^63 once printed as -9,223,...; found by fuzz_scaling_csv).
+  const double whole = std::round(value);
+  std::string digits = printed("%.*f", 0, std::abs(whole));
+  if (!std::isfinite(whole)) return digits;
   for (auto i = static_cast<long long>(digits.size()) - 3; i > 0; i -= 3) {
     digits.insert(static_cast<size_t>(i), ",");
   }
@@ -92,8 +106,9 @@ double parse_quantity(const std::string& text, const std::string& what) {
     throw InputError(what + ": \"" + text + "\" has an unknown suffix \"" + suffix +
                      "\" (use k, M, B or G, T, or a plain number such as 1.6e6)");
   }
-  if (!std::isfinite(number)) throw InputError(what + ": \"" + text + "\" is not a finite number");
-  return number * scale;
+  const double value = number * scale;  // "1e308T" overflows here
+  if (!std::isfinite(value)) throw InputError(what + ": \"" + text + "\" is not a finite number");
+  return value + 0.0;  // -0 reads as 0: no quantity is negative zero
 }
 
 }  // namespace touchstone::plan

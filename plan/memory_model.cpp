@@ -2,8 +2,10 @@
 #include "plan/memory_model.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "common/errors.h"
+#include "plan/checked.h"
 #include "plan/format.h"
 
 namespace touchstone::plan {
@@ -77,8 +79,10 @@ double total_params(const ModelShape& m) {
 }
 
 int64_t padded_vocab(int64_t vocab, int64_t multiple, int64_t tp) {
-  const int64_t unit = multiple * tp;
-  return (vocab + unit - 1) / unit * unit;
+  const int64_t unit =
+      checked_product({multiple, tp}, std::numeric_limits<int64_t>::max(), "the vocabulary multiple x tp");
+  const int64_t units = checked_add(vocab, unit - 1, "the padded vocabulary") / unit;
+  return checked_product({units, unit}, std::numeric_limits<int64_t>::max(), "the padded vocabulary");
 }
 
 std::string to_string(Recompute recompute) {

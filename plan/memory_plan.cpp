@@ -3,11 +3,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 
+#include "common/config.h"
 #include "common/errors.h"
 #include "parallel/pipeline/schedule.h"
+#include "plan/checked.h"
+#include "plan/format.h"
 #include "plan/fp64_trainer_memory.h"
 
 namespace touchstone::plan {
@@ -63,9 +67,9 @@ void validate_activations(const MemoryPlanInput& in) {
   const bool fp64 = in.activations == ActivationModel::kTouchstoneFp64;
   if (in.activations != ActivationModel::kNone) {
     require(m.seq >= 1, "the sequence length must be >= 1 to compute activations");
-    require(m.seq % (2 * in.cp) == 0, "context parallelism: 2 x the context-parallel size (" +
-                                          str(2 * in.cp) + ") must divide the sequence length (" +
-                                          str(m.seq) + "), which is cut into 2 x cp chunks");
+    require(context_parallel_fits_window(in.cp, m.seq),
+            "context parallelism: 2 x the context-parallel size (" + str(2 * in.cp) +
+                ") must divide the sequence length (" + str(m.seq) + "), which is cut into 2 x cp chunks");
     require(in.cp == 1 || in.flash_attention || fp64,
             "context parallelism: the megatron-16bit model needs flash attention with a context-parallel "
             "size above 1 (Megatron-LM runs context-parallel attention through fused kernels only)");
@@ -78,6 +82,11 @@ void validate_activations(const MemoryPlanInput& in) {
           "flash attention applies to the megatron-16bit activation model only (Touchstone's trainer stores "
           "the attention probabilities)");
   if (!fp64) return;
+  // The replay builds the trainer's own parameter table, whose sizes are 64-bit integers: bounded as
+  // counts a double holds exactly, so that no tensor's size overflows.
+  require(total_params(m) <= kMaxExactCount,
+          "the touchstone-fp64 activation model replays the trainer's parameter table: " +
+              scientific(total_params(m)) + " parameters is more than 2^53");
   require(in.trainer_precision == Precision::kFp64,
           "the touchstone-fp64 activation model replays the trainer in precision \"" +
               option_name(Precision::kFp64) + "\", not \"" + option_name(in.trainer_precision) +
@@ -92,7 +101,73 @@ void validate_activations(const MemoryPlanInput& in) {
               option_name(PipelineSchedule::kOneForwardOneBackward) + "\"");
 }
 
+// The trainer's own limits (common/config.h) on every count and process size, then the products the
+// plan sizes its vectors and loops with: checked before any is formed, so none overflows and the plan
+// stays a size a report can hold.
+void check_sizes(const MemoryPlanInput& in) {
+  checked_range(in.tp, 1, kMaxProcesses, "the tensor-parallel size");
+  checked_range(in.cp, 1, kMaxProcesses, "the context-parallel size");
+  checked_range(in.pp, 1, kMaxProcesses, "the pipeline-parallel size");
+  checked_range(in.virtual_stages, 1, kMaxProcesses, "the virtual stages");
+  for (int64_t dp : in.dps) {
+    checked_range(dp, 1, kMaxProcesses, "a data-parallel size");
+    checked_product({in.tp, in.cp, in.pp, dp}, kMaxProcesses, "the GPUs tp x cp x pp x dp");
+  }
+  checked_product({in.pp, in.virtual_stages}, kMaxProcesses, "the virtual stages pp x virtual stages");
+  // One row per stage and DP size: 2^16 rows print in a second; a million would take minutes to read.
+  checked_product({in.pp, static_cast<int64_t>(in.dps.size())}, int64_t{1} << 16,
+                  "the report's stage rows pp x data-parallel sizes");
+  checked_range(in.micro_batch, 1, kMaxCount, "the micro-batch size");
+  checked_range(in.global_batch, 0, kMaxCount, "the global batch");
+  checked_range(in.vocab_multiple, 1, kMaxCount, "the vocabulary multiple");
+  checked_finite(in.total_params, kMaxExactCount, "the parameter count");
+  checked_finite(in.gpu_memory_gb, kMaxExactCount, "the GPU memory in GB");
+  const ModelShape& m = in.shape;
+  for (const int64_t count : {m.layers, m.hidden, m.heads, m.kv_heads, m.ffn, m.vocab, m.seq})
+    checked_range(count, 0, kMaxCount,
+                  "a model size (layers, hidden, heads, KV heads, ffn, vocabulary, sequence)");
+  for (const int64_t layers : in.stage_layers) checked_range(layers, 1, kMaxCount, "a stage layer count");
+}
+
+// The replayed schedules (interleaved 1F1B, and every schedule of the FP64 trainer) take one step per
+// chunk and micro-batch on every stage: their sum is bounded so that a plan never runs for hours.
+void check_replay_size(const MemoryPlanInput& in) {
+  const bool replayed = in.activations == ActivationModel::kTouchstoneFp64 ||
+                        (in.activations == ActivationModel::kMegatron16Bit && in.virtual_stages > 1);
+  if (!replayed) return;
+  for (int64_t dp : in.dps) {
+    const int64_t micro_batches = in.global_batch > 0 ? in.global_batch / (dp * in.micro_batch) : 2 * in.pp;
+    const int64_t per_stage = checked_add(in.shape.layers,
+                                          checked_product({micro_batches, in.virtual_stages}, kMaxReplaySteps,
+                                                          "the replay: micro-batches x virtual stages"),
+                                          "the replay: layers + micro-batches x virtual stages");
+    checked_product({in.pp, per_stage}, kMaxReplaySteps,
+                    "the replay: pp x (layers + micro-batches x virtual stages)");
+  }
+}
+
 }  // namespace
+
+int64_t fp64_replayed_layer_micro_batches(const MemoryPlanInput& in, int64_t dp) {
+  const std::vector<int64_t> layers = virtual_stage_layer_counts(in);
+  int64_t largest = 0;
+  for (int64_t stage = 0; stage < in.pp; ++stage) {
+    int64_t sum = 0;
+    for (int64_t c = 0; c < in.virtual_stages; ++c) sum += layers[static_cast<size_t>(c * in.pp + stage)];
+    largest = std::max(largest, sum);
+  }
+  const int64_t m = in.global_batch > 0 ? in.global_batch / (dp * in.micro_batch) : in.pp;
+  return checked_product({largest, std::max<int64_t>(m, 1)}, std::numeric_limits<int64_t>::max(),
+                         "the FP64 replay: layers x micro-batches");
+}
+
+void check_fp64_replay_size(const MemoryPlanInput& in) {
+  if (!in.shape.known() || in.activations != ActivationModel::kTouchstoneFp64) return;
+  for (int64_t dp : in.dps) {
+    checked_product({fp64_replayed_layer_micro_batches(in, dp)}, kMaxFp64ReplayedLayerMicroBatches,
+                    "the touchstone-fp64 replay: the layers of a stage x the micro-batches per replica");
+  }
+}
 
 void validate(const MemoryPlanInput& in) {
   require(in.tp >= 1, "the tensor-parallel size must be >= 1, got " + str(in.tp));
@@ -106,6 +181,7 @@ void validate(const MemoryPlanInput& in) {
   require(in.gpu_memory_gb >= 0, "the GPU memory must be > 0");
   require(in.vocab_multiple >= 1, "the vocabulary multiple must be >= 1, got " + str(in.vocab_multiple));
   require(in.total_params >= 0, "the parameter count must be > 0");
+  check_sizes(in);
   const bool shaped = in.shape.known();
   require(shaped || in.total_params > 0,
           "the plan needs the parameter count or the model's shape (layers, hidden size, heads, ffn size, "
@@ -119,6 +195,7 @@ void validate(const MemoryPlanInput& in) {
     validate_stages(in);
     validate_activations(in);
   }
+  if (shaped) check_replay_size(in);
   if (in.global_batch > 0) {
     for (int64_t dp : in.dps) {
       require(in.global_batch % (dp * in.micro_batch) == 0,
@@ -233,10 +310,12 @@ LayoutPlan plan_layout(const MemoryPlanInput& in, int64_t dp) {
   plan.micro_batches = in.global_batch > 0 ? in.global_batch / (dp * in.micro_batch) : 0;
   const std::vector<int64_t> layers = virtual_stage_layer_counts(in);
   const int64_t vocab = in.shape.known() ? padded_vocab(in.shape.vocab, in.vocab_multiple, in.tp) : 0;
+  int64_t first_layer = 0;  // summed as the stages go: summing every stage's predecessors is O(pp^2)
   for (int64_t stage = 0; stage < in.pp; ++stage) {
     StageMemory s;
     s.stage = stage;
-    s.first_layer = std::accumulate(layers.begin(), layers.begin() + stage, int64_t{0});
+    s.first_layer = first_layer;
+    first_layer += layers[static_cast<size_t>(stage)];
     std::vector<int64_t> chunk_layers;  // chunk c is virtual stage c x pp + stage
     for (int64_t c = 0; c < in.virtual_stages; ++c)
       chunk_layers.push_back(layers[static_cast<size_t>(c * in.pp + stage)]);
@@ -245,7 +324,9 @@ LayoutPlan plan_layout(const MemoryPlanInput& in, int64_t dp) {
     s.last = stage == in.pp - 1;
     double params = 0;
     if (in.total_params > 0) {
-      params = in.total_params / static_cast<double>(in.tp * in.pp);  // no shapes: every stage alike
+      // No shapes: every stage alike.
+      params =
+          in.total_params / static_cast<double>(checked_product({in.tp, in.pp}, kMaxProcesses, "tp x pp"));
     } else {
       params = static_cast<double>(s.layers) * layer_params_per_rank(in.shape, in.tp);
       if (s.first) params += embedding_params_per_rank(in.shape, in.tp, vocab);

@@ -66,6 +66,22 @@ struct MemoryPlanInput {
   double gpu_memory_gb = 0;    // > 0: flag stages that do not fit
 };
 
+// Schedule steps a plan replays (one per chunk and micro-batch on every stage it replays, plus one per
+// layer): at most 2^24, a few seconds, so that no plan runs for hours.
+inline constexpr int64_t kMaxReplaySteps = int64_t{1} << 24;
+
+// The FP64 trainer's replay visits the buffers it has tallied at each allocation, so its time grows
+// with the square of the layer-micro-batches a stage replays: its layers x the micro-batches per
+// replica (m unknown counts as pp). The largest stage's count, for one DP size.
+int64_t fp64_replayed_layer_micro_batches(const MemoryPlanInput& input, int64_t dp);
+// At most 1024 in one plan (about a second; 2048 took 6 s, 8192 a minute and a half), and 1024^2 for
+// their squares summed over --ranks.
+inline constexpr int64_t kMaxFp64ReplayedLayerMicroBatches = 1024;
+
+// Throws InputError when the FP64 trainer's replay of `input` would pass that bound (the planner's
+// commands; the memory check before a run replays whatever its run is).
+void check_fp64_replay_size(const MemoryPlanInput& input);
+
 // Throws InputError for an impossible layout (PP larger than the layers, DP not dividing the batch, a
 // head count TP does not divide, ...), saying what each value means (the tensor-parallel size, ...).
 void validate(const MemoryPlanInput& input);

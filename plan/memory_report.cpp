@@ -120,6 +120,7 @@ void print_breakdown(const StageMemory& s, std::ostream& out) {
 
 void print_memory_plan(const MemoryPlanInput& in, std::ostream& out) {
   validate(in);
+  check_fp64_replay_size(in);
   std::vector<LayoutPlan> plans;
   for (int64_t dp : in.dps) plans.push_back(plan_layout(in, dp));
   const double params = in.total_params > 0 ? in.total_params : total_params(in.shape);
@@ -182,6 +183,7 @@ void print_memory_plan(const MemoryPlanInput& in, std::ostream& out) {
 
 void print_memory_breakdown(const MemoryPlanInput& in, std::ostream& out) {
   validate(in);
+  check_fp64_replay_size(in);
   for (const StageMemory& s : plan_layout(in, in.dps.front()).stages) print_breakdown(s, out);
 }
 

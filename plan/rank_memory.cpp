@@ -5,11 +5,21 @@
 #include <ostream>
 
 #include "parallel/comm/grid.h"
+#include "plan/checked.h"
 #include "plan/format.h"
 #include "plan/fp64_trainer_memory.h"
 #include "plan/memory_plan.h"
 
 namespace touchstone::plan {
+
+void check_rank_replay_size(const Config& config) {
+  const MemoryPlanInput in = plan_input_from_config(config);
+  validate(in);
+  const int64_t replayed = fp64_replayed_layer_micro_batches(in, config.parallel.dp);
+  checked_product({config.parallel.world_size(), replayed, replayed},
+                  kMaxFp64ReplayedLayerMicroBatches * kMaxFp64ReplayedLayerMicroBatches,
+                  "the per-rank replay: ranks x (a stage's layers x micro-batches)^2");
+}
 
 std::vector<RankMemory> predict_rank_memory(const Config& config) {
   const MemoryPlanInput in = plan_input_from_config(config);
@@ -17,6 +27,13 @@ std::vector<RankMemory> predict_rank_memory(const Config& config) {
   const int64_t dp = config.parallel.dp;
   const int64_t micro_batches = config.train.global_batch_size / (dp * config.train.micro_batch_size);
   const GridLayout layout = grid_layout(config.parallel);
+  // Every rank is replayed (twice): all ranks' steps together are bounded as one plan's are.
+  const int64_t per_rank = checked_add(in.shape.layers,
+                                       checked_product({micro_batches, in.virtual_stages}, kMaxReplaySteps,
+                                                       "the per-rank replay: micro-batches x virtual stages"),
+                                       "the per-rank replay: layers + micro-batches x virtual stages");
+  checked_product({static_cast<int64_t>(layout.world_size()), per_rank}, kMaxReplaySteps,
+                  "the per-rank replay: ranks x (layers + micro-batches x virtual stages)");
   std::vector<RankMemory> ranks;
   for (int world_rank = 0; world_rank < layout.world_size(); ++world_rank) {
     const GridCoordinates c = coordinates_of(layout, world_rank);

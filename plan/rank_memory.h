@@ -52,6 +52,9 @@ struct RankMemory {
 // One entry per world rank, in world-rank order (parallel/comm/grid.h). `config` must be valid for its
 // world size (validate_config) and in precision fp64.
 std::vector<RankMemory> predict_rank_memory(const Config& config);
+// Throws InputError when replaying every rank of `config` would take more than a few seconds
+// (plan/memory_plan.h kMaxFp64ReplayedLayerMicroBatches): `plan memory --ranks` checks it first.
+void check_rank_replay_size(const Config& config);
 
 // The per-rank table and each rank's staging buffers.
 void print_rank_memory(const std::vector<RankMemory>& ranks, std::ostream& out);

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/errors.h"
+#include "plan/checked.h"
 #include "plan/format.h"
 
 namespace touchstone::plan {
@@ -49,6 +50,8 @@ class RowReader {
     return value;
   }
 
+  // A non-negative number up to 2^53: past it a double holds no exact count or second, and the table
+  // prints every count digit by digit.
   double number(size_t column) const {
     const std::string& text = fields_[column];
     size_t used = 0;
@@ -61,6 +64,7 @@ class RowReader {
     if (used == 0 || used != text.size() || !std::isfinite(value))
       fail(column, "\"" + text + "\" is not a number");
     if (value < 0) fail(column, text + " must be >= 0");
+    if (value > kMaxExactCount) fail(column, text + " must be <= 2^53 (9007199254740992)");
     return value;
   }
 
@@ -139,7 +143,13 @@ ScalingRun parse_row(const std::string& where, int64_t line, const std::vector<s
     throw InputError(where + ": window_end_s " + fields[column("window_end_s")] +
                      " is not after window_start_s " + fields[column("window_start_s")]);
   }
-  if (run.tokens <= 0) throw InputError(where + ": column tokens: must be > 0");
+  // At least one token: fewer makes the rate underflow to 0, and the speedups of the others infinite.
+  if (run.tokens < 1) throw InputError(where + ": column tokens: must be >= 1");
+  const double tokens_per_s = run.tokens / (run.window_end_s - run.window_start_s);
+  if (!(tokens_per_s <= kMaxExactCount)) {
+    throw InputError(where + ": tokens / (window_end_s - window_start_s) = " + scientific(tokens_per_s) +
+                     " tokens/s, more than 2^53: the window is too short for its tokens");
+  }
   return run;
 }
 

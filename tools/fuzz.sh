@@ -18,11 +18,14 @@ python_golden=fuzz_golden_file  # the Python package's GoldenFile (fuzz/fuzz_gol
 # Inputs per target in `ci`: each takes about 30 s on 2 cores (docs/testing.md lists the rates).
 declare -A ci_runs=([fuzz_h5_reader]=600 [fuzz_golden_reader]=600 [fuzz_checkpoint_file]=600
   [fuzz_safetensors]=100000 [fuzz_jsonl]=100000 [fuzz_config]=50000 [fuzz_ledger]=50000
-  [fuzz_scaling_csv]=100000 [$python_target]=600 [$python_golden]=80)
+  [fuzz_scaling_csv]=100000 [$python_target]=600 [$python_golden]=80
+  [fuzz_plan_cli]=25000)
 declare -A dictionary=([fuzz_h5_reader]=hdf5 [fuzz_golden_reader]=hdf5 [fuzz_checkpoint_file]=hdf5
-  [fuzz_safetensors]=json [fuzz_jsonl]=json [fuzz_config]=json [fuzz_ledger]=json [fuzz_scaling_csv]=csv)
+  [fuzz_safetensors]=json [fuzz_jsonl]=json [fuzz_config]=json [fuzz_ledger]=json [fuzz_scaling_csv]=csv
+  [fuzz_plan_cli]=plan)
 targets=(fuzz_h5_reader fuzz_golden_reader fuzz_checkpoint_file fuzz_safetensors fuzz_jsonl fuzz_config
-  fuzz_ledger fuzz_scaling_csv "$python_target" "$python_golden")
+  fuzz_ledger fuzz_scaling_csv "$python_target" "$python_golden"
+  fuzz_plan_cli)
 
 usage() {
   sed -n '5,8p' "$0" | sed 's/^# //' >&2

@@ -4,10 +4,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/config.h"
+
 namespace touchstone {
 
 LoadBalancedSplit::LoadBalancedSplit(int64_t seq, int cp) : seq_(seq), cp_(cp) {
-  if (cp < 1 || seq <= 0 || seq % (2 * cp) != 0) {
+  // cp = 1 cuts nothing (common/config.h's rule): the window is one block, of any length.
+  if (cp < 1 || seq <= 0 || !context_parallel_fits_window(cp, seq)) {
     throw std::invalid_argument("load-balanced split: the window length " + std::to_string(seq) +
                                 " must be a positive multiple of 2 x cp = " + std::to_string(2 * cp));
   }
@@ -16,6 +19,10 @@ LoadBalancedSplit::LoadBalancedSplit(int64_t seq, int cp) : seq_(seq), cp_(cp) {
 std::vector<int32_t> LoadBalancedSplit::positions(int rank) const {
   std::vector<int32_t> p;
   p.reserve(static_cast<size_t>(local_seq()));
+  if (cp_ == 1) {  // the whole window in order, whatever its length (two halves would drop an odd one's last)
+    for (int64_t i = 0; i < seq_; ++i) p.push_back(static_cast<int32_t>(i));
+    return p;
+  }
   for (int64_t chunk : {first_chunk(rank), second_chunk(rank)}) {
     for (int64_t i = chunk * chunk_length(); i < (chunk + 1) * chunk_length(); ++i)
       p.push_back(static_cast<int32_t>(i));

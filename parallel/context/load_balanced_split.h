@@ -20,8 +20,9 @@ namespace touchstone {
 
 class LoadBalancedSplit {
  public:
-  // Throws std::invalid_argument unless cp >= 1 and T is a positive multiple of 2 cp (the config's
-  // check, docs/config.md, reports it to the user first).
+  // Throws std::invalid_argument unless cp >= 1 and T is a positive multiple of 2 cp, or cp = 1 and T
+  // any positive length (context_parallel_fits_window; the config's check, docs/config.md, reports it
+  // to the user first). At cp = 1 rank 0 holds the whole window in order.
   LoadBalancedSplit(int64_t seq, int cp);
 
   int64_t seq() const { return seq_; }

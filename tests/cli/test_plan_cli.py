@@ -102,7 +102,7 @@ class PlanCli(unittest.TestCase):
         self.assert_refused(["memory", *shape, "--virtual-stages", "2", "--stage-layers", "2,2,2,2"],
                             "the stage layer counts list 4 stages but the pipeline-parallel size x virtual "
                             "stages is 8")
-        self.assert_refused(["memory", *shape, "--virtual-stages", "0"], "--virtual-stages: must be >= 1")
+        self.assert_refused(["memory", *shape, "--virtual-stages", "0"], "--virtual-stages: must be in [1, 1048576], got 0")
         # The FP64 trainer's own layout, every rank: the peak is named by chunk.
         out = self.ok("memory", "--set", "parallel.pp=2", "--set", "parallel.virtual_stages=2", "--set",
                       "model.num_layers=4", "--ranks")
@@ -151,7 +151,7 @@ class PlanCli(unittest.TestCase):
                  "--seq-length", "64", "--global-batch", "8"]
         out = self.ok("memory", *shape, "--cp", "2", "--cp-comm", "allgather", "--flash-attention")
         self.assertIn("context-parallel K/V buffers of one layer", out)
-        self.assert_refused(["memory", *shape, "--cp", "0"], "--cp: must be >= 1, got 0")
+        self.assert_refused(["memory", *shape, "--cp", "0"], "--cp: must be in [1, 1048576], got 0")
         self.assert_refused(["memory", *shape, "--cp", "2", "--cp-comm", "ring", "--flash-attention"],
                             '--cp-comm: unknown value "ring" ("p2p" or "allgather")')
         self.assert_refused(["memory", *shape, "--cp", "3", "--flash-attention"],
@@ -175,8 +175,8 @@ class PlanCli(unittest.TestCase):
         self.assert_refused(["memory", *shape, "--tp", "8"],
                             "the tensor-parallel size (8) must divide the heads (4) and the KV heads (4)")
         # One flag's value, or a flag that needs another: the error names the flags.
-        self.assert_refused(["memory", *shape, "--tp", "0"], "--tp: must be >= 1, got 0")
-        self.assert_refused(["memory", *shape, "--dp", "1,0"], "--dp: must be >= 1, got 0")
+        self.assert_refused(["memory", *shape, "--tp", "0"], "--tp: must be in [1, 1048576], got 0")
+        self.assert_refused(["memory", *shape, "--dp", "1,0"], "--dp: must be in [1, 1048576], got 0")
         self.assert_refused(["memory", "--params", "-5"], "--params: must be > 0")
         self.assert_refused(["memory", "--params", "1e9", "--recipe", "int4"],
                             "--recipe: unknown recipe \"int4\" (known: bf16, fp16, fp32, fp64)")
@@ -185,6 +185,66 @@ class PlanCli(unittest.TestCase):
         self.assert_refused(["memory"], "give --params or the model's shape (--layers, --hidden, --heads")
         self.assert_refused(["memory", "--params", "1e9", "--stage-layers", "1,1"], "--stage-layers needs --layers")
         self.assert_refused(["memory", "--set", "train.stepz=1"], "--set train.stepz=1: unknown config key")
+
+    def test_memory_window_of_any_length_without_context_parallelism(self):
+        # cp = 1 cuts no window: an odd sequence length is planned, and `touchstone golden` (whose memory
+        # check is the planner's) runs it, as `touchstone config` accepts it.
+        shape = ["--layers", "4", "--hidden", "64", "--heads", "4", "--ffn", "176", "--vocab", "256"]
+        self.assertIn("all in-flight micro-batches stored", self.ok("memory", *shape, "--seq-length", "63"))
+        self.ok("memory", *shape, "--seq-length", "63", "--recipe", "fp64")
+        self.assert_refused(["memory", *shape, "--seq-length", "63", "--cp", "2", "--flash-attention"],
+                            "2 x the context-parallel size (4) must divide the sequence length (63)")
+        golden = subprocess.run([TOUCHSTONE, "golden", "--set", "model.seq_length=17", "--set", "train.steps=1",
+                                 "--out", os.path.join(self.dir.name, "g.h5")],
+                                capture_output=True, text=True, timeout=300)
+        self.assertEqual(golden.returncode, 0, golden.stderr + golden.stdout)
+
+    def test_memory_huge_values_are_refused_before_any_is_formed(self):
+        shape = ["--layers", "4", "--hidden", "64", "--heads", "4", "--ffn", "176", "--vocab", "256",
+                 "--seq-length", "64"]
+        int64_max = "9223372036854775807"
+        self.assert_refused(["memory", "--params", "500e9", "--pp", int64_max],
+                            "--pp: must be in [1, 1048576], got " + int64_max)
+        self.assert_refused(["memory", "--params", "500e9", "--tp", "4294967296", "--pp", "4294967296"],
+                            "--tp: must be in [1, 1048576], got 4294967296")
+        self.assert_refused(["memory", "--params", "500e9", "--tp", "1024", "--pp", "1024", "--dp", "1,2"],
+                            "--tp x --cp x --pp x --dp: 1024 x 1 x 1024 x 2 is more than 1048576")
+        self.assert_refused(["memory", *shape, "--vocab-multiple", int64_max],
+                            "--vocab-multiple: must be in [1, 2147483647], got " + int64_max)
+        self.assert_refused(["memory", "--params", "1e9", "--pp", "2", "--virtual-stages", "4611686018427387904"],
+                            "--virtual-stages: must be in [1, 1048576], got 4611686018427387904")
+        self.assert_refused(["memory", "--params", "1e9", "--pp", "1024", "--virtual-stages", "2048"],
+                            "--pp x --virtual-stages: 1024 x 2048 is more than 1048576")
+        self.assert_refused(["memory", "--params", "1e30"], "--params: 1e30 is more than 9.007199254740992e15")
+        self.assert_refused(["memory", "--params", "1e308T"], "--params: \"1e308T\" is not a finite number")
+        self.assert_refused(["memory", "--params", "1e9", "--gpu-memory-gb", "nan"], "--gpu-memory-gb")
+        self.assert_refused(["memory", "--params", "1e9", "--gpu-memory-gb", "0"], "--gpu-memory-gb: must be > 0")
+        self.assert_refused(["memory", "--params", "1e9", "--gpu-memory-gb", "-0"], "--gpu-memory-gb: must be > 0")
+        # A value given is never read as "not given".
+        self.assert_refused(["memory", *shape, "--global-batch", "0"], "--global-batch: must be in [1, 2147483647], got 0")
+        self.assert_refused(["memory", *shape, "--global-batch", "-4"], "--global-batch: must be in [1, 2147483647], got -4")
+        self.assert_refused(["memory", "--params", "1e9", "--layers", "-5"], "--layers: must be in [1, 2147483647], got -5")
+        self.assert_refused(["memory", *shape, "--kv-heads", "0"], "--kv-heads: must be in [1, 2147483647], got 0")
+        # The interleaved schedule is replayed step by step: an immense batch is refused, not run for hours.
+        self.assert_refused(["memory", *shape, "--pp", "2", "--virtual-stages", "2", "--global-batch", "2000000000"],
+                            "the replay: micro-batches x virtual stages: 2000000000 x 2 is more than 16777216")
+
+    def test_memory_refusal_after_the_plan_prints_no_partial_report(self):
+        # --breakdown and --ranks are checked after the plan is made: the report is printed whole or not at all.
+        result = run("memory", "--params", "1e9", "--breakdown")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertEqual(result.stdout, "")
+        result = run("memory", "--set", "model.num_layers=32", "--set", "train.global_batch_size=512", "--ranks")
+        self.assertEqual(result.returncode, 2, result.stderr)
+        self.assertIn("the touchstone-fp64 replay: the layers of a stage x the micro-batches per replica: 8192",
+                      result.stderr)
+        self.assertEqual(result.stdout, "")
+
+    def test_path_names_too_long_are_input_errors(self):
+        long_name = os.path.join(self.dir.name, "a" * 300)
+        self.assert_refused(["memory", "--config", long_name], "--config " + long_name + ": File name too long")
+        self.assert_refused(["scaling", "--csv", ACCEPTANCE_CSV, "--svg", os.path.join(long_name, "x.svg")],
+                            "File name too long")
 
     # ---- scaling ----
     def test_scaling_acceptance_example(self):
@@ -232,6 +292,13 @@ class PlanCli(unittest.TestCase):
         missing_dir = os.path.join(self.dir.name, "no", "x.svg")
         self.assert_refused(["scaling", "--csv", ACCEPTANCE_CSV, "--svg", missing_dir], "does not exist")
 
+    def test_scaling_counts_past_exact_doubles_are_refused(self):
+        huge = self.write("huge.csv", HEADER + "\n512,8,8,8,1920,1,1800,3512,20,1e30,0,1\n")
+        self.assert_refused(["scaling", "--csv", huge], "huge.csv:2: column tokens: 1e30 must be <= 2^53")
+        short = self.write("short.csv", HEADER + "\n512,8,8,8,1920,1,0,1e-300,20,308160000,0,1\n")
+        self.assert_refused(["scaling", "--csv", short],
+                            "short.csv:2: tokens / (window_end_s - window_start_s) = inf tokens/s, more than 2^53")
+
     # ---- calendar ----
     def test_calendar_acceptance(self):
         out = self.ok("calendar", "--tokens", "10T", "--throughput", "1.6M", "--throughput-kind", "compute",
@@ -265,6 +332,25 @@ class PlanCli(unittest.TestCase):
                              "wall-clock", "--calendar-efficiency", "0.9"], "count them twice")
         self.assert_refused(["calendar", "--tokens", "10Q", "--throughput", "1.6M", "--throughput-kind",
                              "compute"], "unknown suffix")
+
+    def test_calendar_far_dates_and_huge_counts_are_refused(self):
+        # 10T tokens at 1.6 tokens/s: 72,337,962.96 days, about the year 200,079; past 9999-12-31 the end
+        # date is refused, and the days alone are printed without --start-date.
+        slow = ["calendar", "--tokens", "10T", "--throughput", "1.6", "--throughput-kind", "compute"]
+        self.assert_refused([*slow, "--start-date", "2025-01-06"],
+                            "end date: 72337962.96 calendar days from 2025-01-06 00:00 UTC end past 9999-12-31")
+        self.assertIn("Calendar time:       72337962.96 days", self.ok(*slow))
+        self.assert_refused(["calendar", "--tokens", "10T", "--throughput", "1", "--throughput-kind", "compute",
+                             "--start-date", "2025-01-06"], "end past 9999-12-31")
+        self.assert_refused(["calendar", "--tokens", "1e308", "--throughput", "1", "--throughput-kind",
+                             "compute"], "tokens to train: 1e308 is more than 9.007199254740992e15")
+        self.assert_refused(["calendar", "--tokens", "10T", "--throughput", "1e-310", "--throughput-kind",
+                             "compute"], "calendar time: the remaining tokens over the throughput take inf days")
+        self.assert_refused([*slow, "--start-date", "-001-01-01"], "is not a date of the form YYYY-MM-DD")
+        self.assert_refused([*slow, "--start-date", " 202-01-01"], "is not a date of the form YYYY-MM-DD")
+        out = self.ok("calendar", "--tokens", "10T", "--throughput", "1.6M", "--throughput-kind", "compute",
+                      "--tokens-done", "-0")
+        self.assertIn(" 0 done,", out)
 
 
 if __name__ == "__main__":

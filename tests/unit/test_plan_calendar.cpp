@@ -84,5 +84,47 @@ TEST(PlanCalendar, InvalidInputsAreInputErrors) {
   EXPECT_EQ(error_of(in), "calendar efficiency: must be in (0, 1], got 0.0000");
 }
 
+// 10T tokens at 1.6 tokens/s are 72,337,962.96 days, about 198,054 years: past the last printable date
+// the end is refused, never wrapped into some year (std::chrono's years stop at 32767); without a start
+// date the days alone are the plan.
+TEST(PlanCalendar, EndDatesPastTheYear9999AreRefused) {
+  CalendarInput in = acceptance();
+  in.throughput = 1.6;
+  in.calendar_efficiency.reset();
+  EXPECT_EQ(error_of(in),
+            "end date: 72337962.96 calendar days from 2025-01-06 00:00 UTC end past 9999-12-31, the last "
+            "date a calendar prints (without a start date the plan gives the days alone)");
+  in.throughput = 1;
+  EXPECT_NE(error_of(in).find("end past 9999-12-31"), std::string::npos);
+  in.start_date.reset();
+  EXPECT_EQ(fixed(plan_calendar(in).calendar_days, 2), "115740740.74");
+  // The last day still prints.
+  in = acceptance();
+  in.start_date = std::chrono::sys_days{std::chrono::year{9999} / 12 / 31};
+  in.calendar_efficiency.reset();
+  in.tokens = 1.6e6 * 86400 * 0.5;
+  EXPECT_EQ(plan_calendar(in).end, "9999-12-31 12:00 UTC");
+  in.tokens = 1.6e6 * 86400;
+  EXPECT_NE(error_of(in).find("end past 9999-12-31"), std::string::npos);
+}
+
+// Counts are printed digit by digit: past 2^53 a double holds no exact count, and a tiny throughput
+// makes the days overflow.
+TEST(PlanCalendar, CountsAndDaysBeyondExactDoublesAreRefused) {
+  CalendarInput in = acceptance();
+  in.start_date.reset();
+  in.tokens = 1e308;
+  in.throughput = 1;
+  EXPECT_EQ(error_of(in), "tokens to train: 1e308 is more than 9.007199254740992e15");
+  in = acceptance();
+  in.throughput = 1e-310;
+  EXPECT_EQ(error_of(in).rfind("calendar time: the remaining tokens over the throughput take inf days", 0),
+            0u)
+      << error_of(in);
+  in = acceptance();
+  in.calendar_efficiency = 1e-300;
+  EXPECT_NE(error_of(in).find("more than 2^53"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace touchstone::plan

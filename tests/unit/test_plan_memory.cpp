@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <cstdio>
+#include <limits>
 
+#include "common/config.h"
 #include "common/errors.h"
 #include "kernels/backend.h"
 #include "oracle/run.h"
@@ -269,6 +271,96 @@ TEST(PlanMemory, InvalidLayoutsAreInputErrors) {
             "size above 1 (Megatron-LM runs context-parallel attention through fused kernels only)");
   in.flash_attention = true;
   EXPECT_EQ(error_of(in), "");
+}
+
+// Context parallelism's rule (common/config.h) cuts windows only when cp > 1: at cp = 1 an odd window
+// is planned as the trainer's config accepts it, by both activation models and by the prediction that
+// `touchstone golden` checks its memory with.
+TEST(PlanMemory, WindowOfAnyLengthFitsWithoutContextParallelism) {
+  MemoryPlanInput in = shaped_input();
+  in.shape.seq = 63;
+  EXPECT_EQ(error_of(in), "");
+  in.activations = ActivationModel::kTouchstoneFp64;
+  in.recipe = find_recipe("fp64");
+  in.tp = 1;
+  EXPECT_EQ(error_of(in), "");
+  in.cp = 2;
+  EXPECT_NE(error_of(in).find("2 x the context-parallel size (4) must divide the sequence length (63)"),
+            std::string::npos);
+  Config config;
+  config.model.seq_length = 17;
+  EXPECT_NO_THROW(predict_single_process_step(config));
+}
+
+// Every size is bounded and every product checked before a vector is sized or a number printed: none
+// overflows into a wrong plan, an allocation failure or a negative count in a message.
+TEST(PlanMemory, SizesAndProductsAreCheckedBeforeAnyIsFormed) {
+  MemoryPlanInput in = acceptance_500b();
+  in.pp = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(error_of(in), "the pipeline-parallel size: must be in [1, 1048576], got 9223372036854775807");
+  in = acceptance_500b();
+  in.tp = in.pp = 1024;
+  in.dps = {2};
+  EXPECT_EQ(error_of(in), "the GPUs tp x cp x pp x dp: 1024 x 1 x 1024 x 2 is more than 1048576");
+  in = shaped_input();
+  in.virtual_stages = int64_t{1} << 62;
+  EXPECT_EQ(error_of(in), "the virtual stages: must be in [1, 1048576], got 4611686018427387904");
+  in.virtual_stages = 2048;
+  in.pp = 1024;
+  in.tp = 1;
+  in.dps = {1};
+  EXPECT_EQ(error_of(in), "the virtual stages pp x virtual stages: 1024 x 2048 is more than 1048576");
+  in = shaped_input();
+  in.vocab_multiple = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(error_of(in), "the vocabulary multiple: must be in [1, 2147483647], got 9223372036854775807");
+  EXPECT_THROW(padded_vocab(256, std::numeric_limits<int64_t>::max(), 2), InputError);
+  EXPECT_EQ(padded_vocab(250, 128, 2), 256);
+  in = acceptance_500b();
+  in.total_params = 1e300;
+  EXPECT_EQ(error_of(in), "the parameter count: 1e300 is more than 9.007199254740992e15");
+  in = acceptance_500b();
+  in.gpu_memory_gb = std::nan("");
+  EXPECT_EQ(error_of(in), "the GPU memory must be > 0");
+  in.gpu_memory_gb = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(error_of(in), "the GPU memory in GB: inf is not a finite number");
+  // One printed row per stage and DP size: at most 2^16.
+  in = acceptance_500b();
+  in.tp = 1;
+  in.pp = 65536;
+  in.dps = {1, 2};
+  EXPECT_EQ(error_of(in), "the report's stage rows pp x data-parallel sizes: 65536 x 2 is more than 65536");
+  in.dps = {1};
+  EXPECT_EQ(error_of(in), "");
+  EXPECT_EQ(plan_layout(in, 1).stages.back().stage, 65535);
+  // The FP64 trainer's replay grows with the square of a stage's layers x micro-batches: 32 layers of
+  // 256 micro-batches took a minute and a half, and are refused.
+  Config config;
+  config.model.num_layers = 32;
+  config.train.global_batch_size = 512;
+  config.train.micro_batch_size = 2;
+  EXPECT_EQ(error_of(plan_input_from_config(config)), "");  // a run's own memory check replays it
+  try {
+    check_fp64_replay_size(plan_input_from_config(config));
+    ADD_FAILURE() << "8192 layer-micro-batches were not refused";
+  } catch (const InputError& e) {
+    EXPECT_STREQ(
+        e.what(),
+        "the touchstone-fp64 replay: the layers of a stage x the micro-batches per replica: 8192 is more "
+        "than 1024");
+  }
+  EXPECT_THROW(check_rank_replay_size(config), InputError);
+  config.parallel.pp = 2;
+  EXPECT_EQ(fp64_replayed_layer_micro_batches(plan_input_from_config(config), 1), 16 * 256);
+  // The interleaved schedule is replayed step by step: a batch of 2^31 micro-batches is refused.
+  in = shaped_input();
+  in.virtual_stages = 2;
+  in.tp = 1;
+  in.dps = {1};
+  in.global_batch = kMaxCount - 1;
+  EXPECT_NE(
+      error_of(in).find("the replay: micro-batches x virtual stages: 2147483646 x 2 is more than 16777216"),
+      std::string::npos)
+      << error_of(in);
 }
 
 // ---- the FP64 trainer: prediction against the measured peak --------------------------------------------

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -199,6 +201,31 @@ TEST(PlanScaling, RefusesSizesWhoseProductsWouldOverflow) {
             "runs.csv:2: column updates: 9223372036854775807 must be <= 1099511627776");
 }
 
+// Counts and rates past 2^53, where a double holds no exact count, are refused: they would print as
+// digits no one measured (a wrapped integer, before).
+TEST(PlanScaling, RefusesCountsAndRatesPastExactDoubles) {
+  EXPECT_EQ(error_of(kHeader + "512,8,8,8,1920,1,1800,3512,20,1e30,0,1\n"),
+            "runs.csv:2: column tokens: 1e30 must be <= 2^53 (9007199254740992)");
+  EXPECT_EQ(error_of(kHeader + "512,8,8,8,1920,1,0,1e-300,20,308160000,0,1\n"),
+            "runs.csv:2: tokens / (window_end_s - window_start_s) = inf tokens/s, more than 2^53: the "
+            "window is too short for its tokens");
+  EXPECT_EQ(error_of(kHeader + "512,8,8,8,1920,1,0,1e300,20,308160000,0,1\n"),
+            "runs.csv:2: column window_end_s: 1e300 must be <= 2^53 (9007199254740992)");
+  EXPECT_EQ(error_of(kHeader + "512,8,8,8,1920,1,1800,3512,20,0.5,0,1\n"),
+            "runs.csv:2: column tokens: must be >= 1");
+  // At the bounds every printed number is a finite count.
+  std::ostringstream out;
+  print_scaling_table(
+      scaling_table(parse_scaling_csv(kHeader + "512,8,8,8,1920,1,0,9007199254740992,20,1,0,1\n"
+                                                "1024,8,8,16,1920,1,0,1,20,9007199254740992,0,1\n",
+                                      "runs.csv")),
+      out);
+  EXPECT_EQ(out.str().find('-' + std::string("9,")), std::string::npos) << out.str();
+  EXPECT_EQ(out.str().find("inf"), std::string::npos) << out.str();
+  EXPECT_EQ(out.str().find("nan"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("9,007,199,254,740,992"), std::string::npos) << out.str();
+}
+
 // The cp column (after tp): the layout's GPUs include the context-parallel ranks, which split every
 // sequence and so leave m (micro-batches per replica) and the bubbles as they are; the table gains a CP
 // column.
@@ -251,6 +278,20 @@ TEST(PlanFormat, RoundsHalfAwayFromZeroAndPrintsCompactly) {
   EXPECT_EQ(parse_quantity("500B", "--params"), 500e9);
   EXPECT_THROW(parse_quantity("10X", "--tokens"), InputError);
   EXPECT_THROW(parse_quantity("many", "--tokens"), InputError);
+  EXPECT_THROW(parse_quantity("1e308T", "--tokens"), InputError);  // finite, until scaled
+  EXPECT_FALSE(std::signbit(parse_quantity("-0", "--tokens-done")));
+}
+
+// No number is printed through an integer it does not fit: counts past 2^63 keep their digits, and a
+// long fixed-point number is printed whole, never cut at a buffer's end.
+TEST(PlanFormat, PrintsEveryFiniteValueWhole) {
+  EXPECT_EQ(grouped(1e30), "1,000,000,000,000,000,019,884,624,838,656");
+  EXPECT_EQ(grouped(-9.3e18), "-9,300,000,000,000,000,000");
+  EXPECT_EQ(grouped(-0.3), "0");
+  EXPECT_EQ(fixed(1e300, 2).size(), 304u);
+  EXPECT_EQ(fixed(1e300, 2).substr(0, 4), "1000");
+  EXPECT_EQ(scientific(std::nan("")), "nan");
+  EXPECT_EQ(scientific(-std::numeric_limits<double>::infinity()), "-inf");
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include "tools/cli/run_flags.h"
 
 #include <filesystem>
+#include <system_error>
 
 #include "common/errors.h"
 #include "common/text_output.h"
@@ -10,9 +11,14 @@
 namespace touchstone {
 
 Config resolve_config_flags(const std::string& config_path, const std::vector<std::string>& set_flags) {
-  // Reading a directory as a stream fails deep in the standard library, with no name of the flag.
-  if (!config_path.empty() && std::filesystem::is_directory(config_path)) {
+  // Reading a directory as a stream fails deep in the standard library, with no name of the flag. The
+  // overload with an error code: a name too long for the file system is bad input, not an exception.
+  std::error_code error;
+  if (!config_path.empty() && std::filesystem::is_directory(config_path, error)) {
     throw InputError("--config " + config_path + ": is a directory, not a config file");
+  }
+  if (error && error != std::errc::no_such_file_or_directory) {
+    throw InputError("--config " + config_path + ": " + error.message());
   }
   const nlohmann::json file = config_path.empty() ? nlohmann::json() : read_config_file(config_path);
   try {

@@ -2,18 +2,21 @@
 #include "tools/plan/plan_cli.h"
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <ostream>
+#include <sstream>
 
 #include "common/config.h"
 #include "common/errors.h"
 #include "common/options.h"
 #include "common/text_output.h"
 #include "plan/calendar_plan.h"
+#include "plan/checked.h"
 #include "plan/format.h"
 #include "plan/fp64_trainer_memory.h"
 #include "plan/memory_plan.h"
@@ -52,7 +55,11 @@ std::chrono::sys_days parse_start_date(const std::string& text) {
   int year = 0;
   unsigned month = 0, day = 0;
   char tail = 0;
-  if (text.size() != 10 || std::sscanf(text.c_str(), "%4d-%2u-%2u%c", &year, &month, &day, &tail) != 3) {
+  // Digits where the form has them: sscanf alone would also read "-001-01-01" or " 202-01-01".
+  const auto digit = [&](size_t i) { return std::isdigit(static_cast<unsigned char>(text[i])) != 0; };
+  const bool shaped = text.size() == 10 && text[4] == '-' && text[7] == '-' && digit(0) && digit(1) &&
+                      digit(2) && digit(3) && digit(5) && digit(6) && digit(8) && digit(9);
+  if (!shaped || std::sscanf(text.c_str(), "%4d-%2u-%2u%c", &year, &month, &day, &tail) != 3) {
     throw InputError("--start-date: \"" + text + "\" is not a date of the form YYYY-MM-DD");
   }
   const std::chrono::year_month_day date{std::chrono::year{year}, std::chrono::month{month},
@@ -114,19 +121,25 @@ ActivationModel parse_activation_model(const std::string& name) {
 // (plan/memory_plan.h) refuses the same values in its own words, and checks how they fit together
 // (divisibility, stages, activation models) saying what each value means.
 void check_memory_flags(const MemoryPlanInput& in) {
-  const auto at_least_one = [](const char* flag, int64_t value) {
-    if (value < 1) throw InputError(std::string(flag) + ": must be >= 1, got " + std::to_string(value));
+  // The trainer's limits (common/config.h): far past any cluster, and small enough that no product of
+  // the plan overflows.
+  const auto process_size = [](const char* flag, int64_t value) {
+    checked_range(value, 1, kMaxProcesses, flag);
   };
-  at_least_one("--tp", in.tp);
-  at_least_one("--pp", in.pp);
-  at_least_one("--cp", in.cp);
-  at_least_one("--virtual-stages", in.virtual_stages);
+  const auto count = [](const char* flag, int64_t value) { checked_range(value, 1, kMaxCount, flag); };
+  process_size("--tp", in.tp);
+  process_size("--pp", in.pp);
+  process_size("--cp", in.cp);
+  process_size("--virtual-stages", in.virtual_stages);
   if (in.dps.empty()) throw InputError("--dp: give at least one data-parallel size");
-  for (int64_t dp : in.dps) at_least_one("--dp", dp);
-  at_least_one("--micro-batch", in.micro_batch);
-  if (in.global_batch != 0) at_least_one("--global-batch", in.global_batch);  // 0: not given
-  if (in.gpu_memory_gb < 0) throw InputError("--gpu-memory-gb: must be > 0");
-  at_least_one("--vocab-multiple", in.vocab_multiple);
+  for (int64_t dp : in.dps) {
+    process_size("--dp", dp);
+    checked_product({in.tp, in.cp, in.pp, dp}, kMaxProcesses, "--tp x --cp x --pp x --dp");
+  }
+  checked_product({in.pp, in.virtual_stages}, kMaxProcesses, "--pp x --virtual-stages");
+  count("--micro-batch", in.micro_batch);
+  for (int64_t layers : in.stage_layers) count("--stage-layers", layers);
+  count("--vocab-multiple", in.vocab_multiple);
   const bool shaped = in.shape.known();
   if (!shaped && !(in.total_params > 0))
     throw InputError(
@@ -138,9 +151,9 @@ void check_memory_flags(const MemoryPlanInput& in) {
   if (!shaped && !in.stage_layers.empty()) throw InputError("--stage-layers needs --layers");
   if (shaped) {
     const ModelShape& m = in.shape;
-    at_least_one("--kv-heads", m.kv_heads);
-    at_least_one("--ffn", m.ffn);
-    at_least_one("--vocab", m.vocab);
+    count("--kv-heads", m.kv_heads);
+    count("--ffn", m.ffn);
+    count("--vocab", m.vocab);
     if (in.activations != ActivationModel::kNone && m.seq < 1)
       throw InputError("--seq-length: must be >= 1 to compute activations");
   }
@@ -291,22 +304,27 @@ MemoryPlanInput PlanCommandImpl::memory_input() const {
     in = plan_input_from_config(config());
     if (given("--recipe")) in.recipe = recipe_flag();
   }
+  // A flag given is checked when read: a value out of range is refused, never read as "not given".
+  const auto count_flag = [&](const char* flag, int64_t value, int64_t& into) {
+    if (given(flag)) into = checked_range(value, 1, kMaxCount, flag);
+  };
   ModelShape& s = in.shape;
-  if (given("--layers")) s.layers = m_.layers;
-  if (given("--hidden")) s.hidden = m_.hidden;
-  if (given("--heads")) s.heads = m_.heads;
-  if (given("--kv-heads")) s.kv_heads = m_.kv_heads;
-  if (given("--ffn")) s.ffn = m_.ffn;
-  if (given("--vocab")) s.vocab = m_.vocab;
-  if (given("--seq-length")) s.seq = m_.seq;
+  count_flag("--layers", m_.layers, s.layers);
+  count_flag("--hidden", m_.hidden, s.hidden);
+  count_flag("--heads", m_.heads, s.heads);
+  count_flag("--kv-heads", m_.kv_heads, s.kv_heads);
+  count_flag("--ffn", m_.ffn, s.ffn);
+  count_flag("--vocab", m_.vocab, s.vocab);
+  count_flag("--seq-length", m_.seq, s.seq);
   if (given("--tied-embeddings")) s.tied_embeddings = m_.tied;
   if (s.kv_heads == 0) s.kv_heads = s.heads;
   if (s.known() && (s.ffn == 0 || s.vocab == 0)) {
     throw InputError("--ffn and --vocab are needed with --layers, --hidden and --heads");
   }
-  if (given("--params")) in.total_params = parse_quantity(m_.params, "--params");
-  if (given("--params") && !(in.total_params > 0))
-    throw InputError("--params: must be > 0, got " + m_.params);
+  if (given("--params")) {
+    in.total_params = checked_finite(parse_quantity(m_.params, "--params"), kMaxExactCount, "--params");
+    if (!(in.total_params > 0)) throw InputError("--params: must be > 0, got " + m_.params);
+  }
   if (given("--tp")) in.tp = m_.tp;
   if (given("--pp")) in.pp = m_.pp;
   if (given("--cp")) in.cp = m_.cp;
@@ -315,7 +333,7 @@ MemoryPlanInput PlanCommandImpl::memory_input() const {
   if (given("--dp")) in.dps = m_.dps;
   if (given("--stage-layers")) in.stage_layers = m_.stage_layers;
   if (given("--micro-batch")) in.micro_batch = m_.micro_batch;
-  if (given("--global-batch")) in.global_batch = m_.global_batch;
+  count_flag("--global-batch", m_.global_batch, in.global_batch);
   if (given("--distributed-optimizer")) in.distributed_optimizer = true;
   if (given("--zero-stage")) {
     in.zero_stage = m_.zero_stage;
@@ -325,7 +343,11 @@ MemoryPlanInput PlanCommandImpl::memory_input() const {
   in.recompute = parse_recompute(m_.recompute);
   in.flash_attention = m_.flash_attention;
   in.vocab_multiple = m_.vocab_multiple;
-  in.gpu_memory_gb = m_.gpu_memory_gb;
+  if (given("--gpu-memory-gb")) {
+    in.gpu_memory_gb = checked_finite(m_.gpu_memory_gb, kMaxExactCount, "--gpu-memory-gb");
+    if (!(in.gpu_memory_gb > 0))
+      throw InputError("--gpu-memory-gb: must be > 0, got " + fixed(m_.gpu_memory_gb, 2));
+  }
   if (m_.activations == "auto") {
     in.activations = !s.known()                 ? ActivationModel::kNone
                      : in.recipe.name == "fp64" ? ActivationModel::kTouchstoneFp64
@@ -368,14 +390,22 @@ int PlanCommandImpl::run_memory(std::ostream& out) const {
     }
   }
   const MemoryPlanInput in = memory_input();
-  print_memory_plan(in, out);
-  if (m_.ranks) print_rank_memory(predict_rank_memory(config()), out);
+  // The whole report is made before any of it is printed: a refusal of --ranks or --breakdown leaves no
+  // partial report.
+  std::ostringstream report;
+  print_memory_plan(in, report);
+  if (m_.ranks) {
+    const Config layout = config();
+    check_rank_replay_size(layout);
+    print_rank_memory(predict_rank_memory(layout), report);
+  }
   if (m_.breakdown) {
     if (in.activations != ActivationModel::kTouchstoneFp64) {
       throw InputError("--breakdown lists the tensors of --activations touchstone-fp64 only");
     }
-    print_memory_breakdown(in, out);
+    print_memory_breakdown(in, report);
   }
+  out << report.str();
   return 0;
 }
 
