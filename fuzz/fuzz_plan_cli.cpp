@@ -1,8 +1,8 @@
 // Fuzzes the command lines of `touchstone plan memory | scaling | calendar` (tools/plan/plan_cli.h):
 // the input is one argument per line after `touchstone plan`; a line "%%" ends the arguments, and what
 // follows it is the content of a file that an argument FILE names (a scaling CSV for --csv, a config
-// for --config). The arguments are parsed by the same CLI11 app and run by the same planning code as
-// the command, in process.
+// for --config). The arguments are parsed by the same CLI11 app (with the same integer-flag check) and
+// run by the same planning code as the command, in process.
 // Finding: a crash, sanitizer report, leak, hang or out-of-memory, an exception other than InputError
 // or CLI11's parse errors (fuzz_input.h), or a number printed wrapped or undefined: a negative number
 // where the report has none, "inf" or "nan".
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "fuzz/fuzz_input.h"
+#include "tools/cli/flag_values.h"
 #include "tools/plan/plan_cli.h"
 
 namespace {
@@ -80,6 +81,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     CLI::App app{"touchstone"};
     app.require_subcommand(1);
     const auto plan = touchstone::plan::add_plan_commands(app);
+    touchstone::check_integer_flags(app);  // as tools/cli/main.cpp does before it parses
     try {
       app.parse(static_cast<int>(argv.size()), argv.data());
     } catch (const CLI::Error&) {
