@@ -10,6 +10,7 @@
 #include "model/transformer.h"
 #include "oracle/diff/added_mask.h"
 #include "oracle/diff/context_parallel_mistakes.h"
+#include "oracle/diff/rope_mistakes.h"
 #include "oracle/hf/hf_names.h"
 #include "oracle/train_step.h"
 #include "parallel/comm/single_rank_group.h"
@@ -42,6 +43,7 @@ struct Rule {
   // A context-parallel mistake played on one rank (context_parallel_mistakes.h), at context_parallel ranks.
   std::optional<ContextParallelMistake> context_parallel_mistake = std::nullopt;
   int context_parallel = 0;
+  std::optional<RopeMistake> rope_mistake = std::nullopt;  // RoPE computed another way (rope_mistakes.h)
 };
 
 // The model's parameter hooks (model/transformer.h) playing that ZeRO-3 mistake: before the backward of
@@ -147,6 +149,26 @@ std::vector<Rule> rules_for(const Config& config) {
     shifted.golden_counts = golden_counts;
     rules.push_back(shifted);
   }
+  Rule adjacent_pairs{
+      "rope_adjacent_pairs",
+      "RoPE over adjacent pairs: the candidate matches a model that rotates each head's pairs (2i, 2i+1) "
+      "(Meta's original Llama code, torchtitan's complex RoPE) on weights laid out for the pairs (i, i + "
+      "D/2) "
+      "that the golden model rotates (Megatron-Core, Hugging Face); permute each head's q and k rows when "
+      "loading (row 2i from row i, row 2i+1 from row i + D/2; touchstone.torchtitan does) and the gradients "
+      "back",
+      masking, golden_norm};
+  adjacent_pairs.rope_mistake = RopeMistake::kAdjacentPairs;
+  rules.push_back(adjacent_pairs);
+  Rule cosine_only{
+      "rope_cosine_only",
+      "RoPE without its sine: the candidate matches a model that scales each pair by cos(angle) instead of "
+      "rotating it, which is what a complex cos + i sin table cast to a real dtype leaves (torchtitan's "
+      "model.to(torch.float64) drops freqs_cis's imaginary part with only a UserWarning); convert with "
+      "model.double(), or rebuild the table in float64",
+      masking, golden_norm};
+  cosine_only.rope_mistake = RopeMistake::kCosineOnly;
+  rules.push_back(cosine_only);
   Rule before_last_w{
       "weight_gradients_before_last_w",
       "optimizer step before the last weight-gradient pass: the candidate's linear-layer and "
@@ -294,7 +316,12 @@ std::vector<Verdict> match_recomputed_rules(
       ContextParallelMistakeBackend cp_backend(*rule.context_parallel_mistake, rule.context_parallel);
       return evaluate(cp_backend, TensorParallelRegion(group, false, cp_backend));
     };
+    auto rope_mistaken = [&] {
+      RopeMistakeBackend rope_backend(*rule.rope_mistake);
+      return evaluate(rope_backend, TensorParallelRegion(group, false, rope_backend));
+    };
     const ObjectiveResult r = rule.context_parallel_mistake ? mistaken()
+                              : rule.rope_mistake           ? rope_mistaken()
                               : rule.mask_added             ? evaluate(added_mask, added_mask_region)
                                                             : evaluate(*backend, region);
     const bool matches =

@@ -2,7 +2,8 @@
 // oracle/train_step.h's evaluate_objective on the whole model, at the parameters the step started from:
 // the candidate's own when re-anchored, else the golden ones) under rules a production run commonly
 // gets wrong (the other loss normalisation, the document mask missing or applied, positions not reset,
-// linear_qkv read as [q; k; v], a 0/1 attention mask added to the scores, the targets shifted once
+// linear_qkv read as [q; k; v], RoPE over adjacent pairs or scaled by its cosine alone
+// (rope_mistakes.h), a 0/1 attention mask added to the scores, the targets shifted once
 // more, the optimizer stepping before the last micro-batch's weight gradients, ZeRO-3 computing a
 // layer's backward without gathering its parameters again), each compared with the
 // candidate using the tolerance its entry was judged with. A candidate

@@ -48,6 +48,8 @@ inline const std::set<std::string>& all_signatures() {
                                               "one_layer",
                                               "fp32_in_fp64",
                                               "attention_mask_added",
+                                              "rope_adjacent_pairs",
+                                              "rope_cosine_only",
                                               "targets_shifted_twice",
                                               "optimizer_bias_correction",
                                               "optimizer_weight_decay",

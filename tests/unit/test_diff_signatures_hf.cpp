@@ -1,6 +1,6 @@
-// The diff's verdicts for two mistakes of Hugging Face candidates, each on a synthetic candidate built
-// with Touchstone's own trainer under the mistaken rule and diffed with run_analysis (as
-// test_diff_signatures.cpp does for the other recomputed rules):
+// The diff's verdicts for mistakes made converting to another framework (Hugging Face, torchtitan),
+// each on a synthetic candidate built with Touchstone's own trainer under the mistaken rule and diffed
+// with run_analysis (as test_diff_signatures.cpp does for the other recomputed rules):
 //   attention_mask_added   a 0/1 mask added to the attention scores: the trainer run with
 //                          oracle/diff/added_mask.h's backend, itself checked against the formula and
 //                          finite differences first;
@@ -8,6 +8,10 @@
 //                          normalised by the shifted targets' own counts (the trainer on the shifted
 //                          batch) or by the golden counts (the trainer on each shifted micro-batch alone,
 //                          its objective reweighted to the golden loss weights);
+//   rope_adjacent_pairs    RoPE over each head's adjacent pairs, and rope_cosine_only, each pair scaled
+//                          by its cosine: the trainer run with oracle/diff/rope_mistakes.h's backend,
+//                          itself checked against rotate-half RoPE on permuted rows and against the
+//                          formula first;
 // Each case asserts the exact set of verdicts, so every other signature stays silent on it.
 #include <gtest/gtest.h>
 
@@ -18,10 +22,12 @@
 #include <set>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/dropout_mask.h"
 #include "oracle/diff/added_mask.h"
+#include "oracle/diff/rope_mistakes.h"
 #include "test_diff_signature_fixture.h"
 
 namespace touchstone::diff::testing {
@@ -189,6 +195,87 @@ TEST(AddedMaskBackend, AttentionIsTheFormulaAndItsGradient) {
       check(v, dv, "dv");
     }
   }
+}
+
+// Adjacent pairs are rotate-half on each head's elements permuted (2i <- i, 2i+1 <- i + D/2): the
+// mistake is a layout, and the rotation is the golden one. The cosine-only form scales both elements of
+// pair i by cos(pos theta^(-2i/D)). The backward (inverse) of each is its transpose: <R x, y> = <x, R^T y>.
+TEST(RopeMistakeBackend, TheTwoFormsAgainstRotateHalfAndTheFormula) {
+  const int64_t windows = 2, heads = 3, seq = 5, D = 8, half = D / 2;
+  const double theta = 10000.0;
+  const std::vector<int32_t> positions = {0, 1, 2, 0, 1, 7, 8, 9, 10, 3};  // [b, T]
+  Noise noise;
+  std::vector<double> x(static_cast<size_t>(windows * heads * seq * D)), y(x.size());
+  for (double& v : x) v = noise.next();
+  for (double& v : y) v = noise.next();
+  auto rows = [&](const std::vector<double>& v, bool to_halves) {  // each head's D elements permuted
+    std::vector<double> out(v.size());
+    for (size_t r = 0; r < v.size() / D; ++r) {
+      for (int64_t i = 0; i < half; ++i) {
+        const size_t pair_first = r * D + 2 * i, pair_second = pair_first + 1;
+        const size_t half_first = r * D + i, half_second = half_first + half;
+        if (to_halves) {
+          out[half_first] = v[pair_first];
+          out[half_second] = v[pair_second];
+        } else {
+          out[pair_first] = v[half_first];
+          out[pair_second] = v[half_second];
+        }
+      }
+    }
+    return out;
+  };
+  const auto reference = make_cpu_backend(BackendOptions{});
+  RopeMistakeBackend pairs(RopeMistake::kAdjacentPairs), cosine(RopeMistake::kCosineOnly);
+  std::vector<double> by_pairs = x;
+  pairs.rope(by_pairs.data(), positions.data(), windows, heads, seq, D, theta, false);
+  std::vector<double> by_halves = rows(x, true);
+  reference->rope(by_halves.data(), positions.data(), windows, heads, seq, D, theta, false);
+  by_halves = rows(by_halves, false);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(by_pairs[i], by_halves[i], 1e-15) << i;
+  std::vector<double> by_cosine = x;
+  cosine.rope(by_cosine.data(), positions.data(), windows, heads, seq, D, theta, false);
+  for (int64_t r = 0; r < windows * heads * seq; ++r) {
+    const int64_t b = r / (heads * seq), t = r % seq;
+    for (int64_t e = 0; e < D; ++e) {
+      const double angle = positions[static_cast<size_t>(b * seq + t)] *
+                           std::pow(theta, -2.0 * static_cast<double>(e % half) / static_cast<double>(D));
+      EXPECT_NEAR(by_cosine[static_cast<size_t>(r * D + e)],
+                  x[static_cast<size_t>(r * D + e)] * std::cos(angle), 1e-15);
+    }
+  }
+  for (RopeMistakeBackend* backend : {&pairs, &cosine}) {
+    std::vector<double> rx = x, rty = y;
+    backend->rope(rx.data(), positions.data(), windows, heads, seq, D, theta, false);
+    backend->rope(rty.data(), positions.data(), windows, heads, seq, D, theta, true);
+    double left = 0, right = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      left += rx[i] * y[i];
+      right += x[i] * rty[i];
+    }
+    EXPECT_NEAR(left, right, 1e-13) << backend->name();
+  }
+}
+
+// A candidate trained with RoPE over adjacent pairs (torchtitan's convention on unpermuted golden
+// weights), and one with RoPE's cosine alone (its complex table cast to float64): each named, nothing else.
+TEST_F(HfSignatures, RopeAdjacentPairsAndCosineOnly) {
+  for (const GoldenRun* golden : goldens()) {
+    SCOPED_TRACE(golden->path);
+    for (const auto& [mistake, signature] : {std::pair{RopeMistake::kAdjacentPairs, "rope_adjacent_pairs"},
+                                             std::pair{RopeMistake::kCosineOnly, "rope_cosine_only"}}) {
+      RopeMistakeBackend backend(mistake);
+      const StepRecord record = trainer_step_on(backend, golden->config, golden->init, 1, golden->batch(1));
+      const DiffResult result = analyse(*golden, dump(*golden, record), signature);
+      expect_verdicts(result, {signature});
+    }
+  }
+  // The pairs' message says what to do.
+  RopeMistakeBackend backend(RopeMistake::kAdjacentPairs);
+  const StepRecord record = trainer_step_on(backend, masked_->config, masked_->init, 1, masked_->batch(1));
+  EXPECT_NE(message_of(analyse(*masked_, dump(*masked_, record), "pairs_message"), "rope_adjacent_pairs")
+                .find("permute each head's q and k rows when loading"),
+            std::string::npos);
 }
 
 TEST_F(HfSignatures, ACandidateEqualToTheGoldenStepPassesWithoutVerdicts) {
