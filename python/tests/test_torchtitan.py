@@ -151,6 +151,32 @@ def test_document_attention_applies_the_mask(golden_files):
             model(tokens, positions, attention_masks=None)
 
 
+@pytest.mark.parametrize("config", ["default", "nomask"])
+def test_gpu_masks_are_the_golden_mask(golden_files, config):
+    """What a GPU user feeds torchtitan's flex and varlen attention (checked here on the CPU, without
+    running either): flex_mask_mod over every (q, kv) equals the golden mask, and so does torchtitan's
+    own document mask_mod from the golden positions (they restart at 0 per document exactly when
+    documents are masked); varlen_metadata's cu_seqlens are torchtitan's own from those positions."""
+    from torchtitan.models.common.attention import create_varlen_metadata_for_document, get_document_mask_mod
+
+    from touchstone import attention_allowed
+    from touchstone.torchtitan import flex_mask_mod, varlen_metadata
+
+    with GoldenFile(golden_files[config]) as golden:
+        micro = next(iter(golden.micro_batches(golden.steps[0])))
+        mod, meta = flex_mask_mod(micro, golden), varlen_metadata(micro, golden)
+        masking = golden.document_masking
+    B, L = micro.tokens.shape
+    b, q, kv = (torch.arange(n).view(*s) for n, s in ((B, (B, 1, 1)), (L, (1, L, 1)), (L, (1, 1, L))))
+    expected = torch.from_numpy(attention_allowed(micro.document_ids, masking))
+    assert torch.equal(mod(b, None, q, kv).expand(B, L, L), expected)  # unmasked: the same for every b
+    positions = torch.from_numpy(micro.position_ids)
+    assert torch.equal(((kv <= q) & get_document_mask_mod(positions)(b, None, q, kv)).expand(B, L, L), expected)
+    own = create_varlen_metadata_for_document(positions)
+    assert meta.cu_seq_q.tolist() == own.cu_seq_q.tolist() and meta.max_q == own.max_q
+    assert (len(meta.cu_seq_q) > B + 1) == masking
+
+
 # -- the traps ---------------------------------------------------------------------------------------
 
 def without_pair_permutation(recipe):

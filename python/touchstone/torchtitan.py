@@ -320,5 +320,33 @@ def document_mask(micro: Any, golden: GoldenFile) -> Any:
     return torch.from_numpy(attention_allowed(micro.document_ids, golden.document_masking))[:, None]
 
 
-__all__ = ["model_config", "build_model", "pair_order", "half_order", "iter_titan_tensors", "from_titan_state",
+def flex_mask_mod(micro: Any, golden: GoldenFile, device: Any = None) -> Any:
+    """A FlexAttention mask_mod of the golden mask (causal within documents, from the golden document
+    ids rather than from positions restarting at 0), for `create_attention_mask(mod, B, None, L, L)` on
+    a GPU."""
+    import torch
+
+    documents = torch.from_numpy(micro.document_ids).to(device)
+    masking = bool(golden.document_masking)
+
+    def same_document_causal(b, h, q_idx, kv_idx):
+        causal = kv_idx <= q_idx
+        return causal & (documents[b, q_idx] == documents[b, kv_idx]) if masking else causal
+
+    return same_document_causal
+
+
+def varlen_metadata(micro: Any, golden: GoldenFile, device: Any = None) -> Any:
+    """torchtitan's VarlenMetadata of the golden mask, from `touchstone.masks.cu_seqlens`."""
+    import torch
+    from torchtitan.models.common.attention import VarlenMetadata
+
+    from touchstone.masks import cu_seqlens
+
+    cu, longest = cu_seqlens(micro.document_ids, golden.document_masking)
+    cu = torch.from_numpy(cu).to(device)
+    return VarlenMetadata(cu_seq_q=cu, cu_seq_k=cu, max_q=int(longest), max_k=int(longest))
+
+
+__all__ = ["flex_mask_mod", "varlen_metadata", "model_config", "build_model", "pair_order", "half_order", "iter_titan_tensors", "from_titan_state",
            "titan_grads", "load_golden_into", "exact_fp64", "install_document_attention", "document_mask"]
