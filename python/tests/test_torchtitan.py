@@ -21,7 +21,7 @@ import torch
 
 from touchstone import GoldenFile
 from touchstone.torchtitan import (build_model, exact_fp64, from_titan_state, half_order,
-                                   install_document_attention, iter_titan_tensors, pair_order)
+                                   install_document_attention, iter_titan_tensors, pair_order, titan_grads)
 
 RECIPE = Path(os.environ.get("TOUCHSTONE_SOURCE_DIR", Path(__file__).parents[2])) / \
     "tools/examples/torchtitan_candidate.py"
@@ -175,6 +175,22 @@ def test_gpu_masks_are_the_golden_mask(golden_files, config):
     own = create_varlen_metadata_for_document(positions)
     assert meta.cu_seq_q.tolist() == own.cu_seq_q.tolist() and meta.max_q == own.max_q
     assert (len(meta.cu_seq_q) > B + 1) == masking
+
+
+def test_bad_input_is_one_line_naming_the_tensor(golden_files):
+    with GoldenFile(golden_files["default"]) as golden:
+        m, params = golden.model, dict(golden.params(0))
+        titan = dict(iter_titan_tensors(params, m))
+        with pytest.raises(ValueError, match=r"^layers.0.feed_forward.w1.weight: shape \[3, 3\]"):
+            from_titan_state({**titan, "layers.0.feed_forward.w1.weight": np.zeros((3, 3))}, m)
+        with pytest.raises(ValueError, match=r"^layers.9.attention.wo.weight: matches no torchtitan"):
+            from_titan_state({**titan, "layers.9.attention.wo.weight": np.zeros((3, 3))}, m)
+        with pytest.raises(ValueError, match=r"^layers.0.feed_forward.w3.weight: missing"):
+            from_titan_state({k: v for k, v in titan.items() if k != "layers.0.feed_forward.w3.weight"}, m)
+        with pytest.raises(ValueError, match=r"^decoder.final_layernorm.weight: no torchtitan tensor"):
+            from_titan_state({k: v for k, v in titan.items() if k != "norm.weight"}, m)
+        with pytest.raises(ValueError, match=r"^titan_model is of type dict"):
+            list(titan_grads({}))
 
 
 # -- the traps ---------------------------------------------------------------------------------------

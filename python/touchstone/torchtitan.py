@@ -207,8 +207,14 @@ def from_titan_state(state: Tensors, model: Mapping[str, Any], strict: bool = Tr
     return out
 
 
+def _check_module(titan_model: Any) -> None:
+    if not callable(getattr(titan_model, "named_parameters", None)):
+        raise ValueError(f"titan_model is of type {type(titan_model).__name__}, not a torch module")
+
+
 def titan_grads(titan_model: Any) -> Iterator[Tuple[str, Any]]:
     """(torchtitan name, gradient) of every parameter (after backward); a tied weight once."""
+    _check_module(titan_model)
     for name, parameter in titan_model.named_parameters():
         if parameter.grad is None:
             raise ValueError(f"{name}: has no gradient (was backward run?)")
@@ -220,8 +226,10 @@ def load_golden_into(titan_model: Any, golden: GoldenFile, step: int = 0) -> Non
     torchtitan's pair order. Every parameter of the model must receive one."""
     import torch
 
+    _check_module(titan_model)
     if not isinstance(golden, GoldenFile):
         raise ValueError(f"golden is of type {type(golden).__name__}, not GoldenFile")
+    _check_fused_layout(titan_model, golden.model)
     targets = dict(titan_model.named_parameters())
     filled = set()
     with torch.no_grad():
@@ -234,6 +242,18 @@ def load_golden_into(titan_model: Any, golden: GoldenFile, step: int = 0) -> Non
     for name in targets:
         if name not in filled:
             raise ValueError(f"{name}: the golden file gives this torchtitan parameter no value")
+
+
+def _check_fused_layout(titan_model: Any, model: Mapping[str, Any]) -> None:
+    """The wqkv layout this module assumes is FusedQKVLinear's of torchtitan 0.3.0 ([n_kv, G + 2, D] rows);
+    another torchtitan whose module splits differently is refused here rather than trained wrongly."""
+    _, NH, NKV, D, _ = _dims(model)
+    for attention in _attention_layers(titan_model):
+        qkv = getattr(attention, "qkv_linear", None)
+        if type(qkv).__name__ != "FusedQKVLinear" or getattr(qkv, "r_dim", None) != NH // NKV + 2 \
+                or getattr(qkv, "head_dim", None) != D:
+            raise ValueError(f"attention.qkv_linear is {type(qkv).__name__} (r_dim {getattr(qkv, 'r_dim', None)}), "
+                             f"not torchtitan 0.3.0's FusedQKVLinear with r_dim {NH // NKV + 2}")
 
 
 # -- modules installed on the instance -------------------------------------------------------------
