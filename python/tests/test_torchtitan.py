@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import make_golden
 from touchstone import GoldenFile
 from touchstone.torchtitan import (build_model, exact_fp64, from_titan_state, half_order,
                                    install_document_attention, iter_titan_tensors, pair_order, titan_grads)
@@ -56,12 +57,17 @@ def verdict_line(result):
 
 # -- correct runs ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("config", ["default", "tied_pmm", "gqa8"])
-def test_fp64_recipe_passes_at_1e_12(touchstone, golden_files, tmp_path, config):
+EPS_THETA = ["model.norm_eps=1e-2", "model.rope_theta=500000"]  # not torchtitan's defaults: both reach the model
+
+
+@pytest.mark.parametrize("config", ["default", "tied_pmm", "gqa8", "eps_theta"])
+def test_fp64_recipe_passes_at_1e_12(touchstone, golden_files, golden_dir, tmp_path, config):
     """FP64 with the float64 RoPE and the document-mask attention: every tensor of 2 steps agrees to 1e-12
-    (untied; tied embeddings, which torchtitan supports as enable_weight_tying; 8 heads on 2 KV heads)."""
-    candidate = run_recipe(golden_files[config], tmp_path / "candidate.h5")
-    result, report = diff(touchstone, golden_files[config], candidate, tmp_path, "--tolerance", "1e-12")
+    (untied; tied embeddings, which torchtitan supports as enable_weight_tying; 8 heads on 2 KV heads;
+    a norm eps and RoPE theta that torchtitan's defaults would get wrong)."""
+    golden = make_golden(golden_dir, config, EPS_THETA) if config == "eps_theta" else golden_files[config]
+    candidate = run_recipe(golden, tmp_path / "candidate.h5")
+    result, report = diff(touchstone, golden, candidate, tmp_path, "--tolerance", "1e-12")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
     assert report["summary"]["failed"] == 0 and report["summary"]["not_compared"] == 0
     worst = max(t["metrics"]["relative_l2"] for t in report["tensors"])
