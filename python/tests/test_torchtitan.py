@@ -85,13 +85,16 @@ def test_bf16_recipe_passes_the_envelope(touchstone, bf16_envelope_golden, tmp_p
     print(f"bf16: worst {worst['path']} at {worst['metrics']['tolerance_ratio']:.2f} of its tolerance")
 
 
-def test_recipe_runs_free_of_warnings(golden_files, tmp_path):
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp64", "bf16"])
+def test_recipe_runs_free_of_warnings(golden_files, bf16_envelope_golden, tmp_path, bf16):
     """The script as a user runs it, under `python -W error` (`.to(torch.float64)` would warn here)."""
+    golden = bf16_envelope_golden if bf16 else golden_files["default"]
     package = str(Path(__file__).parents[1])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([package] + [p for p in os.environ.get("PYTHONPATH", "")
                                                                      .split(os.pathsep) if p])}
-    result = subprocess.run([sys.executable, "-W", "error", str(RECIPE), str(golden_files["default"]), "--out",
-                             str(tmp_path / "candidate.h5"), "--steps", "1"], capture_output=True, text=True, env=env)
+    result = subprocess.run([sys.executable, "-W", "error", str(RECIPE), str(golden), "--out",
+                             str(tmp_path / "candidate.h5"), "--steps", "1"] + (["--bf16"] if bf16 else []),
+                            capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Warning" not in result.stderr, result.stderr[-3000:]
 
@@ -244,9 +247,10 @@ def to_float64(original_load_model):
         from touchstone.torchtitan import load_golden_into
 
         model = install_document_attention(build_model(golden))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # "Casting complex values to real discards ..."
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             model.to(torch.float64)
+        assert any("discards the imaginary part" in str(w.message) for w in caught), [str(w.message) for w in caught]
         load_golden_into(model, golden)
         return model  # as a user writes it; the RoPE cache is now real (cos only)
     return load_model
