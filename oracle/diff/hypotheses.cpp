@@ -44,7 +44,15 @@ struct Rule {
   std::optional<ContextParallelMistake> context_parallel_mistake = std::nullopt;
   int context_parallel = 0;
   std::optional<RopeMistake> rope_mistake = std::nullopt;  // RoPE computed another way (rope_mistakes.h)
+  // Matched within kFloat32RopeSlack when the tolerance is tighter: the frameworks that make these RoPE
+  // mistakes (torchtitan) also compute RoPE in float32, which adds about 2e-9 to a mistake of 1e-2.
+  bool float32_rope_slack = false;
 };
+
+// 500 x torchtitan's float32 RoPE in an FP64 run (2.3e-9 relative L2 on the gradients), and 1e-4 of the
+// RoPE mistakes themselves (1e-2): the mistake is named whether or not float32 RoPE rides along, and no
+// other rule comes within it.
+constexpr double kFloat32RopeSlack = 1e-6;
 
 // The model's parameter hooks (model/transformer.h) playing that ZeRO-3 mistake: before the backward of
 // layer l < L-1 its linear weights are replaced by layer L-1's, and put back after it. The weight
@@ -159,6 +167,7 @@ std::vector<Rule> rules_for(const Config& config) {
       "back",
       masking, golden_norm};
   adjacent_pairs.rope_mistake = RopeMistake::kAdjacentPairs;
+  adjacent_pairs.float32_rope_slack = true;
   rules.push_back(adjacent_pairs);
   Rule cosine_only{
       "rope_cosine_only",
@@ -168,6 +177,7 @@ std::vector<Rule> rules_for(const Config& config) {
       "model.double(), or rebuild the table in float64",
       masking, golden_norm};
   cosine_only.rope_mistake = RopeMistake::kCosineOnly;
+  cosine_only.float32_rope_slack = true;
   rules.push_back(cosine_only);
   Rule before_last_w{
       "weight_gradients_before_last_w",
@@ -332,7 +342,11 @@ std::vector<Verdict> match_recomputed_rules(
                 const Recorded expected = id < 0 ? Recorded{{}, {r.loss}, "float64"}
                                                  : Recorded{table[id].shape, r.grads[id], "float64"};
                 const Recorded& c = candidate.at(path);
-                const std::optional<Tolerance> tol = tolerance_of(path);
+                std::optional<Tolerance> tol = tolerance_of(path);
+                if (tol && rule.float32_rope_slack) {
+                  tol->relative_l2 = std::max(tol->relative_l2, kFloat32RopeSlack);
+                  tol->max_abs_normalized = std::max(tol->max_abs_normalized, kFloat32RopeSlack);
+                }
                 return tol && c.values.size() == expected.values.size() &&
                        passes(compare_values(expected, c, *tol), *tol);
               });
