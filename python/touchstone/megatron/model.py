@@ -65,6 +65,10 @@ def transformer_config(golden: GoldenFile, tp: int, pp: int, dtype: torch.dtype,
         persist_layer_norm=False, gradient_accumulation_fusion=False,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=False,
         virtual_pipeline_model_parallel_size=vp if vp > 1 else None,
+        # Interleaved 1F1B over gloo at pp = 2 with batched p2p (batch_isend_irecv) gives stage 1's
+        # first chunk wrong gradients (cosine ~0 against the golden file, measured on 0.19.2): there the
+        # next and previous rank are one peer, sent to twice in one batch. Unbatched sends pass.
+        batch_p2p_comm=vp == 1,
         params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, use_cpu_initialization=True,
         perform_initialization=False,
         calculate_per_token_loss=golden.loss_normalization == "global_token_mean")
