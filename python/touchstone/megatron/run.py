@@ -8,6 +8,9 @@ candidates of one world size in one set of ranks, one import of Megatron-Core fo
    remains), its RNG tracker without dropout (`initialize_rng_tracker(inference_rng_tracker=True)`).
 2. The model of model.py holding /params/init, the float32 sites fixed (float32_sites.py), wrapped in
    Megatron-Core's `DistributedDataParallel` (gradient buffer in the parameters' dtype, no overlap).
+   A golden file with a BF16 envelope runs as Megatron-LM's --bf16: `Float16Module`, FP32 main
+   gradients, FP32 main parameters holding /params/init, no float32 site fixed. With vp > 1 virtual
+   stages, one model chunk per virtual stage (interleaved 1F1B), each written as a shard stage.
 3. Megatron-Core's optimizer from `get_megatron_optimizer` (`--optimizer adam`, decoupled weight
    decay, no weight decay on 1-D tensors) and its `OptimizerParamScheduler` (cosine, warm-up, iteration
    counts times the global batch as Megatron-LM's `--lr-*-iters` make them). Without Transformer
