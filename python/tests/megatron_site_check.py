@@ -41,7 +41,7 @@ def optimizer_check(golden):
     import megatron.core.optimizer as megatron_optimizer
 
     model, ddp = build(golden, float32_sites.SITES)
-    optimizer = run._optimizer(golden, ddp, torch.float64)
+    optimizer = run._optimizer(golden, [ddp], torch.float64)
     scheduler = run._schedule(golden, optimizer)  # sets each group's lr and weight decay, as in a run
     inner = run.inner_optimizers(optimizer)
     o = golden.config["optim"]

@@ -5,7 +5,8 @@ on the CPU and write the candidate as per-rank shards for `touchstone diff` (doc
 usage: PYTHONPATH=MEGATRON_CORE:python megatron_candidate.py GOLDEN.h5 --out DIR [--tp N --pp N --dp N]
            [--steps N] [--keep-float32 SITE ...]
 
-The golden file must be FP64 and made with --set optim.schedule_convention=megatron. The tp x pp x dp
+The golden file must be made with --set optim.schedule_convention=megatron: FP64 (replayed in FP64,
+the float32 sites fixed) or with --set precision=bf16 --envelope (replayed in Megatron's BF16). The tp x pp x dp
 gloo ranks are spawned here, on 127.0.0.1 with a free port. DIR must not exist or be empty."""
 import argparse
 import sys
@@ -21,13 +22,14 @@ def main(argv=None) -> int:
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--dp", type=int, default=1)
+    parser.add_argument("--vp", type=int, default=1, help="virtual stages per pipeline stage (interleaved 1F1B)")
     parser.add_argument("--steps", type=int, default=None, help="the first N golden steps (default all)")
     parser.add_argument("--keep-float32", action="append", default=[], choices=float32_sites.SITES,
                         help="leave this float32 site of Megatron-Core unfixed (to see what it does)")
     args = parser.parse_args(argv)
     sites = [s for s in float32_sites.SITES if s not in args.keep_float32]
     try:
-        launch(args.golden, args.out, tp=args.tp, pp=args.pp, dp=args.dp, steps=args.steps, sites=sites)
+        launch(args.golden, args.out, tp=args.tp, pp=args.pp, dp=args.dp, vp=args.vp, steps=args.steps, sites=sites)
     except ValueError as e:
         print(f"megatron_candidate.py: error: {e}", file=sys.stderr)
         return 2

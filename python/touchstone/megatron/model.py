@@ -47,11 +47,12 @@ def check_layout(golden: GoldenFile, tp: int, pp: int) -> None:
         raise ValueError(f"{golden.path}: model.attention_dropout and model.hidden_dropout must be 0")
 
 
-def transformer_config(golden: GoldenFile, tp: int, pp: int, dtype: torch.dtype) -> Any:
-    """The TransformerConfig of the golden model for tp x pp (ValueError for what cannot be cut so)."""
+def transformer_config(golden: GoldenFile, tp: int, pp: int, dtype: torch.dtype, vp: int = 1) -> Any:
+    """The TransformerConfig of the golden model for tp x pp (ValueError for what cannot be cut so);
+    `dtype` torch.bfloat16 is Megatron-LM's --bf16 (`bf16=True`, BF16 parameters and pipeline)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    check_layout(golden, tp, pp)
+    check_layout(golden, tp, pp * vp)
     m = golden.model
     L, H, NH, NKV = int(m["num_layers"]), int(m["hidden_size"]), int(m["num_heads"]), int(m["num_kv_heads"])
     V, F = int(m["vocab_size"]), int(m["ffn_hidden_size"])
@@ -63,13 +64,19 @@ def transformer_config(golden: GoldenFile, tp: int, pp: int, dtype: torch.dtype)
         bias_dropout_fusion=False, masked_softmax_fusion=False, apply_rope_fusion=False,
         persist_layer_norm=False, gradient_accumulation_fusion=False,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=False,
-        params_dtype=dtype, pipeline_dtype=dtype, use_cpu_initialization=True,
+        virtual_pipeline_model_parallel_size=vp if vp > 1 else None,
+        # Interleaved 1F1B over gloo at pp = 2 with batched p2p (batch_isend_irecv) gives stage 1's
+        # first chunk wrong gradients (cosine ~0 against the golden file, measured on 0.19.2): there the
+        # next and previous rank are one peer, sent to twice in one batch. Unbatched sends pass.
+        batch_p2p_comm=vp == 1,
+        params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, use_cpu_initialization=True,
         perform_initialization=False,
         calculate_per_token_loss=golden.loss_normalization == "global_token_mean")
 
 
-def build_model(golden: GoldenFile, config: Any) -> Any:
-    """GPTModel (local spec) of this rank's pipeline stage."""
+def build_model(golden: GoldenFile, config: Any, vp_stage: Any = None) -> Any:
+    """GPTModel (local spec) of this rank's pipeline stage; with virtual stages, its model chunk
+    `vp_stage` (virtual stage vp_stage x pp + stage, Megatron-Core's interleaving)."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -78,14 +85,16 @@ def build_model(golden: GoldenFile, config: Any) -> Any:
     return GPTModel(
         config=config, transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
         vocab_size=int(m["vocab_size"]), max_sequence_length=int(m["seq_length"]),
-        pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(),
+        pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+        post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+        vp_stage=vp_stage,
         share_embeddings_and_output_weights=bool(m["tie_embeddings"]),
         position_embedding_type="rope", rotary_percent=1.0, rotary_base=float(m["rope_theta"]))
 
 
 def golden_name(local: str, golden: GoldenFile, pp: int, stage: int) -> str:
-    """The golden name of this stage's parameter `local` (layer numbers made global)."""
+    """The golden name of this stage's parameter `local` (layer numbers made global). With virtual
+    stages, pp is the number of virtual stages (pp x vp) and stage the virtual stage."""
     if local.startswith("decoder.layers."):
         layer, rest = local[len("decoder.layers."):].split(".", 1)
         per_stage = int(golden.model["num_layers"]) // pp
@@ -108,10 +117,17 @@ def tp_shard(name: str, full: np.ndarray, tp: int, rank: int) -> np.ndarray:
     return np.split(full, tp, axis=0)[rank]
 
 
-def load_golden_params(model: Any, golden: GoldenFile, tp: int, tp_rank: int, pp: int, stage: int) -> None:
-    """Copies /params/init into `model`, cut for (tp_rank, stage); every parameter must be loaded."""
+def load_golden_params(model: Any, golden: GoldenFile, tp: int, tp_rank: int, pp: int, stage: int,
+                       attr: str = "") -> None:
+    """Copies /params/init into `model`, cut for (tp_rank, stage); every parameter must be loaded.
+
+    With `attr` "main_param" it goes into each parameter's FP32 main copy of Megatron-Core's mixed
+    precision optimizer instead, as loading a checkpoint's optimizer state does (the optimizer makes
+    the copies from the BF16 parameters, which would start the master weights at the BF16 rounding
+    of /params/init instead of /params/init itself)."""
     with torch.no_grad():
-        for local, param in model.named_parameters():
+        for local, model_param in model.named_parameters():
+            param = getattr(model_param, attr) if attr else model_param
             name = golden_name(local, golden, pp, stage)
             shard = tp_shard(name, golden.init_param(name), tp, tp_rank)
             if tuple(shard.shape) != tuple(param.shape):
@@ -142,6 +158,6 @@ def set_tensor_parallel_attributes(model: Any) -> int:
 def stage_params(model: Any, attr: str = "data") -> Iterator[Tuple[str, torch.Tensor]]:
     """(shard name, tensor) of this rank: Megatron-Core's own names, layer numbers local to the stage
     (docs/diffing.md "per-rank shards"); `attr` "data" gives the parameters, "main_grad" the
-    gradients in the DDP buffer."""
+    gradients in the DDP buffer, "main_param" the FP32 main parameters of the BF16 optimizer."""
     for local, param in model.named_parameters():
         yield local, getattr(param, attr)

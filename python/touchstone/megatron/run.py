@@ -8,6 +8,9 @@ candidates of one world size in one set of ranks, one import of Megatron-Core fo
    remains), its RNG tracker without dropout (`initialize_rng_tracker(inference_rng_tracker=True)`).
 2. The model of model.py holding /params/init, the float32 sites fixed (float32_sites.py), wrapped in
    Megatron-Core's `DistributedDataParallel` (gradient buffer in the parameters' dtype, no overlap).
+   A golden file with a BF16 envelope runs as Megatron-LM's --bf16: `Float16Module`, FP32 main
+   gradients, FP32 main parameters holding /params/init, no float32 site fixed. With vp > 1 virtual
+   stages, one model chunk per virtual stage (interleaved 1F1B), each written as a shard stage.
 3. Megatron-Core's optimizer from `get_megatron_optimizer` (`--optimizer adam`, decoupled weight
    decay, no weight decay on 1-D tensors) and its `OptimizerParamScheduler` (cosine, warm-up, iteration
    counts times the global batch as Megatron-LM's `--lr-*-iters` make them). Without Transformer
@@ -94,15 +97,27 @@ def forward_step(data_iterator: Any, model: Any, keep_float32_loss: bool = False
     return output_tensor, partial(loss_func, batch["loss_mask"], keep_float32=keep_float32_loss)
 
 
-def check_golden(golden: GoldenFile, tp: int, pp: int, dp: int = 1) -> None:
-    """ValueError (one line) for a golden file this module cannot replay at tp x pp x dp."""
-    if golden.precision != "fp64":
-        raise ValueError(f"{golden.path}: precision {golden.precision}; only FP64 golden files are replayed")
+def replay_precision(golden: GoldenFile) -> str:
+    """"bf16" for a golden file made with --set precision=bf16 --envelope (FP64 values, a BF16
+    tolerance envelope: docs/precision.md), else the golden file's precision."""
+    model = golden.tolerance_model
+    if model.get("kind") == "envelope":
+        return str(model.get("precision"))
+    return golden.precision
+
+
+def check_golden(golden: GoldenFile, tp: int, pp: int, dp: int = 1, vp: int = 1) -> None:
+    """ValueError (one line) for a golden file this module cannot replay at tp x pp x dp (vp virtual
+    stages per pipeline stage)."""
+    precision = replay_precision(golden)
+    if golden.precision != "fp64" or precision not in ("fp64", "bf16"):
+        raise ValueError(f"{golden.path}: precision {golden.precision} (envelope {precision}); FP64 golden "
+                         "files and BF16 envelopes (--set precision=bf16 --envelope) are replayed")
     convention = golden.config["optim"].get("schedule_convention")
     if convention != "megatron":
         raise ValueError(f"{golden.path}: optim.schedule_convention is {convention}; make the golden file "
                          "with --set optim.schedule_convention=megatron")
-    mmodel.check_layout(golden, tp, pp)
+    mmodel.check_layout(golden, tp, pp * vp)
     gbs, mbs = int(golden.config["train"]["global_batch_size"]), golden.micro_batch_size
     if gbs % (mbs * dp):
         raise ValueError(f"{golden.path}: train.global_batch_size {gbs} is not a multiple of "
@@ -120,16 +135,16 @@ def _schedule(golden: GoldenFile, optimizer: Any) -> Any:
         wd_incr_steps=int(golden.config["train"]["steps"]) * gbs, wd_incr_style="constant")
 
 
-def _optimizer(golden: GoldenFile, ddp_model: Any, dtype: torch.dtype) -> Any:
+def _optimizer(golden: GoldenFile, ddp_models: List[Any], dtype: torch.dtype) -> Any:
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     o = golden.config["optim"]
     config = OptimizerConfig(
         optimizer="adam", lr=float(o["lr"]), min_lr=float(o["min_lr"]), weight_decay=float(o["weight_decay"]),
         adam_beta1=float(o["beta1"]), adam_beta2=float(o["beta2"]), adam_eps=float(o["eps"]),
-        clip_grad=float(o["clip_grad"]), bf16=False, fp16=False, params_dtype=dtype,
+        clip_grad=float(o["clip_grad"]), bf16=dtype == torch.bfloat16, fp16=False, params_dtype=dtype,
         use_distributed_optimizer=False, decoupled_weight_decay=True)
-    return get_megatron_optimizer(config, [ddp_model])
+    return get_megatron_optimizer(config, ddp_models)
 
 
 def inner_optimizers(optimizer: Any) -> List[torch.optim.Optimizer]:
@@ -152,9 +167,11 @@ def train_rank(rank: int, world: int, port: int, jobs: Sequence[Dict[str, Any]])
     try:
         for job in jobs:
             try:
-                with cpu_shims(), GoldenFile(job["golden"]) as golden, float32_sites.process_fixes(job["sites"]):
+                with cpu_shims(), GoldenFile(job["golden"]) as golden, (
+                        float32_sites.process_fixes(job["sites"]) if replay_precision(golden) == "fp64"
+                        else contextlib.nullcontext()):  # BF16 runs production's arithmetic as it is
                     _train(golden, job["out"], job["tp"], job["pp"], job["steps"], list(job["sites"]),
-                           job["set_tp_attributes"])
+                           job["set_tp_attributes"], job["vp"])
             finally:
                 parallel_state.destroy_model_parallel()
     finally:
@@ -162,16 +179,24 @@ def train_rank(rank: int, world: int, port: int, jobs: Sequence[Dict[str, Any]])
 
 
 def _train(golden: GoldenFile, out_dir: str, tp: int, pp: int, steps: Optional[int], sites: List[str],
-           set_tp_attributes: bool = True) -> None:
+           set_tp_attributes: bool = True, vp: int = 1) -> None:
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed import finalize_model_grads
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel.random import initialize_rng_tracker
+    from megatron.core.transformer.module import Float16Module
 
     version = float32_sites.check_version()
-    dtype = torch.float64
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    # BF16 as Megatron-LM's --bf16 --accumulate-allreduce-grads-in-fp32 runs it: Float16Module with
+    # BF16 parameters, FP32 main gradients in the DDP buffer, Float16OptimizerWithFloat16Params with
+    # FP32 main parameters; none of the float32 sites is fixed (they are production's arithmetic).
+    bf16 = replay_precision(golden) == "bf16"
+    dtype = torch.bfloat16 if bf16 else torch.float64
+    if bf16:
+        sites = []
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                             virtual_pipeline_model_parallel_size=vp if vp > 1 else None)
     initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     stage = parallel_state.get_pipeline_model_parallel_rank()
@@ -179,56 +204,83 @@ def _train(golden: GoldenFile, out_dir: str, tp: int, pp: int, steps: Optional[i
     dp_rank = parallel_state.get_data_parallel_rank()
     last = parallel_state.is_pipeline_last_stage()
 
-    config = mmodel.transformer_config(golden, tp, pp, dtype)
-    model = mmodel.build_model(golden, config)
+    config = mmodel.transformer_config(golden, tp, pp, dtype, vp)
+    # Model chunk c of stage s is virtual stage c x pp + s (Megatron-Core's interleaving); without
+    # virtual stages there is one chunk, the stage. Golden layer numbers count over virtual stages.
+    vstages = [(c, c * pp + stage) for c in range(vp)]
+    models = [mmodel.build_model(golden, config, c if vp > 1 else None) for c, _ in vstages]
     theta = float(golden.model["rope_theta"])
-    if "norm" in sites:
-        float32_sites.fix_norms(model)
-    if "rope" in sites and getattr(model, "rotary_pos_emb", None) is not None:
-        float32_sites.fix_rope(model, theta)
-    if tp > 1 and version == "0.16.1" and set_tp_attributes:
-        marked = mmodel.set_tensor_parallel_attributes(model)
-        if marked and torch.distributed.get_rank() == 0:
-            print(f"megatron.core 0.16.1: set the tensor-parallel attributes of {marked} parameters itself "
-                  "(0.16.1 leaves them unset under use_cpu_initialization and perform_initialization=False)",
-                  file=sys.stderr)
-    mmodel.load_golden_params(model, golden, tp, tp_rank, pp, stage)
-    float32_sites.check_fixes(model, theta, [s for s in sites if s != "loss_func"],
-                              tp_group=parallel_state.get_tensor_model_parallel_group())
+    for model, (_, vstage) in zip(models, vstages):
+        if "norm" in sites:
+            float32_sites.fix_norms(model)
+        if "rope" in sites and getattr(model, "rotary_pos_emb", None) is not None:
+            float32_sites.fix_rope(model, theta)
+        if tp > 1 and version == "0.16.1" and set_tp_attributes:
+            marked = mmodel.set_tensor_parallel_attributes(model)
+            if marked and torch.distributed.get_rank() == 0:
+                print(f"megatron.core 0.16.1: set the tensor-parallel attributes of {marked} parameters itself "
+                      "(0.16.1 leaves them unset under use_cpu_initialization and perform_initialization=False)",
+                      file=sys.stderr)
+        mmodel.load_golden_params(model, golden, tp, tp_rank, pp * vp, vstage)
+        if not bf16:
+            float32_sites.check_fixes(model, theta, [s for s in sites if s != "loss_func"],
+                                      tp_group=parallel_state.get_tensor_model_parallel_group())
 
     finalize = finalize_model_grads
     if "num_tokens" in sites:
         finalize = float32_sites.fp64_finalize_model_grads(finalize_model_grads)
     config.finalize_model_grads_func = finalize
-    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=False, overlap_grad_reduce=False,
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=bf16, overlap_grad_reduce=False,
                                                use_distributed_optimizer=False)
-    ddp_model = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
-    optimizer = _optimizer(golden, ddp_model, dtype)
+    # Float16Module also casts the last stage's output (the per-token losses) to FP32, as in production;
+    # chunks after the first get no buckets of their own, as Megatron-LM's get_model builds them.
+    ddp_models = [DistributedDataParallel(config=config, ddp_config=ddp_config,
+                                          module=Float16Module(config, model) if bf16 else model,
+                                          disable_bucketing=c > 0)
+                  for c, model in enumerate(models)]
+    optimizer = _optimizer(golden, ddp_models, dtype)
+    if bf16:
+        for model, (_, vstage) in zip(models, vstages):
+            mmodel.load_golden_params(model, golden, tp, tp_rank, pp * vp, vstage, attr="main_param")
+            for _, param in model.named_parameters():
+                if param.main_grad.dtype != torch.float32 or param.main_param.dtype != torch.float32:
+                    raise RuntimeError(f"BF16 run: main gradient {param.main_grad.dtype}, main parameter "
+                                       f"{param.main_param.dtype}; both must be float32")
     scheduler = _schedule(golden, optimizer)
     forward_backward = get_forward_backward_func()
     gbs, mbs = int(golden.config["train"]["global_batch_size"]), golden.micro_batch_size
     num_micro = gbs // (mbs * dp)
     T = int(golden.model["seq_length"])
 
-    writes = dp_rank == 0
-    path = os.path.join(out_dir, f"rank_tp{tp_rank}_pp{stage}.h5")
     # The generator names the schedule Megatron-Core chose (1F1B at pp > 1:
-    # forward_backward_pipelining_without_interleaving), so a report says what ran.
+    # forward_backward_pipelining_without_interleaving; with virtual stages ..._with_interleaving).
     generator = f"touchstone.megatron (megatron.core {version}, {forward_backward.__name__})"
-    writer = CandidateWriter(path, generator=generator, dtype=np.float64) if writes else None
-    with writer if writer is not None else contextlib.nullcontext():
-        if writer is not None:
-            writer.write_init(mmodel.stage_params(model, "data"))
+    # In BF16 the updated parameters are the FP32 main parameters (the optimizer's master weights,
+    # what the golden file's envelope judges: docs/precision.md), not the BF16 copies the passes use.
+    weights = "main_param" if bf16 else "data"
+    # One file per virtual stage, named by it: the shards hold pp x vp stages of contiguous layers,
+    # and Touchstone's sharding puts them back (docs/diffing.md "per-rank shards").
+    writers = [CandidateWriter(os.path.join(out_dir, f"rank_tp{tp_rank}_pp{vstage}.h5"), generator=generator,
+                               dtype=np.float32 if bf16 else np.float64) for _, vstage in vstages] \
+        if dp_rank == 0 else []
+    with contextlib.ExitStack() as stack:
+        for writer in writers:
+            stack.enter_context(writer)
+        for writer, model in zip(writers, models):
+            writer.write_init(mmodel.stage_params(model, weights))
         for step in golden.steps[:steps]:
             micros = golden.micro_batches(step, dp=dp, dp_rank=dp_rank)
-            data = iter([megatron_batch(m, golden.document_masking) for m in micros])
-            ddp_model.zero_grad_buffer()
+            batches = [megatron_batch(m, golden.document_masking) for m in micros]
+            # Every chunk reads the micro-batches (the schedule takes one iterator per chunk).
+            data = [iter(batches) for _ in models] if vp > 1 else iter(batches)
+            for ddp_model in ddp_models:
+                ddp_model.zero_grad_buffer()
             optimizer.zero_grad()
             losses = forward_backward(
-                forward_step_func=partial(forward_step, keep_float32_loss="loss_func" not in sites),
-                data_iterator=data, model=[ddp_model], num_microbatches=num_micro, seq_length=T,
+                forward_step_func=partial(forward_step, keep_float32_loss=bf16 or "loss_func" not in sites),
+                data_iterator=data, model=ddp_models, num_microbatches=num_micro, seq_length=T,
                 micro_batch_size=mbs, decoder_seq_length=T, forward_only=False)
-            if writer is not None:  # the gradients before clipping (the step clips them in place)
+            for writer, model in zip(writers, models):  # the gradients before clipping (the step clips them)
                 writer.write_step(step, grads=mmodel.stage_params(model, "main_grad"))
             lr = inner_optimizers(optimizer)[0].param_groups[0]["lr"]
             success, grad_norm, _ = optimizer.step()
@@ -239,14 +291,15 @@ def _train(golden: GoldenFile, out_dir: str, tp: int, pp: int, steps: Optional[i
             if last:
                 scalars = _loss(losses, golden, num_micro, dp)
                 scalars.update(grad_norm=float(grad_norm), lr=float(lr))
-            if writer is not None:
-                writer.write_step(step, params=mmodel.stage_params(model, "data"),
-                                  **(scalars if tp_rank == 0 else {}))
+            for c, (writer, model) in enumerate(zip(writers, models)):
+                writer.write_step(step, params=mmodel.stage_params(model, weights),
+                                  **(scalars if tp_rank == 0 and c == vp - 1 else {}))
     torch.distributed.barrier()
     if torch.distributed.get_rank() == 0:
-        layout = {"format": "touchstone-shards", "format_version": 1, "tp": tp, "pp": pp,
+        stages = pp * vp
+        layout = {"format": "touchstone-shards", "format_version": 1, "tp": tp, "pp": stages,
                   "tie_embeddings": bool(golden.model["tie_embeddings"]), "tied_embedding_grads": "summed"}
-        layout["stage_layers"] = [int(golden.model["num_layers"]) // pp] * pp
+        layout["stage_layers"] = [int(golden.model["num_layers"]) // stages] * stages
         with open(os.path.join(out_dir, "shards.json"), "w") as f:
             json.dump(layout, f, indent=1)
 
@@ -276,16 +329,17 @@ def free_port() -> int:
 
 
 def launch(golden_path: str, out_dir: str, tp: int = 1, pp: int = 1, dp: int = 1, steps: Optional[int] = None,
-           sites: Iterable[str] = float32_sites.SITES) -> None:
+           sites: Iterable[str] = float32_sites.SITES, vp: int = 1) -> None:
     """Spawns tp x pp x dp gloo ranks on 127.0.0.1 that write the candidate shards into `out_dir`."""
-    launch_jobs([{"golden": golden_path, "out": out_dir, "tp": tp, "pp": pp, "dp": dp, "steps": steps,
+    launch_jobs([{"golden": golden_path, "out": out_dir, "tp": tp, "pp": pp, "dp": dp, "vp": vp, "steps": steps,
                   "sites": sites}])
 
 
 def launch_jobs(jobs: Sequence[Dict[str, Any]]) -> None:
     """Runs several candidates of one world size (tp x pp x dp) in one set of spawned ranks, in turn.
 
-    Each job: {"golden", "out", "tp", "pp", "dp", "steps" (None: all), "sites" (the fixes applied),
+    Each job: {"golden", "out", "tp", "pp", "dp", "vp" (virtual stages per pipeline stage, default 1:
+    interleaved 1F1B above 1), "steps" (None: all), "sites" (the fixes applied; a BF16 run fixes none),
     "set_tp_attributes" (default true: on Megatron-Core 0.16.1 at tp > 1 mark the sharded weights
     tensor-parallel, which 0.16.1 does not do for loaded weights; false shows its defect)}.
     Everything is checked (version, golden files, layouts, output directories) before a rank starts.
@@ -295,17 +349,19 @@ def launch_jobs(jobs: Sequence[Dict[str, Any]]) -> None:
     float32_sites.check_version()  # refused here, before a rank starts, as is what follows
     checked, worlds = [], set()
     for job in jobs:
-        tp, pp, dp = (int(job.get(k, 1)) for k in ("tp", "pp", "dp"))
-        for name, size in (("tp", tp), ("pp", pp), ("dp", dp)):
+        tp, pp, dp, vp = (int(job.get(k, 1)) for k in ("tp", "pp", "dp", "vp"))
+        for name, size in (("tp", tp), ("pp", pp), ("dp", dp), ("vp", vp)):
             if size < 1:
                 raise ValueError(f"--{name} {size} is not a size (1, 2, ...)")
+        if vp > 1 and pp < 2:
+            raise ValueError(f"--vp {vp}: virtual pipeline stages need --pp 2 or more")
         out = os.fspath(job["out"])
         if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
             raise ValueError(f"{out}: exists and is not an empty directory (the candidate shards go there)")
         with GoldenFile(job["golden"]) as golden:
-            check_golden(golden, tp, pp, dp)
+            check_golden(golden, tp, pp, dp, vp)
         worlds.add(tp * pp * dp)
-        checked.append({"golden": os.fspath(job["golden"]), "out": out, "tp": tp, "pp": pp,
+        checked.append({"golden": os.fspath(job["golden"]), "out": out, "tp": tp, "pp": pp, "vp": vp,
                         "steps": job.get("steps"), "set_tp_attributes": bool(job.get("set_tp_attributes", True)),
                         "sites": float32_sites.check_sites(
                             job.get("sites", float32_sites.SITES))})
