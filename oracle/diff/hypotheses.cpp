@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <memory>
 #include <optional>
+#include <utility>
 
 #include "kernels/backend.h"
 #include "model/params.h"
@@ -157,28 +158,27 @@ std::vector<Rule> rules_for(const Config& config) {
     shifted.golden_counts = golden_counts;
     rules.push_back(shifted);
   }
-  Rule adjacent_pairs{
-      "rope_adjacent_pairs",
-      "RoPE over adjacent pairs: the candidate matches a model that rotates each head's pairs (2i, 2i+1) "
-      "(Meta's original Llama code, torchtitan's complex RoPE) on weights laid out for the pairs (i, i + "
-      "D/2) "
-      "that the golden model rotates (Megatron-Core, Hugging Face); permute each head's q and k rows when "
-      "loading (row 2i from row i, row 2i+1 from row i + D/2; touchstone.torchtitan does) and the gradients "
-      "back",
-      masking, golden_norm};
-  adjacent_pairs.rope_mistake = RopeMistake::kAdjacentPairs;
-  adjacent_pairs.float32_rope_slack = true;
-  rules.push_back(adjacent_pairs);
-  Rule cosine_only{
-      "rope_cosine_only",
-      "RoPE without its sine: the candidate matches a model that scales each pair by cos(angle) instead of "
-      "rotating it, which is what a complex cos + i sin table cast to a real dtype leaves (torchtitan's "
-      "model.to(torch.float64) drops freqs_cis's imaginary part with only a UserWarning); convert with "
-      "model.double(), or rebuild the table in float64",
-      masking, golden_norm};
-  cosine_only.rope_mistake = RopeMistake::kCosineOnly;
-  cosine_only.float32_rope_slack = true;
-  rules.push_back(cosine_only);
+  const std::pair<RopeMistake, Rule> rope_rules[] = {
+      {RopeMistake::kAdjacentPairs,
+       {"rope_adjacent_pairs",
+        "RoPE over adjacent pairs: the candidate matches a model that rotates each head's pairs "
+        "(2i, 2i+1) (Meta's original Llama code, torchtitan's complex RoPE) on weights laid out for the "
+        "pairs (i, i + D/2) that the golden model rotates (Megatron-Core, Hugging Face); permute each "
+        "head's q and k rows when loading (row 2i from row i, row 2i+1 from row i + D/2; "
+        "touchstone.torchtitan does) and the gradients back",
+        masking, golden_norm}},
+      {RopeMistake::kCosineOnly,
+       {"rope_cosine_only",
+        "RoPE without its sine: the candidate matches a model that scales each pair by cos(angle) instead of "
+        "rotating it, which is what a complex cos + i sin table cast to a real dtype leaves (torchtitan's "
+        "model.to(torch.float64) drops freqs_cis's imaginary part with only a UserWarning); convert with "
+        "model.double(), or rebuild the table in float64",
+        masking, golden_norm}}};
+  for (auto [mistake, rule] : rope_rules) {
+    rule.rope_mistake = mistake;
+    rule.float32_rope_slack = true;
+    rules.push_back(rule);
+  }
   Rule before_last_w{
       "weight_gradients_before_last_w",
       "optimizer step before the last weight-gradient pass: the candidate's linear-layer and "

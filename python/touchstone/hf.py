@@ -36,6 +36,7 @@ import numpy as np
 from touchstone.candidate import Tensors, named_items
 from touchstone.golden import GoldenFile, parameter_names, parameter_shape
 from touchstone.golden_config import check_config, check_model
+from touchstone.torch_modules import check_module, named_gradients
 
 _LAYER_RENAMES = {  # HF suffix after "model.layers.{i}." -> contract suffix after "decoder.layers.{i}."
     "input_layernorm.weight": "input_layernorm.weight",
@@ -233,18 +234,9 @@ def from_hf_state_dict(state: Tensors, model: Mapping[str, Any], strict: bool = 
     return dict(iter_contract_tensors(state, model, strict))
 
 
-def _check_module(hf_model: Any) -> None:
-    if not callable(getattr(hf_model, "named_parameters", None)):
-        raise ValueError(f"hf_model is of type {type(hf_model).__name__}, not a torch module")
-
-
 def hf_grads(hf_model: Any) -> Iterator[Tuple[str, Any]]:
-    """(HF name, gradient) of every parameter of `hf_model` that has one (after backward)."""
-    _check_module(hf_model)
-    for name, parameter in hf_model.named_parameters():
-        if parameter.grad is None:
-            raise ValueError(f"{name}: has no gradient (was backward run?)")
-        yield name, parameter.grad
+    """(HF name, gradient) of every parameter of `hf_model` (after backward)."""
+    return named_gradients(hf_model, "hf_model")
 
 
 def load_golden_into(hf_model: Any, golden: GoldenFile, step: int = 0) -> None:
@@ -253,7 +245,7 @@ def load_golden_into(hf_model: Any, golden: GoldenFile, step: int = 0) -> None:
     must receive one (ValueError naming the first that does not)."""
     import torch
 
-    _check_module(hf_model)
+    check_module(hf_model, "hf_model")
     if not isinstance(golden, GoldenFile):
         raise ValueError(f"golden is of type {type(golden).__name__}, not GoldenFile")
     targets = dict(hf_model.named_parameters())

@@ -36,6 +36,7 @@ import numpy as np
 from touchstone.candidate import Tensors, named_items
 from touchstone.golden import GoldenFile, parameter_names, parameter_shape
 from touchstone.golden_config import check_config, check_model
+from touchstone.torch_modules import check_module, named_gradients
 
 _LAYER_RENAMES = {  # torchtitan suffix after "layers.{i}." -> contract suffix after "decoder.layers.{i}."
     "attention_norm.weight": "input_layernorm.weight",
@@ -207,18 +208,9 @@ def from_titan_state(state: Tensors, model: Mapping[str, Any], strict: bool = Tr
     return out
 
 
-def _check_module(titan_model: Any) -> None:
-    if not callable(getattr(titan_model, "named_parameters", None)):
-        raise ValueError(f"titan_model is of type {type(titan_model).__name__}, not a torch module")
-
-
 def titan_grads(titan_model: Any) -> Iterator[Tuple[str, Any]]:
     """(torchtitan name, gradient) of every parameter (after backward); a tied weight once."""
-    _check_module(titan_model)
-    for name, parameter in titan_model.named_parameters():
-        if parameter.grad is None:
-            raise ValueError(f"{name}: has no gradient (was backward run?)")
-        yield name, parameter.grad
+    return named_gradients(titan_model, "titan_model")
 
 
 def load_golden_into(titan_model: Any, golden: GoldenFile, step: int = 0) -> None:
@@ -226,7 +218,7 @@ def load_golden_into(titan_model: Any, golden: GoldenFile, step: int = 0) -> Non
     torchtitan's pair order. Every parameter of the model must receive one."""
     import torch
 
-    _check_module(titan_model)
+    check_module(titan_model, "titan_model")
     if not isinstance(golden, GoldenFile):
         raise ValueError(f"golden is of type {type(golden).__name__}, not GoldenFile")
     _check_fused_layout(titan_model, golden.model)
